@@ -1,0 +1,1 @@
+"""Metrics from timelines; simulator-vs-emulator validation."""

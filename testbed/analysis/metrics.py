@@ -1,0 +1,88 @@
+"""Metrics computed from a Timeline, identically for simulated and emulated runs."""
+
+from __future__ import annotations
+
+from statistics import mean
+
+from testbed.plan.plan import Plan
+from testbed.timeline import COMPUTE, Timeline
+
+SUMMARY_HEADER = (
+    "run_id", "source", "scheduler", "model", "dcs", "gpus", "tp", "pp", "dp", "microbatches",
+    "wan_latency_ms", "wan_gbps", "tcp_connections", "iteration_s", "tokens_per_s", "tokens_per_s_per_gpu",
+    "gpu_util", "bubble_frac", "lower_bound_s", "wan_min_s", "scale", "sweep",
+)
+
+
+def share(tl: Timeline, kinds: tuple[str, ...]) -> float:
+    """Share of GPU-group time spent in `kinds`, over all iterations."""
+    total = sum(tl.iteration_s) * tl.groups
+    if total <= 0:
+        return 0.0
+    return sum(iv.dur for iv in tl.intervals if iv.kind in kinds) / total
+
+
+def wan_links_used(plan: Plan) -> list[tuple[str, str]]:
+    """Directed WAN hops the plan's traffic crosses (pipeline neighbours, or the DC ring for dp-wan)."""
+    if plan.mech.placement == "dp-wan":
+        ring = [d for d in plan.gpu_types if d in plan.dcs_used()]
+        if len(ring) < 2:
+            return []
+        return list(zip(ring, ring[1:] + ring[:1], strict=True))
+    hops: list[tuple[str, str]] = []
+    for a, b in zip(plan.stage_dc[0], plan.stage_dc[0][1:], strict=False):
+        if a != b:
+            hops += [(a, b), (b, a)]
+    return hops
+
+
+def wan_min_s(plan: Plan) -> float:
+    """Time the busiest WAN link direction needs just to carry one iteration's bytes at capacity."""
+    load: dict[tuple[str, str], float] = {}
+    if plan.mech.placement == "dp-wan":
+        ring = [d for d in plan.gpu_types if d in plan.dcs_used()]
+        D = len(ring)
+        if D > 1:
+            for h in zip(ring, ring[1:] + ring[:1], strict=True):
+                load[h] = sum(2 * (D - 1) / D * g for g in plan.grad_bytes)
+    else:
+        for r in range(plan.dp):
+            row = plan.stage_dc[r]
+            for s in range(plan.pp - 1):
+                if row[s] != row[s + 1]:
+                    for h in ((row[s], row[s + 1]), (row[s + 1], row[s])):
+                        load[h] = load.get(h, 0.0) + plan.act_bytes[s] * plan.microbatches
+    return max((b / plan.links[h].capacity_bps for h, b in load.items()), default=0.0)
+
+
+def summary_row(plan: Plan, tl: Timeline, lower_bound_s: float, sweep: dict) -> dict[str, object]:
+    it = mean(tl.iteration_s)
+    hops = wan_links_used(plan)
+    lat = mean(plan.links[h].latency_s for h in hops) * 1e3 if hops else 0.0
+    gbps = min(plan.links[h].capacity_bps for h in hops) * 8 / 1e9 if hops else 0.0
+    conns = max((plan.links[h].connections for h in hops), default=0)
+    tokens = plan.global_batch * plan.seq_len / it if it > 0 else 0.0
+    return {
+        "run_id": plan.run_id,
+        "source": tl.source,
+        "scheduler": plan.scheduler,
+        "model": plan.model,
+        "dcs": "|".join(plan.dcs_used()),
+        "gpus": plan.gpus,
+        "tp": plan.tp,
+        "pp": plan.pp,
+        "dp": plan.dp,
+        "microbatches": plan.microbatches,
+        "wan_latency_ms": round(lat, 6),
+        "wan_gbps": round(gbps * plan.scale, 6),
+        "tcp_connections": conns,
+        "iteration_s": round(it, 6),
+        "tokens_per_s": round(tokens, 3),
+        "tokens_per_s_per_gpu": round(tokens / plan.gpus, 6),
+        "gpu_util": round(share(tl, COMPUTE), 6),
+        "bubble_frac": round(share(tl, ("idle",)), 6),
+        "lower_bound_s": round(lower_bound_s, 6),
+        "wan_min_s": round(wan_min_s(plan), 6),
+        "scale": plan.scale,
+        "sweep": ";".join(f"{k}={v}" for k, v in sweep.items()),
+    }

@@ -1,0 +1,35 @@
+"""Draw every figure a results folder's CSVs support."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from testbed.figures import training
+
+
+def draw_all(folder: Path, out: Path) -> list[Path]:
+    folder, out = Path(folder), Path(out)
+    paths: list[Path] = []
+    sfile = folder / "summary.csv"
+    if not sfile.exists():
+        return paths
+    summary = pd.read_csv(sfile)
+    sim = summary[summary.source == "sim"] if "source" in summary else summary
+    if sim.empty:
+        return paths
+    if sim.wan_latency_ms.nunique() > 1:
+        paths.append(training.iteration_vs_latency(sim, out / "iteration_vs_latency.png"))
+        paths.append(training.speedup(sim, out / "speedup_vs_latency.png"))
+    ndcs = sim.dcs.str.count(r"\|") + 1
+    if ndcs.nunique() > 1:
+        paths.append(training.speedup(sim.assign(ndcs=ndcs), out / "speedup_vs_dcs.png", "ndcs", "number of DCs"))
+    paths.append(training.gpu_utilization(sim, out / "gpu_util.png"))
+    tfile = folder / "timeline.csv"
+    if tfile.exists():
+        tl = pd.read_csv(tfile)
+        for run_id in tl.run_id.unique():
+            if run_id.startswith("p00-") or tl.run_id.nunique() <= 6:
+                paths.append(training.gantt(tl, run_id, out / f"gantt_{run_id}.png"))
+    return paths

@@ -1,0 +1,32 @@
+"""One look for every figure: colours per scheduler and per interval kind."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+KIND_COLOURS = {"fwd": "#4C72B0", "bwd": "#55A868", "allreduce": "#8172B2", "prefill": "#DD8452",
+                "idle": "#EEEEEE", "send": "#C44E52", "recv": "#937860"}
+SCHED_COLOURS = {"dp-wan": "#8c8c8c", "pp-wan": "#C44E52", "pp-wan+mtcp": "#DD8452", "pp-wan+temporal": "#CCB974",
+                 "atlas": "#4C72B0", "atlas+bubbletea": "#55A868", "pp-wan+bubbletea": "#937860"}
+
+
+def colour(sched: str) -> str:
+    return SCHED_COLOURS.get(sched, "#64B5CD")
+
+
+def new(figsize=(7, 4.2)):
+    fig, ax = plt.subplots(figsize=figsize, dpi=120)
+    ax.grid(True, alpha=0.3)
+    return fig, ax
+
+
+def save(fig, path) -> None:
+    from testbed.results import atomic_open
+
+    fig.tight_layout()
+    with atomic_open(path, "wb") as f:
+        fig.savefig(f, format="png")
+    plt.close(fig)

@@ -1,0 +1,90 @@
+"""Training figures: iteration time and speedup vs WAN latency, GPU utilization, Gantt chart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from testbed.figures.style import KIND_COLOURS, colour, new, save
+
+
+def iteration_vs_latency(summary: pd.DataFrame, path: Path) -> Path:
+    fig, ax = new()
+    for sched, d in summary.groupby("scheduler", sort=False):
+        d = d.sort_values("wan_latency_ms")
+        ax.plot(d.wan_latency_ms, d.iteration_s, "o-", label=sched, color=colour(sched))
+    lb = summary.groupby("wan_latency_ms").lower_bound_s.min()
+    ax.plot(lb.index, lb.values, "k--", lw=1, label="lower bound (no WAN penalty)")
+    ax.set_xlabel("one-way WAN latency (ms)")
+    ax.set_ylabel("iteration time (s)")
+    ax.set_yscale("log")
+    ax.set_title(f"{summary.model.iloc[0]} on {summary.gpus.iloc[0]} GPUs: iteration time")
+    ax.legend(fontsize=8)
+    save(fig, path)
+    return path
+
+
+def speedup(summary: pd.DataFrame, path: Path, x: str = "wan_latency_ms", xlabel: str = "one-way WAN latency (ms)"):
+    atlas = summary[summary.scheduler == "atlas"].set_index(x).iteration_s
+    fig, ax = new()
+    for base in ("pp-wan", "dp-wan"):
+        b = summary[summary.scheduler == base].set_index(x).iteration_s
+        if b.empty or atlas.empty:
+            continue
+        s = (b / atlas).dropna().sort_index()
+        ax.plot(s.index, s.values, "o-", color=colour(base), label=f"atlas over {base}")
+        for xi, yi in s.items():
+            ax.annotate(f"{yi:.1f}x", (xi, yi), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("speedup (iteration time ratio)")
+    ax.set_title("Atlas speedup")
+    ax.legend(fontsize=8)
+    save(fig, path)
+    return path
+
+
+def gpu_utilization(summary: pd.DataFrame, path: Path) -> Path:
+    """Stacked per scheduler: training compute, prefill (BubbleTea), idle/communication."""
+    d = summary.groupby("scheduler", sort=False).mean(numeric_only=True)
+    train = d.gpu_util
+    prefill = d.prefill_util if "prefill_util" in d else train * 0
+    fig, ax = new()
+    x = range(len(d))
+    ax.bar(x, train, color=KIND_COLOURS["fwd"], label="training")
+    ax.bar(x, prefill, bottom=train, color=KIND_COLOURS["prefill"], label="prefill (BubbleTea)")
+    ax.bar(x, 1 - train - prefill, bottom=train + prefill, color="#DDDDDD", label="idle / communication")
+    for i, (t, p) in enumerate(zip(train, prefill, strict=True)):
+        ax.text(i, t + p + 0.01, f"{t + p:.0%}", ha="center", fontsize=8)
+    ax.set_xticks(list(x), d.index, rotation=20, ha="right", fontsize=8)
+    ax.set_ylim(0, 1.08)
+    ax.set_ylabel("share of GPU time")
+    ax.set_title("GPU utilization (mean over sweep points)")
+    ax.legend(fontsize=8, loc="upper left")
+    save(fig, path)
+    return path
+
+
+def gantt(timeline: pd.DataFrame, run_id: str, path: Path, replica: int = 0, iteration: int = 0) -> Path:
+    """Stages x time for one replica of one iteration; bubbles are the white gaps."""
+    d = timeline[(timeline.run_id == run_id) & (timeline.replica == replica) & (timeline.iteration == iteration)]
+    stages = sorted(d.stage.unique())
+    fig, ax = new((9, 0.35 * len(stages) + 1.6))
+    for kind in ("fwd", "bwd", "allreduce", "prefill"):
+        k = d[d.kind == kind]
+        for s in stages:
+            ks = k[k.stage == s]
+            if len(ks):
+                ax.broken_barh(list(zip(ks.start_s, ks.end_s - ks.start_s, strict=True)), (s - 0.4, 0.8),
+                               color=KIND_COLOURS[kind], label=kind if s == stages[0] else None)
+    dcs = d.groupby("stage").dc.first()
+    ax.set_yticks(stages, [f"s{s} ({dcs[s]})" for s in stages], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("time (s)")
+    ax.set_title(f"{run_id}: one iteration, replica {replica} (white = bubble)")
+    handles, labels = ax.get_legend_handles_labels()
+    uniq = dict(zip(labels, handles, strict=True))
+    ax.legend(uniq.values(), uniq.keys(), fontsize=7, loc="lower right", ncol=4)
+    save(fig, path)
+    return path

@@ -1,0 +1,140 @@
+"""Spec -> Plan: resolve the model, check the job fits, place it, derive the WAN plan."""
+
+from __future__ import annotations
+
+from testbed.costs.gpus import GPUS
+from testbed.costs.models import ModelConfig, resolve_model
+from testbed.costs.stage import stage_costs
+from testbed.costs.tcp import connections_for
+from testbed.errors import SpecError
+from testbed.plan.mechanisms import Mechanisms, parse_scheduler
+from testbed.plan.placement import place
+from testbed.plan.plan import IntraDC, LinkPlan, Plan
+from testbed.plan.schedules import build_schedule
+from testbed.spec.experiment import Experiment
+
+
+def check_workload(exp: Experiment, model: ModelConfig) -> None:
+    w, topo = exp.workload, exp.topology
+    if w.pp > model.layers:
+        raise SpecError("workload.pp", f"{w.pp} stages for a {model.layers}-layer model", f"use pp <= {model.layers}")
+    if model.heads % w.tp:
+        raise SpecError("workload.tp", f"tp={w.tp} does not divide the model's {model.heads} heads",
+                        "use a tp that divides the number of heads")
+    for d in topo.dcs:
+        if d.gpus_per_node % w.tp:
+            raise SpecError("workload.tp", f"tp={w.tp} does not divide DC {d.name}'s {d.gpus_per_node} GPUs per node",
+                            "keep each TP group inside one node: use a divisor of gpus_per_node")
+    if w.global_batch % w.microbatch:
+        raise SpecError("workload.global_batch", f"{w.global_batch} is not a multiple of microbatch={w.microbatch}",
+                        "make global_batch a multiple of microbatch")
+
+
+def _dp_candidates(exp: Experiment) -> list[int]:
+    w = exp.workload
+    seqs = w.global_batch // w.microbatch
+    return [d for d in range(seqs, 0, -1) if seqs % d == 0]
+
+
+def resolve_dp(exp: Experiment) -> int:
+    """`dp: auto` = the largest DP degree that divides the batch and that every scheduler can place."""
+    w = exp.workload
+    if w.dp != "auto":
+        seqs = w.global_batch // w.microbatch
+        if seqs % w.dp:
+            raise SpecError("workload.dp", f"dp={w.dp} does not divide {seqs} microbatch-sized sequences per batch",
+                            "pick a dp dividing global_batch/microbatch, or dp: auto")
+        return int(w.dp)
+    mechs = [parse_scheduler(s) for s in exp.schedulers]
+    for dp in _dp_candidates(exp):
+        try:
+            for m in mechs:
+                place(m.placement, exp.topology, w.pp, w.tp, dp)
+            return dp
+        except SpecError:
+            continue
+    raise SpecError("workload.dp", "no DP degree fits every scheduler's placement", "lower workload.tp or workload.pp")
+
+
+def link_plans(exp: Experiment, mech: Mechanisms) -> dict[tuple[str, str], LinkPlan]:
+    topo, out = exp.topology, {}
+    for link in topo.links:
+        cap = link.gbps * 1e9 / 8
+        lat = link.latency_ms / 1e3
+        win = topo.window_mb(link) * 2**20
+        n = connections_for(cap, win, 2 * lat, exp.network.max_tcp_connections) if mech.multi_tcp else 1
+        a, b = link.between
+        for src, dst in ((a, b), (b, a)):
+            out[(src, dst)] = LinkPlan(src, dst, cap, lat, win, n, mech.temporal)
+    return out
+
+
+def build_plan(
+    exp: Experiment, scheduler: str, run_id: str = "run", dp: int | None = None, order: list[str] | None = None
+) -> Plan:
+    """`order` pins the pipeline's DC chain (DC selection); by default the scheduler's placement decides."""
+    mech = parse_scheduler(scheduler)
+    w, topo = exp.workload, exp.topology
+    model = resolve_model(w.model, w.seq_len)
+    check_workload(exp, model)
+    dp = dp or resolve_dp(exp)
+    m = w.global_batch // (w.microbatch * dp)
+    if m < 1:
+        raise SpecError("workload.global_batch", f"{w.global_batch} sequences cannot feed dp={dp} replicas",
+                        "raise global_batch or lower dp")
+    stage_dc = place(mech.placement, topo, w.pp, w.tp, dp, order)
+
+    by_gpu = {}
+    for d in {dc for row in stage_dc for dc in row}:
+        g = topo.dc(d).gpu
+        if g not in by_gpu:
+            by_gpu[g] = stage_costs(model, g, pp=w.pp, tp=w.tp, dp=dp, microbatch=w.microbatch, microbatches=m,
+                                    mfu=w.mfu, recompute=w.recompute, schedule=w.schedule,
+                                    distributed_optimizer=w.distributed_optimizer)
+    for r_row in stage_dc:
+        for s, d in enumerate(r_row):
+            g = topo.dc(d).gpu
+            need = by_gpu[g][s].mem_gb
+            if need > GPUS[g].memory_gb:
+                raise SpecError(
+                    "workload",
+                    f"stage {s} needs {need:.0f} GB per {g} GPU (it has {GPUS[g].memory_gb:.0f} GB)",
+                    "raise tp or pp, set recompute: full, or lower microbatch",
+                )
+    costs = [[by_gpu[topo.dc(d).gpu][s] for s, d in enumerate(row)] for row in stage_dc]
+    ref = costs[0]
+    links = link_plans(exp, mech)
+
+    offsets = [0.0] * dp
+    if mech.stagger:
+        wan = [links[(a, b)] for a, b in zip(stage_dc[0], stage_dc[0][1:], strict=False) if a != b]
+        if wan:
+            # one activation at full rate on the slowest WAN hop: replicas enter the link one turn apart
+            delta = max(ref[s].act_bytes for s in range(w.pp)) / min(lp.capacity_bps for lp in wan)
+            offsets = [r * delta for r in range(dp)]
+    return Plan(
+        run_id=run_id,
+        scheduler=scheduler,
+        mech=mech,
+        model=model.name,
+        gpu_types={d.name: d.gpu for d in topo.dcs},
+        tp=w.tp,
+        pp=w.pp,
+        dp=dp,
+        microbatches=m,
+        microbatch_size=w.microbatch,
+        seq_len=model.seq_len,
+        global_batch=w.global_batch,
+        stage_dc=stage_dc,
+        fwd_s=[[c.fwd_s for c in row] for row in costs],
+        bwd_s=[[c.bwd_s for c in row] for row in costs],
+        act_bytes=[c.act_bytes for c in ref],
+        grad_bytes=[c.grad_bytes for c in ref],
+        mem_gb=[max(costs[r][s].mem_gb for r in range(dp)) for s in range(w.pp)],
+        actions=build_schedule(w.schedule, w.pp, m),
+        links=links,
+        # one NIC per GPU; a TP group's transfers and all-reduces are split across its tp NICs
+        intra={d.name: IntraDC(w.tp * d.intra_gbps * 1e9 / 8, d.intra_latency_us / 1e6) for d in topo.dcs},
+        replica_offset_s=offsets,
+        turn_order=list(range(dp)),
+    )

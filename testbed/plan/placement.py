@@ -1,0 +1,80 @@
+"""Placement: which DC hosts each (replica, stage) group. Never touches the network."""
+
+from __future__ import annotations
+
+import math
+
+from testbed.errors import SpecError
+from testbed.plan.mechanisms import Placement
+from testbed.spec.topology import Topology
+
+StageDC = list[list[str]]  # [replica][stage] -> DC name
+
+
+def dcs_by_free_gpus(topo: Topology) -> list[str]:
+    """Atlas orders DCs by free GPUs, most first (ties keep the topology's order)."""
+    return [d.name for d in sorted(topo.dcs, key=lambda d: -d.gpus)]
+
+
+def chain_stages(order: list[str], topo: Topology, pp: int, tp: int, dp: int, *, even: bool) -> list[str]:
+    """Stage -> DC: consecutive stages per DC, each stage's tp*dp GPUs inside one DC."""
+    per_stage = tp * dp
+    caps = [topo.dc(n).gpus // per_stage for n in order]
+    if even:
+        share = math.ceil(pp / len(order))
+        counts = [min(share, pp - share * i) for i in range(len(order))]
+        counts = [max(c, 0) for c in counts]
+        for name, c, cap in zip(order, counts, caps, strict=True):
+            if c > cap:
+                raise SpecError(
+                    "workload",
+                    f"pp-wan splits {pp} stages evenly ({c} per DC) but DC {name} fits {cap} stages "
+                    f"of {per_stage} GPUs",
+                    "lower workload.dp or workload.tp, or give that DC more GPUs",
+                )
+    else:
+        counts, left = [], pp
+        for cap in caps:
+            counts.append(min(cap, left))
+            left -= counts[-1]
+        if left:
+            raise SpecError(
+                "workload",
+                f"{pp} stages of tp*dp={per_stage} GPUs need {pp * per_stage} GPUs; the DCs fit "
+                f"{sum(caps)} stages",
+                "lower workload.dp, workload.tp or workload.pp, or add GPUs",
+            )
+    stages = [name for name, c in zip(order, counts, strict=True) for _ in range(c)]
+    used = [n for n, c in zip(order, counts, strict=True) if c]
+    for a, b in zip(used, used[1:], strict=False):
+        if topo.link(a, b) is None:
+            raise SpecError("topology.links", f"the pipeline goes {a} -> {b} but no WAN link joins them",
+                            f"add a link between {a} and {b}")
+    return stages
+
+
+def place(kind: Placement, topo: Topology, pp: int, tp: int, dp: int, order: list[str] | None = None) -> StageDC:
+    if kind == "dp-wan":
+        per_replica = tp * pp
+        out: StageDC = []
+        for name in dcs_by_free_gpus(topo):
+            fit = topo.dc(name).gpus // per_replica
+            out += [[name] * pp for _ in range(min(fit, dp - len(out)))]
+        if len(out) < dp:
+            raise SpecError(
+                "workload.dp",
+                f"dp-wan keeps whole pipelines (tp*pp={per_replica} GPUs) inside a DC; the DCs fit "
+                f"{len(out)} of {dp} replicas",
+                "lower workload.dp or workload.pp",
+            )
+        dcs_used = sorted({r[0] for r in out}, key=[d.name for d in topo.dcs].index)
+        for i, a in enumerate(dcs_used):
+            for b in dcs_used[i + 1 :]:
+                if topo.link(a, b) is None:
+                    raise SpecError("topology.links", f"dp-wan all-reduces over every DC pair; {a}-{b} has no link",
+                                    f"add a link between {a} and {b}")
+        return out
+    if order is None:
+        order = dcs_by_free_gpus(topo) if kind == "atlas" else [d.name for d in topo.dcs]
+    stages = chain_stages(order, topo, pp, tp, dp, even=(kind == "pp-even"))
+    return [list(stages) for _ in range(dp)]

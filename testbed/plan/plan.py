@@ -1,0 +1,88 @@
+"""The Plan: everything an engine (simulator or emulated workers) needs to run one iteration.
+
+Plain data. `sim` and `emu` both only turn a Plan into a timeline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from testbed.plan.mechanisms import Mechanisms
+from testbed.plan.schedules import Action
+
+
+@dataclass(frozen=True)
+class LinkPlan:
+    """One direction of a WAN link as the plan uses it."""
+
+    src: str
+    dst: str
+    capacity_bps: float  # bytes/s
+    latency_s: float  # one way
+    window_bytes: float
+    connections: int  # TCP connections per transfer
+    temporal: bool  # take turns (True) or share max-min fairly (False)
+
+    @property
+    def rtt_s(self) -> float:
+        return 2 * self.latency_s
+
+    @property
+    def transfer_cap_bps(self) -> float:
+        """What one striped transfer can carry alone: n * W / RTT (before the link's capacity)."""
+        return float("inf") if self.rtt_s <= 0 else self.connections * self.window_bytes / self.rtt_s
+
+
+@dataclass(frozen=True)
+class IntraDC:
+    bandwidth_bps: float  # bytes/s per GPU group
+    latency_s: float
+
+
+@dataclass
+class Plan:
+    run_id: str
+    scheduler: str
+    mech: Mechanisms
+    model: str
+    gpu_types: dict[str, str]  # dc -> GPU type
+    tp: int
+    pp: int
+    dp: int
+    microbatches: int
+    microbatch_size: int
+    seq_len: int
+    global_batch: int
+    stage_dc: list[list[str]]  # [replica][stage]
+    fwd_s: list[list[float]]  # [replica][stage], one microbatch
+    bwd_s: list[list[float]]
+    act_bytes: list[float]  # [stage] -> bytes to stage+1 per microbatch
+    grad_bytes: list[float]  # [stage] -> bytes all-reduced across DP
+    mem_gb: list[float]  # [stage] peak per GPU
+    actions: list[list[Action]]  # [stage]
+    links: dict[tuple[str, str], LinkPlan]
+    intra: dict[str, IntraDC]
+    replica_offset_s: list[float]
+    turn_order: list[int]  # replicas in the order they take turns on a WAN link
+    scale: float = 1.0  # emulation scale factor k (bytes and rates divided by k); 1 in the simulator
+    ideal_wan: bool = False  # lower-bound run: WAN transfers cost what intra-DC ones do
+    meta: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def groups(self) -> list[tuple[int, int]]:
+        return [(r, s) for r in range(self.dp) for s in range(self.pp)]
+
+    def dcs_used(self) -> list[str]:
+        seen: list[str] = []
+        for row in self.stage_dc:
+            for d in row:
+                if d not in seen:
+                    seen.append(d)
+        return seen
+
+    def link(self, src: str, dst: str) -> LinkPlan:
+        return self.links[(src, dst)]

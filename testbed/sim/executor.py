@@ -1,0 +1,192 @@
+"""Discrete-event execution of a Plan into a Timeline.
+
+Each (replica, stage) group runs its action list in order; an action starts when the group is free
+and its input has arrived (activation for F, gradient for B). Transfers inside a DC cost
+latency + bytes/bandwidth with no contention; across DCs they are flows on a WAN link (see
+network.py) and arrive one propagation latency after their last byte leaves. After a stage's last
+backward on every replica its gradients are all-reduced (ring inside the DC; hierarchical with a
+ring across DCs for dp-wan). The iteration ends when every all-reduce is done.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+
+from testbed.plan.plan import Plan
+from testbed.sim.network import Flow, LinkState
+from testbed.timeline import Timeline
+
+FWD, BWD = "F", "B"
+
+
+class Simulation:
+    def __init__(self, plan: Plan) -> None:
+        self.p = plan
+        self.heap: list = []
+        self.seq = 0
+        self.now = 0.0
+        P, dp, m = plan.pp, plan.dp, plan.microbatches
+        n = P * dp
+        self.ptr = [0] * n
+        self.busy = [False] * n
+        self.got_act = [bytearray(m) for _ in range(n)]
+        self.got_grad = [bytearray(m) for _ in range(n)]
+        self.stage_done = [0] * P
+        self.out: list[tuple] = []  # (group, kind, microbatch, start, end, bytes)
+        self.links = {
+            k: LinkState(lp.capacity_bps, lp.temporal, self._schedule_flow) for k, lp in plan.links.items()
+        }
+        self.turn_pos = {r: i for i, r in enumerate(plan.turn_order)}
+        self.wan_ar: dict[int, dict] = {}  # stage -> pending cross-DC all-reduce state
+        self.events = 0
+
+    # --- event plumbing -------------------------------------------------------------------
+    def push(self, t: float, fn, *args) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, fn, args))
+
+    def _schedule_flow(self, t: float, flow: Flow, version: int) -> None:
+        self.push(t, self._flow_done, flow, version)
+
+    def run(self) -> Timeline:
+        p = self.p
+        for r in range(p.dp):
+            for s in range(p.pp):
+                self.push(p.replica_offset_s[r], self.try_start, r * p.pp + s)
+        heap, pop = self.heap, heapq.heappop
+        while heap:
+            t, _, fn, args = pop(heap)
+            self.now = t
+            fn(*args)
+            self.events += 1
+        if any(self.ptr[g] < len(p.actions[g % p.pp]) for g in range(p.pp * p.dp)):
+            raise RuntimeError(f"{p.run_id}: simulation deadlocked (a schedule waits on input that never comes)")
+        return Timeline.from_sim(p, self.out)
+
+    # --- compute --------------------------------------------------------------------------
+    def try_start(self, g: int) -> None:
+        p = self.p
+        if self.busy[g]:
+            return
+        s, r = g % p.pp, g // p.pp
+        acts = p.actions[s]
+        k = self.ptr[g]
+        if k == len(acts) or self.now < p.replica_offset_s[r]:
+            return
+        op, i = acts[k]
+        if op == FWD:
+            if s > 0 and not self.got_act[g][i]:
+                return
+            dur = p.fwd_s[r][s]
+        else:
+            if s < p.pp - 1 and not self.got_grad[g][i]:
+                return
+            dur = p.bwd_s[r][s]
+        self.busy[g] = True
+        self.push(self.now + dur, self.compute_done, g, op, i, self.now)
+
+    def compute_done(self, g: int, op: str, i: int, t0: float) -> None:
+        p = self.p
+        s = g % p.pp
+        self.out.append((g, "fwd" if op == FWD else "bwd", i, t0, self.now, 0.0))
+        self.busy[g] = False
+        self.ptr[g] += 1
+        if op == FWD and s < p.pp - 1:
+            self.send(g, g + 1, "a", i, p.act_bytes[s])
+        elif op == BWD and s > 0:
+            self.send(g, g - 1, "g", i, p.act_bytes[s - 1])
+        if self.ptr[g] == len(p.actions[s]):
+            self.stage_finished(s)
+        self.try_start(g)
+
+    # --- transfers ------------------------------------------------------------------------
+    def send(self, src: int, dst: int, kind: str, i: int, nbytes: float) -> None:
+        p = self.p
+        r = src // p.pp
+        a, b = p.stage_dc[r][src % p.pp], p.stage_dc[r][dst % p.pp]
+        if a == b or p.ideal_wan:
+            intra = p.intra[a]
+            tx = nbytes / intra.bandwidth_bps
+            arrive = self.now + tx + intra.latency_s
+            self.out.append((src, "send", i, self.now, self.now + tx, nbytes))
+            self.out.append((dst, "recv", i, self.now, arrive, nbytes))
+            self.push(arrive, self.arrival, dst, kind, i)
+            return
+        lp = p.links[(a, b)]
+        flow = Flow(nbytes, lp.transfer_cap_bps, (i, self.turn_pos[r], kind), payload=(src, dst, kind, i, lp))
+        self.links[(a, b)].add(flow, self.now)
+
+    def _flow_done(self, flow: Flow, version: int) -> None:
+        if version != flow.version:
+            return  # superseded by a rate change
+        src, dst, kind, i, lp = flow.payload
+        self.links[(lp.src, lp.dst)].remove(flow, self.now)
+        if kind == "ar":
+            self._wan_allreduce_part_done(src)
+            return
+        arrive = self.now + lp.latency_s
+        self.out.append((src, "send", i, flow.start, self.now, flow.nbytes))
+        self.out.append((dst, "recv", i, flow.start, arrive, flow.nbytes))
+        self.push(arrive, self.arrival, dst, kind, i)
+
+    def arrival(self, g: int, kind: str, i: int) -> None:
+        (self.got_act if kind == "a" else self.got_grad)[g][i] = 1
+        self.try_start(g)
+
+    # --- data-parallel gradient all-reduce ---------------------------------------------------
+    def stage_finished(self, s: int) -> None:
+        self.stage_done[s] += 1
+        if self.stage_done[s] < self.p.dp:
+            return
+        p = self.p
+        by_dc: dict[str, list[int]] = defaultdict(list)
+        for r in range(p.dp):
+            by_dc[p.stage_dc[r][s]].append(r)
+        G = p.grad_bytes[s]
+        if len(by_dc) == 1 or p.ideal_wan:
+            bw = min(p.intra[d].bandwidth_bps for d in by_dc)
+            lat = max(p.intra[d].latency_s for d in by_dc)
+            n = p.dp
+            dur = 2 * (n - 1) / n * G / bw + 2 * (n - 1) * lat if n > 1 else 0.0
+            self._allreduce_interval(s, self.now, self.now + dur)
+            return
+        # hierarchical: reduce-scatter in each DC, ring all-reduce across DCs, all-gather in each DC
+        local = max(2 * (len(rs) - 1) / len(rs) * G / p.intra[d].bandwidth_bps for d, rs in by_dc.items())
+        self.push(self.now + local / 2, self._start_wan_allreduce, s, self.now, local / 2, dict(by_dc))
+
+    def _start_wan_allreduce(self, s: int, t0: float, tail: float, by_dc: dict[str, list[int]]) -> None:
+        p = self.p
+        ring = [d for d in p.gpu_types if d in by_dc]  # topology order
+        D = len(ring)
+        nbytes = 2 * (D - 1) / D * p.grad_bytes[s]
+        hops = list(zip(ring, ring[1:] + ring[:1], strict=True))
+        # each of the 2(D-1) ring steps pays one WAN latency; the bandwidth part is the flows below
+        lat = max(p.links[h].latency_s for h in hops)
+        self.wan_ar[s] = {"pending": len(hops), "t0": t0, "tail": tail + 2 * (D - 1) * lat}
+        for a, b in hops:
+            lp = p.links[(a, b)]
+            conns = len(by_dc[a]) * p.tp  # every GPU of the DC's shard has its own NCCL socket
+            cap = conns * lp.window_bytes / lp.rtt_s if lp.rtt_s > 0 else float("inf")
+            flow = Flow(nbytes, cap, (float("inf"), s), payload=(s, None, "ar", -1, lp))
+            self.links[(a, b)].add(flow, self.now)
+
+    def _wan_allreduce_part_done(self, s: int) -> None:
+        st = self.wan_ar[s]
+        st["pending"] -= 1
+        if not st["pending"]:
+            self._allreduce_interval(s, st["t0"], self.now + st["tail"])
+
+    def _allreduce_interval(self, s: int, t0: float, t1: float) -> None:
+        p = self.p
+        if t1 <= t0:
+            return
+        for r in range(p.dp):
+            self.out.append((r * p.pp + s, "allreduce", -1, t0, t1, p.grad_bytes[s]))
+
+
+def simulate(plan: Plan) -> tuple[Timeline, int]:
+    """Run one iteration; returns its timeline and the number of events processed."""
+    sim = Simulation(plan)
+    tl = sim.run()
+    return tl, sim.events

@@ -1,0 +1,49 @@
+"""Experiment spec: a topology, a workload, the schedulers to compare and the sweep."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+
+from testbed.spec.topology import Strict, Topology
+from testbed.spec.workload import Workload
+
+
+class NetworkOptions(Strict):
+    max_tcp_connections: Annotated[int, Field(gt=0, le=1024)] = 128
+
+
+class BubbleTeaOptions(Strict):
+    trace: str = "synthetic"
+    rate_scale: Annotated[float, Field(gt=0)] = 1.0
+    model: str = "llama2-7b"
+    tp: Annotated[int, Field(gt=0)] = 1
+    guard_ms: Annotated[float, Field(ge=0)] = 1.0
+    ttft_slo_ms: Annotated[float, Field(gt=0)] = 2000.0
+
+
+class Experiment(Strict):
+    name: str = "experiment"
+    topology: Topology
+    workload: Workload = Workload()
+    schedulers: Annotated[list[str], Field(min_length=1)] = ["pp-wan", "atlas"]
+    iterations: Annotated[int, Field(gt=0, le=1000)] = 1
+    seed: int = 0
+    network: NetworkOptions = NetworkOptions()
+    bubbletea: BubbleTeaOptions = BubbleTeaOptions()
+    sweep: dict[str, list[float | int | str]] = {}
+    timeline: Literal["all", "first-point", "none"] = "all"
+    # replicas are symmetric in the simulator: keep the timeline of the first N (None = all)
+    timeline_replicas: Annotated[int, Field(gt=0)] | None = None
+
+    @field_validator("schedulers")
+    @classmethod
+    def _known(cls, v: list[str]) -> list[str]:
+        from testbed.plan.mechanisms import parse_scheduler
+
+        for name in v:
+            parse_scheduler(name)  # raises ValueError naming the valid choices
+        if len(set(v)) != len(v):
+            raise ValueError("a scheduler is listed twice; list each once")
+        return v

@@ -1,0 +1,137 @@
+"""The one timeline type shared by the simulator and the emulator, with CSV and Chrome-trace export.
+
+An interval is one thing a GPU group (the tp GPUs of one stage of one replica) did: compute
+(fwd, bwd), communication (send, recv, allreduce), idle (a bubble), or prefill (BubbleTea).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+from testbed.results import fmt, write_csv, write_json
+
+if TYPE_CHECKING:
+    from testbed.plan.plan import Plan
+
+COMPUTE = ("fwd", "bwd")
+BUSY = ("fwd", "bwd", "allreduce", "prefill")  # what occupies the GPU; the rest of the time is idle
+HEADER = ("run_id", "source", "iteration", "gpu", "dc", "stage", "replica", "kind", "microbatch",
+          "start_s", "end_s", "bytes")
+
+
+class Interval(NamedTuple):
+    iteration: int
+    gpu: str
+    dc: str
+    stage: int
+    replica: int
+    kind: str
+    microbatch: int
+    start_s: float
+    end_s: float
+    bytes: float
+
+    @property
+    def dur(self) -> float:
+        return self.end_s - self.start_s
+
+
+def group_name(stage: int, replica: int) -> str:
+    return f"s{stage}r{replica}"
+
+
+def idle_gaps(busy: list[tuple[float, float]], t0: float, t1: float) -> list[tuple[float, float]]:
+    """Gaps in [t0, t1] not covered by any busy interval."""
+    gaps, cur = [], t0
+    for a, b in sorted(busy):
+        if a > cur + 1e-12:
+            gaps.append((cur, a))
+        cur = max(cur, b)
+    if t1 > cur + 1e-12:
+        gaps.append((cur, t1))
+    return gaps
+
+
+@dataclass
+class Timeline:
+    run_id: str
+    source: str  # "sim" | "emu"
+    intervals: list[Interval]
+    iteration_s: list[float]  # duration of each iteration
+    groups: int  # GPU groups (each tp GPUs)
+
+    @classmethod
+    def from_sim(cls, plan: Plan, raw: list[tuple]) -> Timeline:
+        """Build iteration 0 from the executor's raw tuples, with idle gaps filled in."""
+        P = plan.pp
+        end = max((t1 for *_, t1, _b in raw), default=0.0)
+        ivs: list[Interval] = []
+        busy: dict[int, list[tuple[float, float]]] = defaultdict(list)
+        for g, kind, mb, t0, t1, nbytes in raw:
+            r, s = divmod(g, P)
+            ivs.append(Interval(0, group_name(s, r), plan.stage_dc[r][s], s, r, kind, mb, t0, t1, nbytes))
+            if kind in BUSY:
+                busy[g].append((t0, t1))
+        for r, s in plan.groups:
+            g = r * P + s
+            for a, b in idle_gaps(busy[g], 0.0, end):
+                ivs.append(Interval(0, group_name(s, r), plan.stage_dc[r][s], s, r, "idle", -1, a, b, 0.0))
+        return cls(plan.run_id, "sim", sort_intervals(ivs), [end], plan.pp * plan.dp)
+
+    def repeated(self, iterations: int) -> Timeline:
+        """Iterations are separated by a synchronous optimizer step, so in the simulator each one is
+        the first shifted by its start time."""
+        T = self.iteration_s[0]
+        ivs = [iv._replace(iteration=k, start_s=iv.start_s + k * T, end_s=iv.end_s + k * T)
+               for k in range(iterations) for iv in self.intervals]
+        return Timeline(self.run_id, self.source, ivs, [T] * iterations, self.groups)
+
+    def only_replicas(self, n: int) -> Timeline:
+        """The same timeline restricted to replicas < n (metrics are computed before this)."""
+        return Timeline(self.run_id, self.source, [iv for iv in self.intervals if iv.replica < n],
+                        self.iteration_s, self.groups)
+
+    def with_intervals(self, extra: list[Interval]) -> Timeline:
+        return Timeline(self.run_id, self.source, sort_intervals(self.intervals + extra), self.iteration_s,
+                        self.groups)
+
+    def rows(self):
+        for iv in self.intervals:
+            yield (self.run_id, self.source, iv.iteration, iv.gpu, iv.dc, iv.stage, iv.replica, iv.kind,
+                   iv.microbatch, fmt(iv.start_s, 9), fmt(iv.end_s, 9), int(round(iv.bytes)))
+
+
+def sort_intervals(ivs: list[Interval]) -> list[Interval]:
+    return sorted(ivs, key=lambda iv: (iv.iteration, iv.stage, iv.replica, iv.start_s, iv.end_s, iv.kind))
+
+
+def write_timelines(path: str | Path, timelines: list[Timeline]) -> None:
+    write_csv(path, HEADER, (row for tl in timelines for row in tl.rows()))
+
+
+def chrome_trace(timelines: list[Timeline]) -> dict:
+    """Chrome trace-event JSON (opens in Perfetto): one process per run and DC, one thread per group."""
+    events: list[dict] = []
+    pids: dict[tuple[str, str], int] = {}
+    for tl in timelines:
+        for iv in tl.intervals:
+            if iv.kind == "idle":
+                continue
+            key = (tl.run_id, iv.dc)
+            if key not in pids:
+                pids[key] = len(pids) + 1
+                events.append({"ph": "M", "name": "process_name", "pid": pids[key], "tid": 0,
+                               "args": {"name": f"{tl.run_id} [{tl.source}] {iv.dc}"}})
+            name = iv.kind if iv.microbatch < 0 else f"{iv.kind} mb{iv.microbatch}"
+            events.append({"ph": "X", "name": name, "cat": iv.kind, "pid": pids[key],
+                           "tid": iv.stage * 100000 + iv.replica,
+                           "ts": round(iv.start_s * 1e6, 3), "dur": round(iv.dur * 1e6, 3),
+                           "args": {"gpu": iv.gpu, "iteration": iv.iteration, "bytes": int(iv.bytes)}})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def write_trace(path: str | Path, timelines: list[Timeline]) -> None:
+    write_json(path, chrome_trace(timelines))

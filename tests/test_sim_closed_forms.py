@@ -1,0 +1,56 @@
+"""The simulator against closed forms it must reproduce exactly."""
+
+from __future__ import annotations
+
+import pytest
+
+from testbed.analysis.metrics import share
+from testbed.sim.executor import simulate
+from tests.conftest import make_plan
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize(("pp", "m"), [(1, 1), (2, 3), (4, 8), (6, 4), (8, 32)])
+def test_pipeline_iteration_and_bubble(schedule, pp, m):
+    f, b = 1.5, 3.0
+    tl, _ = simulate(make_plan(pp=pp, m=m, f=f, b=b, schedule=schedule))
+    assert tl.iteration_s[0] == pytest.approx((m + pp - 1) * (f + b), rel=1e-12)
+    assert share(tl, ("idle",)) == pytest.approx((pp - 1) / (m + pp - 1), rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("conns", [1, 4, 64])
+@pytest.mark.parametrize("latency", [0.005, 0.035])
+def test_striped_transfer_time(conns, latency):
+    """A single transfer over n connections takes l + bytes / min(C, n W / RTT)."""
+    C, W, A = 5e9, 2**20, 3e8
+    plan = make_plan(pp=2, m=1, f=1.0, b=1.0, dcs=["a", "b"], act_bytes=A, capacity=C, latency=latency,
+                     window=W, connections=conns)
+    tl, _ = simulate(plan)
+    recv = [iv for iv in tl.intervals if iv.kind == "recv" and iv.stage == 1]
+    assert len(recv) == 1
+    assert recv[0].dur == pytest.approx(latency + A / min(C, conns * W / (2 * latency)), rel=1e-12)
+
+
+def _send_ends(temporal: bool) -> list[float]:
+    A, C = 1e9, 1e9
+    plan = make_plan(pp=2, dp=2, m=1, f=1.0, b=1.0, dcs=["a", "b"], act_bytes=A, capacity=C, latency=0.0,
+                     temporal=temporal)
+    tl, _ = simulate(plan)
+    return sorted(iv.end_s - 1.0 for iv in tl.intervals if iv.kind == "send" and iv.stage == 0)
+
+
+def test_two_transfers_spatial_sharing():
+    assert _send_ends(False) == pytest.approx([2.0, 2.0])  # both at 2A/C
+
+
+def test_two_transfers_temporal_sharing():
+    assert _send_ends(True) == pytest.approx([1.0, 2.0])  # A/C, then 2A/C
+
+
+def test_intra_dc_allreduce_ring_time():
+    G, bw, dp = 8e9, 1e10, 4
+    plan = make_plan(pp=1, dp=dp, m=1, f=1.0, b=1.0, grad_bytes=G, intra_bw=bw)
+    tl, _ = simulate(plan)
+    ar = [iv.dur for iv in tl.intervals if iv.kind == "allreduce"]
+    assert ar == pytest.approx([2 * (dp - 1) / dp * G / bw] * dp)
+    assert tl.iteration_s[0] == pytest.approx(2.0 + 2 * (dp - 1) / dp * G / bw)

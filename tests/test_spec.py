@@ -1,0 +1,106 @@
+"""Bad input fails before anything runs, with one line naming the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from testbed.errors import SpecError
+from testbed.plan.build import build_plan
+from testbed.spec.load import load_experiment, set_dotted, validate
+from testbed.spec.topology import Topology
+
+GOOD_TOPO = {
+    "dcs": [{"name": "a", "gpus": 64}, {"name": "b", "gpus": 64}],
+    "links": [{"between": ["a", "b"], "gbps": 100, "latency_ms": 10}],
+}
+
+
+def topo_error(mutate) -> str:
+    import copy
+
+    data = copy.deepcopy(GOOD_TOPO)
+    mutate(data)
+    with pytest.raises(SpecError) as e:
+        validate(Topology, data, "topology")
+    msg = str(e.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_good_topology_loads():
+    t = validate(Topology, GOOD_TOPO)
+    assert t.link("b", "a").gbps == 100
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field", "words"),
+    [
+        (lambda d: d["links"][0].update(between=["a", "zz"]), "topology.links[0].between", "unknown DC"),
+        (lambda d: d["links"][0].update(latency_ms=-1), "topology.links.0.latency_ms", "greater than or equal"),
+        (lambda d: d["links"][0].update(gbps=0), "topology.links.0.gbps", "greater than 0"),
+        (lambda d: d["dcs"][1].update(name="a"), "topology.dcs[1].name", "duplicate"),
+        (lambda d: d["dcs"][0].update(name="bad name;rm"), "topology.dcs.0.name", "safe name"),
+        (lambda d: d["dcs"][0].update(gpu="V100"), "topology.dcs.0.gpu", "unknown GPU"),
+        (lambda d: d["dcs"][0].update(colour="red"), "topology.dcs.0.colour", "unknown field"),
+        (lambda d: d["links"][0].update(between=["a", "a"]), "topology.links.0", "distinct"),
+    ],
+)
+def test_bad_topology_names_the_field(mutate, field, words):
+    msg = topo_error(mutate)
+    assert msg.startswith(field), msg
+    assert words in msg
+
+
+def _exp(tmp_path, workload: dict, schedulers=("pp-wan", "atlas")) -> str:
+    import yaml
+
+    p = tmp_path / "e.yaml"
+    p.write_text(yaml.safe_dump({"topology": GOOD_TOPO, "workload": workload, "schedulers": list(schedulers)}))
+    return str(p)
+
+
+@pytest.mark.parametrize(
+    ("workload", "field", "words"),
+    [
+        ({"model": "tiny", "tp": 3, "pp": 2, "dp": 1, "global_batch": 8}, "workload.tp", "does not divide"),
+        ({"model": "tiny", "tp": 1, "pp": 9, "dp": 1, "global_batch": 8}, "workload.pp", "stages for a 4-layer"),
+        ({"model": "gpt3-175b", "tp": 8, "pp": 2, "dp": 1, "global_batch": 8}, "workload", "needs"),
+        ({"model": "nope", "tp": 1, "pp": 2, "dp": 1}, "workload.model", "unknown model"),
+        ({"model": "tiny", "tp": 2, "pp": 4, "dp": 32, "global_batch": 64}, "workload", "need"),
+        ({"model": "tiny", "tp": 1, "pp": 2, "dp": 3, "global_batch": 8}, "workload.dp", "does not divide"),
+    ],
+)
+def test_bad_workload_names_the_field(tmp_path, workload, field, words):
+    with pytest.raises(SpecError) as e:
+        for exp, _ in load_experiment(_exp(tmp_path, workload)):
+            build_plan(exp, "atlas")
+    assert str(e.value).startswith(field), str(e.value)
+    assert words in str(e.value)
+
+
+def test_unknown_scheduler(tmp_path):
+    with pytest.raises(SpecError) as e:
+        load_experiment(_exp(tmp_path, {"model": "tiny"}, ["pp-wan+warp"]))
+    assert str(e.value).startswith("schedulers") and "unknown mechanism" in str(e.value)
+
+
+def test_set_dotted_wildcard_and_index():
+    d = {"links": [{"x": 1}, {"x": 2}], "a": {}}
+    set_dotted(d, "links.*.x", 5)
+    set_dotted(d, "links.1.y", 7)
+    set_dotted(d, "a.b.c", 1)
+    assert d == {"links": [{"x": 5}, {"x": 5, "y": 7}], "a": {"b": {"c": 1}}}
+    with pytest.raises(SpecError):
+        set_dotted(d, "links.9.x", 1)
+
+
+def test_sweep_expands_in_order(tmp_path):
+    pts = load_experiment(_exp(tmp_path, {"model": "tiny", "tp": 1, "pp": 2, "global_batch": 8}),
+                          sweeps=["topology.links.*.latency_ms=1,2", "workload.microbatch=1,2"])
+    assert [p for _, p in pts] == [
+        {"topology.links.*.latency_ms": 1, "workload.microbatch": 1},
+        {"topology.links.*.latency_ms": 1, "workload.microbatch": 2},
+        {"topology.links.*.latency_ms": 2, "workload.microbatch": 1},
+        {"topology.links.*.latency_ms": 2, "workload.microbatch": 2},
+    ]
+    assert pts[2][0].topology.links[0].latency_ms == 2
