@@ -5,14 +5,14 @@ BIN     := $(VENV)/bin
 TESTBED := $(BIN)/testbed
 RESULTS := results
 
-.PHONY: all venv sysdeps test unit integration lint experiment sim-paper figures bench topology-3dc clean distclean
+.PHONY: all venv sysdeps test unit integration lint experiment sim-paper emu-multitcp figures bench \
+        topology-3dc topology-down clean distclean
 
 all: test
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,mininet]'
 	touch $@
 
 venv: $(BIN)/.installed
@@ -36,8 +36,23 @@ test: venv sysdeps lint
 sim-paper: venv
 	$(TESTBED) sim experiments/paper-3dc.yaml --out $(RESULTS)/paper-3dc
 
-experiment: venv sysdeps sim-paper
+# The emulated parts need root; without it they are skipped with a message and the simulations still run.
+emu-multitcp: venv sysdeps
+	@if [ "$$(id -u)" -ne 0 ]; then echo "skipping the emulated multi-TCP experiment: it needs root (sudo make experiment)"; \
+	 else $(TESTBED) clean && $(TESTBED) experiment run experiments/multitcp.yaml --out $(RESULTS)/multitcp \
+	   && $(TESTBED) figures $(RESULTS)/multitcp --out $(RESULTS)/figures; fi
+
+experiment: venv sysdeps sim-paper emu-multitcp
 	$(TESTBED) figures $(RESULTS)/paper-3dc --out $(RESULTS)/figures
+	@echo "figures in $(RESULTS)/figures/"
+
+# Up + checked; stays up for `testbed topology exec useast-h0 -- ...`; `make topology-down` removes it.
+topology-3dc: venv sysdeps
+	$(TESTBED) topology down --prefix gdtb0 >/dev/null
+	$(TESTBED) topology up topologies/3dc.yaml --check --out $(RESULTS)/topology-3dc/links.csv
+
+topology-down: venv
+	$(TESTBED) topology down --prefix gdtb0
 
 figures: venv
 	@for d in $(RESULTS)/*/; do [ -f $$d/summary.csv ] && $(TESTBED) figures $$d --out $(RESULTS)/figures || true; done
@@ -45,8 +60,12 @@ figures: venv
 bench: venv
 	$(BIN)/python bench/sim_scale.py
 	$(BIN)/python bench/mechanisms_example.py
+	$(BIN)/python bench/paper_speedups.py
+	@if [ "$$(id -u)" -eq 0 ]; then $(BIN)/python bench/link_fidelity.py; else echo "link_fidelity needs root"; fi
 
+# Removes leftovers of emulated runs (namespaces, links, rules, processes with our prefix), then caches.
 clean:
+	@if [ "$$(id -u)" -eq 0 ] && [ -x $(TESTBED) ]; then $(TESTBED) clean; fi
 	rm -rf .pytest_cache .ruff_cache build *.egg-info
 
 distclean: clean

@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from testbed.emu.sh import EmuError
 from testbed.errors import NotYetError, SpecError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -32,6 +33,9 @@ def friendly(fn):
         except NotYetError as e:
             err_console.print(f"[yellow]not yet:[/yellow] {e}", highlight=False, soft_wrap=True)
             raise typer.Exit(3) from None
+        except EmuError as e:
+            err_console.print(f"[red]emulation error:[/red] {e}", highlight=False, soft_wrap=True)
+            raise typer.Exit(1) from None
 
     return wrapper
 
@@ -90,8 +94,6 @@ def figures(
         raise typer.Exit(1)
 
 
-def main() -> None:  # pragma: no cover
-    sys.exit(app())
 
 
 @app.command()
@@ -135,3 +137,215 @@ def plan(
             t.add_row(*[f"{v:,.3f}" if isinstance(v, float) else str(v) for v in r])
         console.print(t)
     console.print(f"{len(rows)} candidates; wrote {out}")
+
+
+def _raise_interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+topology_app = typer.Typer(no_args_is_help=True, help="Emulated WAN topologies: up, check, status, exec, down.")
+app.add_typer(topology_app, name="topology")
+PrefixOpt = Annotated[str, typer.Option(help="Name prefix of everything this topology creates (gdtb<id>)")]
+
+
+def _links_table(rows: list[dict], title: str) -> Table:
+    from testbed.emu.check import LINKS_HEADER
+
+    t = Table(title=title)
+    for c in LINKS_HEADER:
+        t.add_column(c.replace("measured_", "meas_").replace("configured_", "cfg_"), justify="right")
+    for r in rows:
+        t.add_row(*[str(r[c]) for c in LINKS_HEADER])
+    return t
+
+
+def _run_check(emu, streams: int, seconds: float, out: Path) -> None:
+    from testbed.emu.check import LINKS_HEADER, check_links
+    from testbed.results import write_csv
+
+    with console.status("measuring every WAN pair (ping, iperf3 with 1 and n streams)"):
+        rows = check_links(emu, streams=streams, seconds=seconds)
+    write_csv(out, LINKS_HEADER, ([r[c] for c in LINKS_HEADER] for r in rows))
+    console.print(_links_table(rows, f"{emu.prefix}: configured vs measured"))
+    console.print(f"wrote {out}")
+
+
+@topology_app.command("up")
+@friendly
+def topology_up(
+    topology: Annotated[Path, typer.Argument(help="Topology YAML")],
+    backend: Annotated[str, typer.Option(help="netns | mininet | containernet")] = "netns",
+    scale: Annotated[float, typer.Option(help="Divide link rates and TCP windows by K (latency stays real)")] = 0.0,
+    prefix: PrefixOpt = "gdtb0",
+    delay: Annotated[str, typer.Option(help="auto | netem | nfqueue | none")] = "auto",
+    set_: SetOpt = None,
+    check: Annotated[bool, typer.Option(help="Measure every WAN pair once it is up")] = False,
+    out: Annotated[Path, typer.Option(help="links.csv from --check")] = Path("results/topology/links.csv"),
+) -> None:
+    """Build the emulated network; it stays up (netns backend) until `testbed topology down`."""
+    import signal
+
+    from testbed.emu.build import host_names, up
+    from testbed.emu.names import check_prefix
+    from testbed.emu.scale import auto_scale
+    from testbed.spec.load import load_topology
+
+    check_prefix(prefix)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    topo = load_topology(topology, set_)
+    k = scale or auto_scale(topo)
+    t0 = time.perf_counter()
+    with console.status(f"building {topo.name} ({backend}, scale {k:g})"):
+        emu = up(topo, backend=backend, prefix=prefix, scale=k, delay=delay)
+    console.print(f"[green]{topo.name} is up[/green] in {time.perf_counter() - t0:.1f} s: prefix {prefix}, backend "
+                  f"{backend}, delay by [bold]{emu.delay}[/bold], scale k={k:g}; hosts: {', '.join(host_names(emu))}")
+    for n in emu.notes:
+        console.print(f"[yellow]note:[/yellow] {n}")
+    try:
+        if check:
+            _run_check(emu, 8, 3.0, out)
+        if not emu.backend.persistent:
+            console.print("this backend lives in this process: press Ctrl-C to tear it down")
+            while True:
+                time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if not emu.backend.persistent:
+            from testbed.emu.build import down
+
+            down(emu)
+
+
+@topology_app.command("check")
+@friendly
+def topology_check(
+    prefix: PrefixOpt = "gdtb0",
+    streams: Annotated[int, typer.Option(help="Parallel TCP streams for the n-stream measurement")] = 8,
+    seconds: Annotated[float, typer.Option(help="Seconds per iperf3 run")] = 3.0,
+    out: Annotated[Path, typer.Option(help="Where links.csv goes")] = Path("results/topology/links.csv"),
+) -> None:
+    """Measure RTT and TCP throughput of every WAN pair; print configured vs measured; write links.csv."""
+    from testbed.emu.attach import attach
+
+    _run_check(attach(prefix), streams, seconds, out)
+
+
+@topology_app.command("status")
+@friendly
+def topology_status(prefix: PrefixOpt = "gdtb0") -> None:
+    """What is up: namespaces, the delay-line processes and their counters."""
+    import json
+
+    from testbed.emu import state
+    from testbed.emu.attach import attach
+    from testbed.emu.clean import our_namespaces
+
+    emu = attach(prefix)
+    alive = set(our_namespaces(prefix))
+    t = Table(title=f"{prefix}: {emu.topo.name} ({emu.backend.name}, delay {emu.delay}, scale {emu.scale:g})")
+    for c in ("node", "role", "up", "delay line"):
+        t.add_column(c)
+    for n in emu.backend.nodes.values():
+        dl = ""
+        f = state.STATE_DIR / prefix / f"{n.name}.delay.json"
+        if f.exists():
+            st = json.loads(f.read_text())
+            dl = f"pid {st['pid']}: " + ", ".join(f"q{q}: {v['packets']} pkts, lag {v['lag_avg_us']:.0f} us"
+                                                   for q, v in st["queues"].items())
+        t.add_row(n.name, n.role, "yes" if n.ns in alive else "[red]no[/red]", dl)
+    console.print(t)
+
+
+@topology_app.command("exec", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@friendly
+def topology_exec(
+    ctx: typer.Context,
+    host: Annotated[str, typer.Argument(help="An emulated host, e.g. useast-h0")],
+    prefix: PrefixOpt = "gdtb0",
+) -> None:
+    """Run a command (default: a shell) inside an emulated host: `testbed topology exec useast-h0 -- ping ...`."""
+    import os
+
+    from testbed.emu.attach import attach
+
+    emu = attach(prefix)
+    argv = emu.backend.argv(emu.host_node(host), ctx.args or [os.environ.get("SHELL", "/bin/bash")])
+    os.execvp(argv[0], argv)
+
+
+@topology_app.command("down")
+@friendly
+def topology_down(prefix: PrefixOpt = "gdtb0") -> None:
+    """Tear the topology down: processes, namespaces, links, rules, state."""
+    from testbed.emu.clean import clean
+
+    removed = clean(prefix)
+    console.print(f"removed {len(removed)} item(s)" if removed else f"nothing of {prefix} was up")
+
+
+@app.command("clean")
+@friendly
+def clean_cmd(
+    prefix: Annotated[str | None, typer.Option(help="Only this prefix (default: every gdtb* prefix)")] = None,
+) -> None:
+    """Remove leftovers of any earlier run (like `mn -c`, but only what carries the testbed's prefix)."""
+    from testbed.emu.clean import clean
+    from testbed.emu.kernel import require_root
+
+    require_root()
+    removed = clean(prefix)
+    for r in removed:
+        console.print(f"removed {r}")
+    console.print("clean" if not removed else f"removed {len(removed)} item(s)")
+
+
+experiment_app = typer.Typer(no_args_is_help=True, help="Experiments on the emulated WAN (and the simulator).")
+app.add_typer(experiment_app, name="experiment")
+
+
+@experiment_app.command("run")
+@friendly
+def experiment_run(
+    experiment: Annotated[Path, typer.Argument(help="Experiment YAML")],
+    out: Annotated[Path, typer.Option(help="Output folder")] = Path("results/experiment"),
+    backend: Annotated[str | None, typer.Option(help="netns | mininet | containernet")] = None,
+    set_: SetOpt = None,
+    sweep: SweepOpt = None,
+) -> None:
+    """Bring the topology up, run the experiment on it, tear it down (also on error and Ctrl-C)."""
+    import signal
+
+    from rich.progress import Progress
+
+    from testbed.emu.kernel import require_root
+    from testbed.results import write_csv
+    from testbed.spec.load import load_experiment
+
+    sets = list(set_ or []) + ([f"emulation.backend={backend}"] if backend else [])
+    points = load_experiment(experiment, sets, sweep)
+    exp0 = points[0][0]
+    if exp0.multitcp is None:
+        raise NotYetError("emulated training runs (pipeline workers, Atlas sidecar, BubbleTea) are not built yet; "
+                          "`testbed sim` simulates this experiment, and experiments with a `multitcp:` section run "
+                          "on the emulated WAN today")
+    require_root()
+    from testbed.emu.multitcp import HEADER, run_point
+
+    signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill` tears down like Ctrl-C does
+    rows: list[dict] = []
+    total = len(points) * len(exp0.multitcp.connections) * len(exp0.multitcp.links or [0])
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task(exp0.name, total=total)
+        for i, (exp, point) in enumerate(points):
+            rows += run_point(exp, i, point, lambda d: bar.update(task, description=d, advance=1))
+    write_csv(out / "summary.csv", HEADER, ([r[c] for c in HEADER] for r in rows))
+    t = Table(title=f"{exp0.name}: throughput (Mbit/s) vs TCP connections")
+    for c in ("link", "wan_latency_ms", "tcp_connections", "window_kib", "wan_mbps", "emu", "sim"):
+        t.add_column(c, justify="right")
+    for emu_row, sim_row in zip(rows[::2], rows[1::2], strict=True):
+        t.add_row(emu_row["link"], str(emu_row["wan_latency_ms"]), str(emu_row["tcp_connections"]),
+                  str(emu_row["window_kib"]), str(emu_row["wan_mbps"]), f"{emu_row['throughput_mbps']:.1f}",
+                  f"{sim_row['throughput_mbps']:.1f}")
+    console.print(t)
+    console.print(f"wrote {out / 'summary.csv'}")

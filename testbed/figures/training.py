@@ -88,3 +88,21 @@ def gantt(timeline: pd.DataFrame, run_id: str, path: Path, replica: int = 0, ite
     ax.legend(uniq.values(), uniq.keys(), fontsize=7, loc="lower right", ncol=4)
     save(fig, path)
     return path
+
+
+def multitcp(summary: pd.DataFrame, path: Path) -> Path:
+    """Throughput vs TCP connections per RTT: emulated points, simulator model as lines."""
+    fig, ax = new()
+    colours = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B2"]
+    for (lat, d), c in zip(summary.groupby("wan_latency_ms"), colours * 4, strict=False):
+        sim = d[d.source == "sim"].sort_values("tcp_connections")
+        emu = d[d.source == "emu"].sort_values("tcp_connections")
+        ax.plot(sim.tcp_connections, sim.throughput_mbps, "-", color=c, label=f"model, RTT {2 * lat:g} ms")
+        ax.plot(emu.tcp_connections, emu.throughput_mbps, "o", color=c, label=f"emulated, RTT {2 * lat:g} ms")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("parallel TCP connections")
+    ax.set_ylabel("throughput (Mbit/s)")
+    ax.set_title(f"One WAN link, window {summary.window_kib.iloc[0]:g} KiB: emulated vs model")
+    ax.legend(fontsize=7, ncol=2)
+    save(fig, path)
+    return path

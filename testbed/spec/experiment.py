@@ -23,6 +23,21 @@ class BubbleTeaOptions(Strict):
     ttft_slo_ms: Annotated[float, Field(gt=0)] = 2000.0
 
 
+class MultiTcpOptions(Strict):
+    """A WAN throughput experiment: parallel TCP connections on each WAN link (the motivation for Atlas)."""
+
+    connections: Annotated[list[Annotated[int, Field(gt=0, le=64)]], Field(min_length=1)] = [1, 2, 4, 8, 16]
+    seconds: Annotated[float, Field(gt=0, le=60)] = 3.0
+    links: list[int] | None = None  # indices into topology.links (default: the first)
+
+
+class EmulationOptions(Strict):
+    backend: Literal["netns", "mininet", "containernet"] = "netns"
+    scale: Annotated[float, Field(ge=0)] = 0.0  # 0 = auto (fastest link at 200 Mbit/s)
+    delay: Literal["auto", "netem", "nfqueue", "none"] = "auto"
+    prefix: str = "gdtb0"
+
+
 class Experiment(Strict):
     name: str = "experiment"
     topology: Topology
@@ -36,6 +51,8 @@ class Experiment(Strict):
     timeline: Literal["all", "first-point", "none"] = "all"
     # replicas are symmetric in the simulator: keep the timeline of the first N (None = all)
     timeline_replicas: Annotated[int, Field(gt=0)] | None = None
+    emulation: EmulationOptions = EmulationOptions()
+    multitcp: MultiTcpOptions | None = None
 
     @field_validator("schedulers")
     @classmethod

@@ -1,0 +1,55 @@
+"""The backend interface and the node type every backend returns."""
+
+from __future__ import annotations
+
+import subprocess
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Node:
+    name: str  # e.g. gdtb0-useast-h0
+    role: str  # host | gateway | wan
+    ns: str | None = None  # a named netns (netns backend), else None
+    pid: int | None = None  # a process in the node's namespaces (mininet, containernet)
+    extra: dict = field(default_factory=dict)
+
+
+class Backend(ABC):
+    name: str
+    persistent: bool  # does the network outlive the process that built it?
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.nodes: dict[str, Node] = {}
+
+    @abstractmethod
+    def add_node(self, name: str, role: str) -> Node: ...
+
+    @abstractmethod
+    def link(self, a: Node, a_if: str, b: Node, b_if: str, mtu: int) -> None:
+        """A veth pair between two nodes, both ends up, with the given MTU."""
+
+    @abstractmethod
+    def attach_lan(self, index: int, gw: Node, hosts: list[Node], mtu: int) -> str:
+        """Join a DC's hosts (each on its `eth0`) and its gateway on one L2 segment; return the gateway's
+        interface on it."""
+
+    @abstractmethod
+    def argv(self, node: Node, argv: list[str]) -> list[str]:
+        """The host command that runs `argv` inside `node`'s network namespace."""
+
+    @abstractmethod
+    def teardown(self) -> None: ...
+
+    def start(self) -> None:  # noqa: B027 - optional hook, a no-op for most backends
+        """Called once every node and link exists (Mininet starts its switches here)."""
+
+    def run(self, node: Node, argv: list[str], **kw) -> str:
+        from testbed.emu.sh import run
+
+        return run(self.argv(node, argv), **kw)
+
+    def popen(self, node: Node, argv: list[str], **kw) -> subprocess.Popen:
+        return subprocess.Popen(self.argv(node, argv), **kw)

@@ -1,0 +1,47 @@
+"""Default backend: named network namespaces and veths via iproute2. Nothing else to install.
+
+Every interface lives inside our namespaces; the root namespace is never touched, so bridges
+and iptables rules of the host (Docker's FORWARD DROP included) cannot interfere.
+"""
+
+from __future__ import annotations
+
+from testbed.emu.backends.base import Backend, Node
+from testbed.emu.sh import run
+
+
+class NetnsBackend(Backend):
+    name = "netns"
+    persistent = True
+
+    def add_node(self, name: str, role: str) -> Node:
+        run(["ip", "netns", "add", name])
+        node = Node(name, role, ns=name)
+        self.nodes[name] = node
+        run(["ip", "-n", name, "link", "set", "lo", "up"])
+        return node
+
+    def link(self, a: Node, a_if: str, b: Node, b_if: str, mtu: int) -> None:
+        run(["ip", "link", "add", a_if, "netns", a.ns, "mtu", str(mtu), "type", "veth",
+             "peer", "name", b_if, "netns", b.ns, "mtu", str(mtu)])
+        run(["ip", "-n", a.ns, "link", "set", a_if, "up"])
+        run(["ip", "-n", b.ns, "link", "set", b_if, "up"])
+
+    def attach_lan(self, index: int, gw: Node, hosts: list[Node], mtu: int) -> str:
+        """The DC bridge lives inside the gateway's namespace: nothing in the root namespace."""
+        self.run(gw, ["ip", "link", "add", "br0", "mtu", str(mtu), "type", "bridge"])
+        for j, h in enumerate(hosts):
+            self.link(h, "eth0", gw, f"h{j}", mtu)
+            self.run(gw, ["ip", "link", "set", f"h{j}", "master", "br0"])
+        self.run(gw, ["ip", "link", "set", "br0", "up"])
+        return "br0"
+
+    def argv(self, node: Node, argv: list[str]) -> list[str]:
+        if argv[0] in ("ip", "tc"):
+            return [argv[0], "-n", node.ns, *argv[1:]]  # ~2 ms instead of ~4 ms through `ip netns exec`
+        return ["ip", "netns", "exec", node.ns, *argv]
+
+    def teardown(self) -> None:
+        for name in list(self.nodes):
+            run(["ip", "netns", "del", name], check=False)
+        self.nodes.clear()

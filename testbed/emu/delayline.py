@@ -1,0 +1,220 @@
+"""Constant one-way delay for kernels without netem: an NFQUEUE delay line.
+
+Runs inside a WAN namespace: iptables sends each direction's forwarded packets to its own queue,
+this process holds each packet's id until its deadline, then accepts every id up to the newest due
+one with a single batch verdict (valid because a queue's delay is constant, so packets leave in
+arrival order). Only metadata is copied (COPY_META) and GSO skbs are queued whole, which keeps a
+2-vCPU VM transparent at 100-200 Mbit/s with MTU 9000 (see FEASIBILITY.md section 3). Pure
+Python: the PyPI NetfilterQueue binding has no GSO flag and measured 51-62 Mbit/s at 100 Mbit/s.
+
+No fail-open flag and no --queue-bypass: if this process dies, the link stops instead of silently
+losing its delay. Packet ids are 32-bit; at 10k packets/s they wrap after about 5 days (not handled).
+
+Usage: python -m testbed.emu.delayline [--stats-file F] QNUM:DELAY_MS [QNUM:DELAY_MS ...]
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import time
+
+NETLINK_NETFILTER = 12
+NFNL_SUBSYS_QUEUE = 3
+NFQNL_MSG_PACKET, NFQNL_MSG_CONFIG, NFQNL_MSG_VERDICT_BATCH = 0, 2, 3
+NLM_F_REQUEST, NLM_F_ACK = 1, 4
+NLMSG_ERROR = 2
+NFQA_CFG_CMD, NFQA_CFG_PARAMS, NFQA_CFG_QUEUE_MAXLEN, NFQA_CFG_MASK, NFQA_CFG_FLAGS = 1, 2, 3, 4, 5
+NFQNL_CFG_CMD_BIND, NFQNL_CFG_CMD_UNBIND = 1, 2
+NFQNL_COPY_META = 1
+NFQA_CFG_F_GSO = 4
+NFQA_PACKET_HDR, NFQA_VERDICT_HDR = 1, 2
+NF_ACCEPT = 1
+SOL_NETLINK, NETLINK_NO_ENOBUFS = 270, 5
+SO_RCVBUFFORCE = 33
+MAXLEN = 200_000
+
+
+def _attr(atype: int, payload: bytes) -> bytes:
+    ln = 4 + len(payload)
+    return struct.pack("=HH", ln, atype) + payload + b"\0" * ((4 - ln % 4) % 4)
+
+
+class Queue:
+    """One NFQUEUE number with a constant delay."""
+
+    def __init__(self, line: DelayLine, qnum: int, delay_s: float) -> None:
+        self.line, self.qnum, self.delay = line, qnum, delay_s
+        self.pending: collections.deque[tuple[float, int]] = collections.deque()
+        self.packets = 0
+        self.lag_sum = 0.0
+        self.lag_max = 0.0
+        self.released = 0
+
+    def msg(self, mtype: int, payload: bytes, flags: int = NLM_F_REQUEST) -> bytes:
+        self.line.seq += 1
+        body = struct.pack("=BBH", socket.AF_UNSPEC, 0, socket.htons(self.qnum)) + payload
+        return struct.pack("=IHHII", 16 + len(body), (NFNL_SUBSYS_QUEUE << 8) | mtype, flags, self.line.seq, 0) + body
+
+    def bind(self) -> None:
+        af = socket.htons(socket.AF_INET)
+        self.line.config(self, _attr(NFQA_CFG_CMD, struct.pack("=BBH", NFQNL_CFG_CMD_BIND, 0, af)))
+        self.line.config(self, _attr(NFQA_CFG_PARAMS, struct.pack("!IB", 0, NFQNL_COPY_META)))
+        self.line.config(self, _attr(NFQA_CFG_QUEUE_MAXLEN, struct.pack("!I", MAXLEN)))
+        self.line.config(self, _attr(NFQA_CFG_FLAGS, struct.pack("!I", NFQA_CFG_F_GSO))
+                         + _attr(NFQA_CFG_MASK, struct.pack("!I", NFQA_CFG_F_GSO)))
+
+    def release(self, now: float) -> None:
+        pend, last = self.pending, None
+        while pend and pend[0][0] <= now:
+            deadline, last = pend.popleft()
+            lag = now - deadline
+            self.lag_sum += lag
+            self.lag_max = max(self.lag_max, lag)
+            self.released += 1
+        if last is not None:
+            verdict = _attr(NFQA_VERDICT_HDR, struct.pack("!II", NF_ACCEPT, last))
+            self.line.sock.send(self.msg(NFQNL_MSG_VERDICT_BATCH, verdict))
+
+    def unbind(self) -> None:
+        af = socket.htons(socket.AF_INET)
+        with contextlib.suppress(OSError):
+            self.line.sock.send(self.msg(NFQNL_MSG_CONFIG, _attr(NFQA_CFG_CMD, struct.pack(
+                "=BBH", NFQNL_CFG_CMD_UNBIND, 0, af))))
+
+
+class DelayLine:
+    def __init__(self, specs: dict[int, float]) -> None:
+        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
+        self.sock.bind((0, 0))
+        self.sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 64 * 2**20)
+        self.sock.setsockopt(SOL_NETLINK, NETLINK_NO_ENOBUFS, 1)
+        self.seq = 0
+        self.queues = {q: Queue(self, q, d) for q, d in specs.items()}
+        for q in self.queues.values():
+            q.bind()
+        self.sock.setblocking(False)
+        self.running = True
+
+    def config(self, q: Queue, payload: bytes) -> None:
+        self.sock.send(q.msg(NFQNL_MSG_CONFIG, payload, NLM_F_REQUEST | NLM_F_ACK))
+        while True:  # wait for the ACK; packets may already be interleaved
+            data = self.sock.recv(65536)
+            _ln, mtype = struct.unpack_from("=IH", data, 0)
+            if mtype == NLMSG_ERROR:
+                err = struct.unpack_from("=i", data, 16)[0]
+                if err:
+                    raise OSError(-err, f"binding NFQUEUE {q.qnum}: {os.strerror(-err)}")
+                return
+            self.dispatch(data)
+
+    def dispatch(self, data: bytes) -> None:
+        """Parse netlink messages; queue each packet id with its deadline."""
+        off, n, now = 0, len(data), time.monotonic()
+        unpack = struct.unpack_from
+        while off + 16 <= n:
+            ln, mtype = unpack("=IH", data, off)
+            if ln < 16:
+                break
+            if (mtype & 0xFF) == NFQNL_MSG_PACKET and (mtype >> 8) == NFNL_SUBSYS_QUEUE:
+                q = self.queues.get(unpack("!H", data, off + 18)[0])
+                a, end = off + 20, off + ln
+                while q is not None and a + 4 <= end:
+                    alen, atype = unpack("=HH", data, a)
+                    if (atype & 0x7FFF) == NFQA_PACKET_HDR:
+                        q.pending.append((now + q.delay, unpack("!I", data, a + 4)[0]))
+                        q.packets += 1
+                        break
+                    a += (alen + 3) & ~3
+            off += (ln + 3) & ~3
+
+    def stats(self) -> dict:
+        t = os.times()
+        return {"pid": os.getpid(), "cpu_s": t.user + t.system, "wall": time.monotonic(),
+                "queues": {q.qnum: {"delay_ms": q.delay * 1e3, "packets": q.packets, "pending": len(q.pending),
+                                    "lag_avg_us": q.lag_sum / max(q.released, 1) * 1e6,
+                                    "lag_max_us": q.lag_max * 1e6} for q in self.queues.values()}}
+
+    def run(self, stats_file: str | None) -> None:
+        buf = bytearray(256 * 1024)
+        mv = memoryview(buf)
+        fd = self.sock.fileno()
+        qs = list(self.queues.values())
+        next_stats = time.monotonic()
+        while self.running:
+            now = time.monotonic()
+            wait = 0.2  # finite, so SIGTERM is honoured even when idle
+            for q in qs:
+                if q.pending and q.pending[0][0] <= now:
+                    q.release(now)
+                if q.pending:
+                    wait = min(wait, q.pending[0][0] - now)
+            try:
+                ready, _, _ = select.select([fd], [], [], max(wait, 0.0))  # select: microsecond timeout
+            except InterruptedError:
+                continue
+            if ready:
+                while True:
+                    try:
+                        nb = self.sock.recv_into(buf)
+                    except BlockingIOError:
+                        break
+                    except InterruptedError:
+                        continue
+                    self.dispatch(bytes(mv[:nb]))
+            if stats_file and now >= next_stats:
+                next_stats = now + 1.0
+                _write_json(stats_file, self.stats())
+        for q in qs:
+            q.release(float("inf"))
+            q.unbind()
+        if stats_file:
+            _write_json(stats_file, self.stats())
+
+
+def _write_json(path: str, obj: dict) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)
+
+
+def parse_specs(args: list[str]) -> dict[int, float]:
+    specs = {}
+    for a in args:
+        q, _, d = a.partition(":")
+        if not q.isdigit() or not d:
+            raise SystemExit(f"delayline: bad spec {a!r}; use QNUM:DELAY_MS")
+        specs[int(q)] = float(d) / 1e3
+    if not specs:
+        raise SystemExit("delayline: give at least one QNUM:DELAY_MS")
+    return specs
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    stats_file = None
+    if "--stats-file" in argv:
+        i = argv.index("--stats-file")
+        stats_file = argv[i + 1]
+        del argv[i : i + 2]
+    line = DelayLine(parse_specs(argv))
+
+    def stop(*_: object) -> None:
+        line.running = False
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    print("ready", flush=True)
+    line.run(stats_file)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""Per-flow control on a WAN egress: the hooks the Atlas sidecar uses.
+
+Each flow class is an HTB class under the link class 1:1, fed by u32 filters matching a
+destination-port range, or by an iptables CLASSIFY rule matching a packet mark (this kernel's u32
+has no mark key: a u32 `match mark` installs a filter with no key at all, which matches every
+packet). Marks do not cross network namespaces (veth scrubs them), so a mark must be set inside
+the WAN namespace, by a MARK rule in mangle PREROUTING (FORWARD is too late: the delay line's
+NFQUEUE rule there is terminating). Rates change at runtime through netlink (pyroute2), which
+takes about half a millisecond here; `FlowControl.set_rate` returns the time each change took.
+"""
+
+from __future__ import annotations
+
+import time
+
+from testbed.emu.build import Emulation
+from testbed.emu.shaping import BURST
+
+BURST_BYTES = 128 * 1024
+MIN_RATE_BPS = 8_000  # HTB needs a positive rate; a "paused" class gets this trickle and borrows nothing
+
+
+def port_blocks(lo: int, hi: int) -> list[tuple[int, int]]:
+    """Cover [lo, hi] with (value, mask) blocks aligned on powers of two, as u32 matches need."""
+    if not 0 <= lo <= hi <= 0xFFFF:
+        raise ValueError(f"bad port range {lo}-{hi}")
+    out = []
+    while lo <= hi:
+        size = lo & -lo if lo else 1 << 16
+        while size > hi - lo + 1:
+            size >>= 1
+        out.append((lo, 0xFFFF & ~(size - 1)))
+        lo += size
+    return out
+
+
+class FlowControl:
+    """Flow classes on the egress of WAN link (a, b) towards `towards` (one direction)."""
+
+    def __init__(self, emu: Emulation, a: str, b: str, towards: str) -> None:
+        from pyroute2 import IPRoute
+
+        self.emu = emu
+        self.wan = emu.node(emu.addr.wan(a, b).ns)
+        self.dev = towards
+        self.ipr = IPRoute(netns=self.wan.ns)
+        self.idx = self.ipr.link_lookup(ifname=towards)[0]
+        self.classes: dict[int, float] = {}
+        self.prio = 10
+
+    def add_class(self, minor: int, rate_bps: float, *, ceil_bps: float | None = None,
+                  ports: tuple[int, int] | None = None, mark: int | None = None) -> None:
+        """A class 1:<minor> (hex, like tc) for the flows matching `ports` (dport range) or `mark`."""
+        if minor in (1, 0x10) or not 0 < minor < 0xFFFF:
+            raise ValueError("minor 1 and 0x10 are the link and default classes; pick another")
+        rate = max(int(rate_bps), MIN_RATE_BPS)
+        ceil = max(int(ceil_bps or rate_bps), rate)
+        self.emu.backend.run(self.wan, ["tc", "class", "add", "dev", self.dev, "parent", "1:1", "classid",
+                                        f"1:{minor:x}", "htb", "rate", f"{rate}bit", "ceil", f"{ceil}bit",
+                                        "burst", BURST, "cburst", BURST])
+        self.emu.backend.run(self.wan, ["tc", "qdisc", "add", "dev", self.dev, "parent", f"1:{minor:x}",
+                                        "bfifo", "limit", str(4 * 2**20)])
+        for v, m in port_blocks(*ports) if ports is not None else []:
+            self.emu.backend.run(self.wan, ["tc", "filter", "add", "dev", self.dev, "parent", "1:", "protocol",
+                                            "ip", "prio", str(self.prio), "u32", "match", "ip", "dport", str(v),
+                                            hex(m), "flowid", f"1:{minor:x}"])
+        if mark is not None:
+            self.emu.backend.run(self.wan, ["iptables", "-t", "mangle", "-A", "POSTROUTING", "-o", self.dev, "-m",
+                                            "mark", "--mark", str(mark), "-j", "CLASSIFY", "--set-class",
+                                            f"1:{minor:x}"])
+        self.classes[minor] = rate
+
+    def set_rate(self, minor: int, rate_bps: float, ceil_bps: float | None = None) -> float:
+        """Change a class's rate (and ceiling) now; returns the seconds the netlink change took."""
+        rate = max(int(rate_bps), MIN_RATE_BPS)
+        ceil = max(int(ceil_bps or rate_bps), rate)
+        t0 = time.perf_counter()
+        self.ipr.tc("change-class", "htb", self.idx, handle=f"1:{minor:x}", parent="1:1", rate=f"{rate}bit",
+                    ceil=f"{ceil}bit", burst=BURST_BYTES, cburst=BURST_BYTES)
+        self.classes[minor] = rate
+        return time.perf_counter() - t0
+
+    def class_bytes(self) -> dict[int, int]:
+        """Bytes sent per flow class so far (the per-flow throughput counters the figures use)."""
+        out = {}
+        for msg in self.ipr.get_classes(index=self.idx):
+            handle = msg["handle"]
+            stats = msg.get_attr("TCA_STATS2")
+            basic = stats.get_attr("TCA_STATS_BASIC") if stats else None
+            out[handle & 0xFFFF] = basic["bytes"] if basic else 0
+        return out
+
+    def close(self) -> None:
+        self.ipr.close()

@@ -1,0 +1,59 @@
+"""The multi-TCP experiment: throughput of one WAN link vs the number of parallel TCP connections,
+measured on the emulated WAN (real TCP, iperf3) and predicted by the simulator's model, side by side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from testbed.emu.build import down, up
+from testbed.emu.check import iperf, ping
+from testbed.emu.scale import auto_scale
+from testbed.plan.synthetic import make_plan
+from testbed.sim.executor import simulate
+from testbed.spec.experiment import Experiment
+
+HEADER = ("run_id", "source", "experiment", "link", "wan_latency_ms", "wan_mbps", "tcp_connections", "window_kib",
+          "throughput_mbps", "rtt_avg_ms", "scale", "delay_method", "sweep")
+
+
+def sim_throughput_mbps(capacity_mbps: float, latency_ms: float, window: float, n: int) -> float:
+    """The simulator's answer: one long transfer over n connections on the link, alone."""
+    nbytes = 1e9
+    plan = make_plan(pp=2, m=1, f=0.0, b=0.0, dcs=["a", "b"], act_bytes=nbytes, capacity=capacity_mbps * 1e6 / 8,
+                     latency=latency_ms / 1e3, window=window, connections=n)
+    tl, _ = simulate(plan)
+    send = next(iv for iv in tl.intervals if iv.kind == "send")
+    return nbytes * 8 / send.dur / 1e6
+
+
+def run_point(exp: Experiment, index: int, sweep: dict, progress: Callable[[str], None]) -> list[dict]:
+    mt, em = exp.multitcp, exp.emulation
+    assert mt is not None
+    scale = em.scale or auto_scale(exp.topology)
+    emu = up(exp.topology, backend=em.backend, prefix=em.prefix, scale=scale, delay=em.delay)
+    rows = []
+    try:
+        for li in mt.links or [0]:
+            link = exp.topology.links[li]
+            a, b = link.between
+            rtt = ping(emu, f"{a}-h0", emu.addr.host(f"{b}-h0").ip, 20)
+            cap = link.gbps * 1e3 / scale
+            win = emu.window_bytes(a, b)
+            for n in mt.connections:
+                progress(f"{a}-{b} {link.latency_ms:g} ms, {n} connection(s)")
+                meas = iperf(emu, f"{a}-h0", f"{b}-h0", 5201, mt.seconds, n)
+                base = {"experiment": exp.name, "link": f"{a}-{b}", "wan_latency_ms": link.latency_ms,
+                        "wan_mbps": round(cap, 3), "tcp_connections": n, "window_kib": round(win / 1024, 1),
+                        "scale": scale, "delay_method": emu.delay,
+                        "sweep": ";".join(f"{k}={v}" for k, v in sweep.items())}
+                rid = f"p{index:02d}-{a}-{b}-n{n}"
+                rows.append({"run_id": rid, "source": "emu", **base,
+                             "throughput_mbps": round(meas["received_mbps"], 3),
+                             "rtt_avg_ms": round(rtt["rtt_avg_ms"] or 0.0, 3)})
+                rows.append({"run_id": rid, "source": "sim", **base,
+                             "throughput_mbps": round(sim_throughput_mbps(cap, link.latency_ms, win, n), 3),
+                             "rtt_avg_ms": 2 * link.latency_ms})
+    finally:
+        down(emu)
+    return rows

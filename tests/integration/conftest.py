@@ -1,0 +1,65 @@
+"""Integration tests build real topologies: root, iproute2, iptables, iperf3 (`make sysdeps`)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+MISSING = [t for t in ("ip", "tc", "iptables", "iperf3", "ping") if not shutil.which(t)]
+needs_root = pytest.mark.skipif(os.geteuid() != 0 or bool(MISSING),
+                                reason=f"needs root and {', '.join(MISSING) or 'iproute2'} (run `make sysdeps`)")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "integration" in str(item.fspath):
+            item.add_marker(pytest.mark.integration)
+            item.add_marker(needs_root)
+
+
+def snapshot() -> dict[str, set[str]]:
+    """What a run could leave behind: namespaces, root links, root iptables rules, our processes."""
+    def out(argv):
+        return subprocess.run(argv, capture_output=True, text=True).stdout
+
+    procs = set()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if "testbed.emu" in cmd or "mininet:gdtb" in cmd or "iperf3" in cmd:
+                procs.add(f"{d.name} {cmd}")
+    return {
+        "netns": {ln.split()[0] for ln in out(["ip", "netns", "list"]).splitlines() if ln.strip()},
+        "links": {ln.split(": ")[1].split("@")[0] for ln in out(["ip", "-o", "link"]).splitlines()},
+        "iptables": {ln for ln in out(["iptables-save"]).splitlines() if not ln.startswith(("#", ":"))},
+        "procs": procs,
+    }
+
+
+def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "testbed", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=timeout, env={**os.environ, "COLUMNS": "200"})
+
+
+def write_topology(path: Path, *, gbps: float = 0.1, latency: float = 10.0, window_mb: float = 16,
+                   hosts: int = 1, name: str = "t2") -> Path:
+    path.write_text(f"""
+name: {name}
+tcp_window_mb: {window_mb}
+dcs:
+  - {{name: east, gpus: 8, hosts: {hosts}}}
+  - {{name: west, gpus: 8, hosts: {hosts}}}
+links:
+  - {{between: [east, west], gbps: {gbps}, latency_ms: {latency}}}
+""")
+    return path

@@ -1,0 +1,80 @@
+"""Pure parts of the emulator: names, addresses, port blocks, parsers. No root needed."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from testbed.emu.build import receive_buffer, window_notes
+from testbed.emu.delayline import parse_specs
+from testbed.emu.flowctl import port_blocks
+from testbed.emu.measure import ping_stats
+from testbed.emu.names import OURS_RE, address_plan, check_prefix, host_name
+from testbed.emu.scale import auto_scale
+from testbed.emu.shaping import htb_commands
+from testbed.errors import SpecError
+from testbed.spec.load import load_topology
+from tests.conftest import ROOT
+
+TOPO = load_topology(ROOT / "topologies" / "3dc.yaml")
+
+
+def test_address_plan_3dc():
+    ap = address_plan(TOPO, "gdtb0")
+    assert [host_name(h) for h in ap.hosts] == ["useast-h0", "useast-h1", "uscentral-h0", "uscentral-h1",
+                                                "uswest-h0", "uswest-h1"]
+    assert ap.host("uswest-h1").ip == "10.80.2.2" and ap.gateways["uswest"][1] == "10.80.2.254"
+    w = ap.wan("uswest", "useast")
+    assert (w.gw_a_ip, w.wan_a_ip, w.gw_b_ip, w.wan_b_ip) == ("10.81.2.1", "10.81.2.2", "10.81.2.5", "10.81.2.6")
+    names = [h.ns for h in ap.hosts] + [g for g, _ in ap.gateways.values()] + [w.ns for w in ap.wans]
+    assert len(set(names)) == len(names) and all(OURS_RE.match(n) for n in names)
+    with pytest.raises(SpecError):
+        ap.host("nowhere-h0")
+
+
+@pytest.mark.parametrize("bad", ["gdtb", "tb0", "gdtb0-x", "gdtb12345", "GDTB0", "mininet"])
+def test_prefix_must_be_ours(bad):
+    with pytest.raises(SpecError):
+        check_prefix(bad)
+
+
+@given(st.integers(0, 0xFFFF), st.integers(0, 4000))
+def test_port_blocks_cover_exactly(lo, span):
+    hi = min(lo + span, 0xFFFF)
+    covered = set()
+    for value, mask in port_blocks(lo, hi):
+        size = (~mask & 0xFFFF) + 1
+        assert value & ~mask & 0xFFFF == 0  # aligned
+        block = set(range(value, value + size))
+        assert not covered & block
+        covered |= block
+    assert covered == set(range(lo, hi + 1))
+
+
+def test_ping_stats():
+    out = "64 bytes from 10.80.1.1: icmp_seq=1 ttl=62 time=28.6 ms\n" * 3 + "... time=31.2 ms\n"
+    s = ping_stats(out)
+    assert s["rtt_min_ms"] == 28.6 and s["rtt_p99_ms"] == 31.2 and s["samples"] == 4
+    assert ping_stats("100% packet loss")["samples"] == 0
+
+
+def test_delayline_specs():
+    assert parse_specs(["0:25", "1:2.5"]) == {0: 0.025, 1: 0.0025}
+    with pytest.raises(SystemExit):
+        parse_specs(["x:1"])
+
+
+def test_scale_and_window_notes():
+    assert auto_scale(TOPO) == 2000
+    notes = window_notes(TOPO, 2000)
+    assert len(notes) == 3 and "below 64 KiB" in notes[0]
+    assert window_notes(TOPO, 10) == []
+    assert receive_buffer(65536) == 87381
+
+
+def test_htb_has_explicit_burst_and_leaf():
+    cmds = htb_commands("west", 1e8, 0.05, None)
+    assert any("burst" in c and "128k" in c for c in cmds)
+    assert cmds[-1][-3:-1] == ["bfifo", "limit"]
+    assert htb_commands("west", 1e8, 0.05, 25)[-1][9:12] == ["netem", "delay", "25ms"]
