@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 TESTBED := $(BIN)/testbed
 RESULTS := results
 
-.PHONY: all venv sysdeps test unit integration lint experiment sim-paper emu-multitcp figures bench \
+.PHONY: all venv sysdeps test unit integration lint experiment sim-paper sim-bubbletea emu-multitcp figures bench \
         topology-3dc topology-down clean distclean
 
 all: test
@@ -36,14 +36,26 @@ test: venv sysdeps lint
 sim-paper: venv
 	$(TESTBED) sim experiments/paper-3dc.yaml --out $(RESULTS)/paper-3dc
 
+# BubbleTea on the real Azure traces when ../shared/data has them, else on the synthetic trace.
+AZURE := ../shared/data/azure-llm-inference-2023
+sim-bubbletea: venv
+	@if [ -f $(AZURE)/AzureLLMInferenceTrace_conv.csv ]; then \
+	  $(TESTBED) sim experiments/bubbletea-3dc.yaml --out $(RESULTS)/bubbletea-3dc && \
+	  $(TESTBED) sim experiments/bubbletea-3dc.yaml --out $(RESULTS)/bubbletea-3dc-code \
+	    --set bubbletea.trace=$(abspath $(AZURE))/AzureLLMInferenceTrace_code.csv --set sweep={} \
+	    --set bubbletea.rate_scale=400; \
+	else echo "no Azure trace in $(AZURE): BubbleTea runs on the synthetic trace (same statistics)"; \
+	  $(TESTBED) sim experiments/bubbletea-3dc.yaml --out $(RESULTS)/bubbletea-3dc --set bubbletea.trace=synthetic; fi
+
 # The emulated parts need root; without it they are skipped with a message and the simulations still run.
 emu-multitcp: venv sysdeps
 	@if [ "$$(id -u)" -ne 0 ]; then echo "skipping the emulated multi-TCP experiment: it needs root (sudo make experiment)"; \
 	 else $(TESTBED) clean && $(TESTBED) experiment run experiments/multitcp.yaml --out $(RESULTS)/multitcp \
-	   && $(TESTBED) figures $(RESULTS)/multitcp --out $(RESULTS)/figures; fi
+	   && $(TESTBED) figures $(RESULTS)/multitcp --out $(RESULTS)/figures/multitcp; fi
 
-experiment: venv sysdeps sim-paper emu-multitcp
-	$(TESTBED) figures $(RESULTS)/paper-3dc --out $(RESULTS)/figures
+experiment: venv sysdeps sim-paper sim-bubbletea emu-multitcp
+	$(TESTBED) figures $(RESULTS)/paper-3dc --out $(RESULTS)/figures/paper-3dc
+	$(TESTBED) figures $(RESULTS)/bubbletea-3dc --out $(RESULTS)/figures/bubbletea-3dc
 	@echo "figures in $(RESULTS)/figures/"
 
 # Up + checked; stays up for `testbed topology exec useast-h0 -- ...`; `make topology-down` removes it.
@@ -55,12 +67,14 @@ topology-down: venv
 	$(TESTBED) topology down --prefix gdtb0
 
 figures: venv
-	@for d in $(RESULTS)/*/; do [ -f $$d/summary.csv ] && $(TESTBED) figures $$d --out $(RESULTS)/figures || true; done
+	@for d in $(RESULTS)/*/; do n=$$(basename $$d); [ -f $$d/summary.csv ] && \
+	  $(TESTBED) figures $$d --out $(RESULTS)/figures/$$n || true; done
 
 bench: venv
 	$(BIN)/python bench/sim_scale.py
 	$(BIN)/python bench/mechanisms_example.py
 	$(BIN)/python bench/paper_speedups.py
+	$(BIN)/python bench/prefill_model_error.py
 	@if [ "$$(id -u)" -eq 0 ]; then $(BIN)/python bench/link_fidelity.py; else echo "link_fidelity needs root"; fi
 
 # Removes leftovers of emulated runs (namespaces, links, rules, processes with our prefix), then caches.

@@ -94,9 +94,22 @@ class Timeline:
         return Timeline(self.run_id, self.source, [iv for iv in self.intervals if iv.replica < n],
                         self.iteration_s, self.groups)
 
-    def with_intervals(self, extra: list[Interval]) -> Timeline:
-        return Timeline(self.run_id, self.source, sort_intervals(self.intervals + extra), self.iteration_s,
-                        self.groups)
+    def with_busy(self, extra: list[Interval]) -> Timeline:
+        """Add busy intervals (e.g. prefill) and recompute the idle ones around them."""
+        ivs = [iv for iv in self.intervals if iv.kind != "idle"] + extra
+        starts = [sum(self.iteration_s[:k]) for k in range(len(self.iteration_s))]
+        busy: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
+        where: dict[tuple, tuple[str, str]] = {}
+        for iv in ivs:
+            key = (iv.iteration, iv.stage, iv.replica)
+            where[key] = (iv.gpu, iv.dc)
+            if iv.kind in BUSY:
+                busy[key].append((iv.start_s, iv.end_s))
+        for key, (gpu, dc) in where.items():
+            it, s, r = key
+            for a, b in idle_gaps(busy[key], starts[it], starts[it] + self.iteration_s[it]):
+                ivs.append(Interval(it, gpu, dc, s, r, "idle", -1, a, b, 0.0))
+        return Timeline(self.run_id, self.source, sort_intervals(ivs), self.iteration_s, self.groups)
 
     def rows(self):
         for iv in self.intervals:

@@ -10,8 +10,12 @@ from testbed.timeline import COMPUTE, Timeline
 SUMMARY_HEADER = (
     "run_id", "source", "scheduler", "model", "dcs", "gpus", "tp", "pp", "dp", "microbatches",
     "wan_latency_ms", "wan_gbps", "tcp_connections", "iteration_s", "tokens_per_s", "tokens_per_s_per_gpu",
-    "gpu_util", "bubble_frac", "lower_bound_s", "wan_min_s", "scale", "sweep",
+    "gpu_util", "train_util", "prefill_util", "bubble_frac", "lower_bound_s", "wan_min_s",
+    "train_slowdown", "ttft_p50_ms", "ttft_p99_ms", "slo_attainment", "prefill_tokens_per_s", "served_in_bubbles",
+    "requests", "request_rate", "fallback", "scale", "sweep",
 )
+BUBBLETEA_COLUMNS = ("train_slowdown", "ttft_p50_ms", "ttft_p99_ms", "slo_attainment", "prefill_tokens_per_s",
+                     "served_in_bubbles", "requests", "request_rate", "fallback")
 
 
 def share(tl: Timeline, kinds: tuple[str, ...]) -> float:
@@ -55,7 +59,9 @@ def wan_min_s(plan: Plan) -> float:
     return max((b / plan.links[h].capacity_bps for h, b in load.items()), default=0.0)
 
 
-def summary_row(plan: Plan, tl: Timeline, lower_bound_s: float, sweep: dict) -> dict[str, object]:
+def summary_row(plan: Plan, tl: Timeline, lower_bound_s: float, sweep: dict,
+                bubbletea: dict[str, object] | None = None) -> dict[str, object]:
+    """One summary row. `gpu_util` counts training and prefill; BubbleTea columns are empty without it."""
     it = mean(tl.iteration_s)
     hops = wan_links_used(plan)
     lat = mean(plan.links[h].latency_s for h in hops) * 1e3 if hops else 0.0
@@ -79,10 +85,13 @@ def summary_row(plan: Plan, tl: Timeline, lower_bound_s: float, sweep: dict) -> 
         "iteration_s": round(it, 6),
         "tokens_per_s": round(tokens, 3),
         "tokens_per_s_per_gpu": round(tokens / plan.gpus, 6),
-        "gpu_util": round(share(tl, COMPUTE), 6),
+        "gpu_util": round(share(tl, (*COMPUTE, "prefill")), 6),
+        "train_util": round(share(tl, COMPUTE), 6),
+        "prefill_util": round(share(tl, ("prefill",)), 6),
         "bubble_frac": round(share(tl, ("idle",)), 6),
         "lower_bound_s": round(lower_bound_s, 6),
         "wan_min_s": round(wan_min_s(plan), 6),
+        **{k: (bubbletea or {}).get(k, "") for k in BUBBLETEA_COLUMNS},
         "scale": plan.scale,
         "sweep": ";".join(f"{k}={v}" for k, v in sweep.items()),
     }

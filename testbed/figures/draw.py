@@ -28,6 +28,14 @@ def draw_all(folder: Path, out: Path) -> list[Path]:
     if ndcs.nunique() > 1:
         paths.append(training.speedup(sim.assign(ndcs=ndcs), out / "speedup_vs_dcs.png", "ndcs", "number of DCs"))
     paths.append(training.gpu_utilization(sim, out / "gpu_util.png"))
+    if "request_rate" in sim and sim.request_rate.notna().any():
+        if sim.request_rate.nunique() > 1:
+            paths.append(training.util_vs_rate(sim, out / "util_vs_rate.png"))
+        rfile = folder / "requests.csv"
+        if rfile.exists():
+            reqs = pd.read_csv(rfile)
+            first = reqs[reqs.run_id.str.startswith("p00-")] if reqs.run_id.str.startswith("p00-").any() else reqs
+            paths.append(training.ttft_cdf(first, out / "ttft_cdf.png"))
     tfile = folder / "timeline.csv"
     if tfile.exists():
         tl = pd.read_csv(tfile)

@@ -48,7 +48,7 @@ def speedup(summary: pd.DataFrame, path: Path, x: str = "wan_latency_ms", xlabel
 def gpu_utilization(summary: pd.DataFrame, path: Path) -> Path:
     """Stacked per scheduler: training compute, prefill (BubbleTea), idle/communication."""
     d = summary.groupby("scheduler", sort=False).mean(numeric_only=True)
-    train = d.gpu_util
+    train = d.train_util if "train_util" in d else d.gpu_util
     prefill = d.prefill_util if "prefill_util" in d else train * 0
     fig, ax = new()
     x = range(len(d))
@@ -104,5 +104,40 @@ def multitcp(summary: pd.DataFrame, path: Path) -> Path:
     ax.set_ylabel("throughput (Mbit/s)")
     ax.set_title(f"One WAN link, window {summary.window_kib.iloc[0]:g} KiB: emulated vs model")
     ax.legend(fontsize=7, ncol=2)
+    save(fig, path)
+    return path
+
+
+def ttft_cdf(requests: pd.DataFrame, path: Path, slo_ms: float | None = None) -> Path:
+    """TTFT CDF per run (bubble-served and fallback together)."""
+    fig, ax = new()
+    for run_id, d in requests.groupby("run_id", sort=False):
+        t = (d.ttft_s * 1e3).sort_values().to_numpy()
+        share = d.in_bubble.mean()
+        ax.plot(t, [(i + 1) / len(t) for i in range(len(t))], label=f"{run_id} ({share:.0%} in bubbles)")
+    if slo_ms:
+        ax.axvline(slo_ms, color="k", ls="--", lw=1, label=f"SLO {slo_ms:g} ms")
+    ax.set_xscale("log")
+    ax.set_xlabel("time to first token (ms)")
+    ax.set_ylabel("share of requests")
+    ax.set_title("TTFT CDF")
+    ax.legend(fontsize=7)
+    save(fig, path)
+    return path
+
+
+def util_vs_rate(summary: pd.DataFrame, path: Path) -> Path:
+    """GPU utilization (training + prefill) vs offered request rate, per BubbleTea scheduler."""
+    fig, ax = new()
+    d = summary[summary.request_rate.notna()]
+    for sched, g in d.groupby("scheduler", sort=False):
+        g = g.sort_values("request_rate")
+        ax.plot(g.request_rate, g.gpu_util, "o-", color=colour(sched), label=f"{sched}: training + prefill")
+        ax.plot(g.request_rate, g.train_util, ":", color=colour(sched), label=f"{sched}: training only")
+    ax.set_xlabel("offered prefill requests per second")
+    ax.set_ylabel("GPU utilization")
+    ax.set_ylim(0, 1.02)
+    ax.set_title("BubbleTea: utilization vs request rate")
+    ax.legend(fontsize=7)
     save(fig, path)
     return path

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from testbed.analysis.metrics import SUMMARY_HEADER, summary_row
+from testbed.bubbletea.bubbles import BUBBLES_HEADER, bubble_rows, extract_bubbles
+from testbed.bubbletea.run import REQUESTS_HEADER, request_rows, run_bubbletea
+from testbed.costs.prefill import inference_model, kv_bytes_per_token
 from testbed.plan.build import build_plan, resolve_dp
 from testbed.results import write_csv
 from testbed.sim.executor import simulate
 from testbed.spec.experiment import Experiment
-from testbed.timeline import Timeline, write_timelines, write_trace
+from testbed.timeline import COMPUTE, Timeline, write_timelines, write_trace
 
 
 @dataclass
@@ -20,6 +23,8 @@ class RunResult:
     summary: dict[str, object]
     timeline: Timeline | None
     events: int
+    requests: list[tuple] = field(default_factory=list)
+    bubbles: list[tuple] = field(default_factory=list)
 
 
 def lower_bound_s(plan) -> float:
@@ -36,9 +41,24 @@ def run_point(exp: Experiment, index: int, sweep: dict, keep_timeline: bool) -> 
         tl, events = simulate(plan)
         lb = lower_bound_s(plan)
         tl = tl.repeated(exp.iterations)
-        if keep_timeline and exp.timeline_replicas is not None:
-            tl = tl.only_replicas(exp.timeline_replicas)
-        out.append(RunResult(summary_row(plan, tl, lb, sweep), tl if keep_timeline else None, events))
+        bt, reqs = None, []
+        if plan.mech.bubbletea:
+            res = run_bubbletea(plan, tl, exp.bubbletea, exp.seed)
+            train_end = max(iv.end_s for iv in res.timeline.intervals if iv.kind in COMPUTE)
+            base_end = max(iv.end_s for iv in tl.intervals if iv.kind in COMPUTE)
+            bt = {**res.metrics, "train_slowdown": round(train_end / base_end - 1, 9)}
+            kv = kv_bytes_per_token(inference_model(exp.bubbletea.model))
+            reqs = list(request_rows(plan.run_id, "sim", res.placements, kv))
+            tl = res.timeline
+        row = summary_row(plan, tl, lb, sweep, bt)
+        bubbles = []
+        if keep_timeline:
+            limit = exp.timeline_replicas
+            bubbles = [b for b in bubble_rows(plan.run_id, "sim", extract_bubbles(tl))
+                       if limit is None or b[5] < limit]
+            if limit is not None:
+                tl = tl.only_replicas(limit)
+        out.append(RunResult(row, tl if keep_timeline else None, events, reqs, bubbles))
     return out
 
 
@@ -69,4 +89,12 @@ def write_outputs(out: Path, results: list[RunResult]) -> list[Path]:
         paths += [out / "timeline.csv", out / "trace.json"]
         write_timelines(paths[1], tls)
         write_trace(paths[2], tls)
+    bubbles = [b for r in results for b in r.bubbles]
+    if bubbles:
+        paths.append(out / "bubbles.csv")
+        write_csv(paths[-1], BUBBLES_HEADER, bubbles)
+    reqs = [q for r in results for q in r.requests]
+    if any(r.summary["requests"] != "" for r in results):
+        paths.append(out / "requests.csv")
+        write_csv(paths[-1], REQUESTS_HEADER, reqs)
     return paths

@@ -15,10 +15,12 @@ class NetworkOptions(Strict):
 
 
 class BubbleTeaOptions(Strict):
-    trace: str = "synthetic"
-    rate_scale: Annotated[float, Field(gt=0)] = 1.0
+    """Prefill serving in bubbles. The inference model is sharded over each training TP group."""
+
+    trace: str = "synthetic"  # `synthetic`, or an Azure-format CSV (relative to the experiment file)
+    rate_scale: Annotated[float, Field(gt=0)] = 1.0  # > 1 compresses the trace's time: more requests/s
+    trace_start_s: Annotated[float, Field(ge=0)] = 0.0
     model: str = "llama2-7b"
-    tp: Annotated[int, Field(gt=0)] = 1
     guard_ms: Annotated[float, Field(ge=0)] = 1.0
     ttft_slo_ms: Annotated[float, Field(gt=0)] = 2000.0
 

@@ -120,6 +120,11 @@ def experiment_data(path: str | Path) -> dict[str, Any]:
         if not tpath.exists():
             raise SpecError("topology", f"file {topo!r} not found next to {path}", "fix the relative path")
         data["topology"] = _read_yaml(tpath)
+    bt = data.get("bubbletea")
+    if isinstance(bt, dict) and isinstance(bt.get("trace"), str) and bt["trace"] != "synthetic":
+        tr = Path(bt["trace"])
+        if not tr.is_absolute():
+            bt["trace"] = str((path.parent / tr).resolve())
     return data
 
 

@@ -1,0 +1,1 @@
+"""BubbleTea: serve LLM prefill requests inside training pipeline bubbles (used by sim and runtime)."""
