@@ -26,11 +26,16 @@ def test_atlas_never_slower_than_any_baseline(paper_rows):
         assert its["pp-wan"] / its["atlas"] > 1.5, point  # the speedup is real, not noise
 
 
-def test_atlas_near_lower_bound_where_wan_latency_is_small(paper_rows):
+def test_atlas_near_lower_bound(paper_rows):
+    """Within 1.3x of the no-WAN-penalty bound wherever the WAN's bandwidth is not the bottleneck
+    (wan_min_s below the bound): on paper-3dc that is every point."""
+    checked = 0
     for r in paper_rows:
         assert r["iteration_s"] >= r["lower_bound_s"] * (1 - 1e-9)
-        if r["scheduler"] == "atlas" and r["wan_latency_ms"] <= 10:
+        if r["scheduler"] == "atlas" and r["wan_min_s"] < r["lower_bound_s"]:
             assert r["iteration_s"] <= 1.3 * r["lower_bound_s"], r
+            checked += 1
+    assert checked == 6
 
 
 def test_speedup_grows_with_latency(paper_rows):

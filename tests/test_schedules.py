@@ -21,3 +21,15 @@ def test_1f1b_warmup_and_in_flight_limit():
         peak = max(peak, in_flight)
     assert peak == 4  # stage 0 holds at most pp activations
     assert [str(a) for a in one_f_one_b(3, 4, 3)] == ["F0", "B0", "F1", "B1", "F2", "B2"]
+
+
+def test_extra_warmup_keeps_more_in_flight_and_rejects_increasing_extras():
+    import pytest
+
+    from testbed.plan.schedules import build_schedule
+
+    acts = build_schedule("1f1b", 4, 12, [5, 3, 3, 0])
+    assert [str(a) for a in acts[0][:9]] == ["F0", "F1", "F2", "F3", "F4", "F5", "F6", "F7", "F8"]
+    assert str(acts[3][1]) == "B0"
+    with pytest.raises(ValueError):
+        build_schedule("1f1b", 3, 8, [0, 2, 0])

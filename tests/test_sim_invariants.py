@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from testbed.analysis.invariants import check_timeline
 from testbed.plan.build import build_plan
+from testbed.plan.schedules import build_schedule
 from testbed.sim.executor import simulate
 from testbed.spec.load import load_experiment
 from tests.conftest import ROOT, make_plan
@@ -24,12 +25,15 @@ from tests.conftest import ROOT, make_plan
     conns=st.sampled_from([1, 8]),
     temporal=st.booleans(),
     stagger=st.floats(0, 0.5),
+    extra=st.lists(st.integers(0, 6), min_size=5, max_size=5),
 )
-def test_random_plans_keep_invariants(pp, dp, m, schedule, split, latency, capacity, conns, temporal, stagger):
+def test_random_plans_keep_invariants(pp, dp, m, schedule, split, latency, capacity, conns, temporal, stagger,
+                                      extra):
     dcs = ["a" if s < min(split, pp) else "b" for s in range(pp)]
     plan = make_plan(pp=pp, dp=dp, m=m, f=0.01, b=0.02, schedule=schedule, dcs=dcs, act_bytes=2e6,
                      grad_bytes=1e7, capacity=capacity, latency=latency, window=2**20, connections=conns,
                      temporal=temporal, intra_bw=1e10, offsets=[r * stagger for r in range(dp)])
+    plan.actions = build_schedule(schedule, pp, m, sorted(extra[:pp], reverse=True))  # extra warm-up, any depth
     tl, _ = simulate(plan)
     assert check_timeline(tl, plan) == []
     assert tl.iteration_s[0] > 0
@@ -39,7 +43,7 @@ def test_experiment_plans_keep_invariants():
     points = load_experiment(ROOT / "experiments" / "tiny-3dc.yaml",
                              sweeps=["topology.links.*.latency_ms=1,40"])
     for exp, _ in points:
-        for sched in ["dp-wan", "pp-wan", "pp-wan+mtcp", "pp-wan+temporal", "atlas"]:
+        for sched in ["dp-wan", "pp-wan", "pp-wan+mtcp", "pp-wan+temporal", "pp-wan+warmup", "atlas"]:
             plan = build_plan(exp, sched)
             tl, _ = simulate(plan)
             tl = tl.repeated(2)

@@ -31,6 +31,7 @@ class StageCost:
     act_bytes: float  # activation to the next stage per microbatch (whole TP group)
     grad_bytes: float  # gradient of this stage's parameters (bf16), reduced across DP
     mem_gb: float  # peak per GPU
+    act_gb_per_microbatch: float  # what one more in-flight microbatch adds per GPU
 
 
 def stage_costs(
@@ -84,6 +85,7 @@ def stage_costs(
                 act_bytes=float(tokens * h * BF16),
                 grad_bytes=float(params * BF16),
                 mem_gb=mem / 1e9 + WORKSPACE_GB,
+                act_gb_per_microbatch=n * act_layer / 1e9,
             )
         )
     return out

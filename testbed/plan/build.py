@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from testbed.costs.gpus import GPUS
 from testbed.costs.models import ModelConfig, resolve_model
 from testbed.costs.stage import stage_costs
@@ -69,6 +71,30 @@ def link_plans(exp: Experiment, mech: Mechanisms) -> dict[tuple[str, str], LinkP
     return out
 
 
+def latency_warmup(row: list[str], costs: list, links: dict, m: int, schedule: str,
+                   gpu_mem_gb: list[float]) -> list[int]:
+    """Extra 1F1B warm-up per stage: enough microbatches to cover the WAN round trips downstream of
+    the stage (one activation and one gradient per hop, latency + transfer at the striped rate), as
+    many as the GPU's free memory allows, and never increasing along the pipeline."""
+    pp = len(row)
+    if schedule != "1f1b":
+        return [0] * pp
+    extra, prev = [], m
+    for s in range(pp):
+        rt = 0.0
+        for k in range(s, pp - 1):
+            if row[k] != row[k + 1]:
+                for lp in (links[(row[k], row[k + 1])], links[(row[k + 1], row[k])]):
+                    rt += lp.latency_s + costs[k].act_bytes / min(lp.capacity_bps, lp.transfer_cap_bps)
+        want = math.ceil(rt / (costs[s].fwd_s + costs[s].bwd_s)) if rt else 0
+        free = gpu_mem_gb[s] - costs[s].mem_gb
+        fits = int(free // costs[s].act_gb_per_microbatch) if costs[s].act_gb_per_microbatch > 0 else want
+        e = max(0, min(want, fits, prev, m))
+        extra.append(e)
+        prev = e
+    return extra
+
+
 def build_plan(
     exp: Experiment, scheduler: str, run_id: str = "run", dp: int | None = None, order: list[str] | None = None
 ) -> Plan:
@@ -104,6 +130,10 @@ def build_plan(
     costs = [[by_gpu[topo.dc(d).gpu][s] for s, d in enumerate(row)] for row in stage_dc]
     ref = costs[0]
     links = link_plans(exp, mech)
+    gpu_mem = [GPUS[topo.dc(d).gpu].memory_gb for d in stage_dc[0]]
+    extra = latency_warmup(stage_dc[0], ref, links, m, w.schedule, gpu_mem) if mech.warmup else [0] * w.pp
+    mem = [max(costs[r][s].mem_gb + extra[s] * costs[r][s].act_gb_per_microbatch for r in range(dp))
+           for s in range(w.pp)]
 
     offsets = [0.0] * dp
     if mech.stagger:
@@ -130,8 +160,8 @@ def build_plan(
         bwd_s=[[c.bwd_s for c in row] for row in costs],
         act_bytes=[c.act_bytes for c in ref],
         grad_bytes=[c.grad_bytes for c in ref],
-        mem_gb=[max(costs[r][s].mem_gb for r in range(dp)) for s in range(w.pp)],
-        actions=build_schedule(w.schedule, w.pp, m),
+        mem_gb=mem,
+        actions=build_schedule(w.schedule, w.pp, m, extra),
         links=links,
         # one NIC per GPU; a TP group's transfers and all-reduces are split across its tp NICs
         intra={d.name: IntraDC(w.tp * d.intra_gbps * 1e9 / 8, d.intra_latency_us / 1e6) for d in topo.dcs},

@@ -15,18 +15,20 @@ class Mechanisms:
     temporal: bool  # replicas take turns on a WAN link at full rate instead of sharing it
     stagger: bool  # offset replica start times so their WAN phases interleave
     bubbletea: bool = False  # serve prefill requests inside pipeline bubbles
+    warmup: bool = False  # 1F1B with extra warm-up microbatches ahead of WAN hops (memory permitting)
 
 
 BASES: dict[str, Mechanisms] = {
     "dp-wan": Mechanisms("dp-wan", multi_tcp=False, temporal=False, stagger=False),
     "pp-wan": Mechanisms("pp-even", multi_tcp=False, temporal=False, stagger=False),
-    "atlas": Mechanisms("atlas", multi_tcp=True, temporal=True, stagger=True),
+    "atlas": Mechanisms("atlas", multi_tcp=True, temporal=True, stagger=True, warmup=True),
 }
 MODIFIERS: dict[str, dict[str, object]] = {
     "mtcp": {"multi_tcp": True},
     "temporal": {"temporal": True, "stagger": True},
     "greedy": {"placement": "atlas"},
     "bubbletea": {"bubbletea": True},
+    "warmup": {"warmup": True},
 }
 
 
