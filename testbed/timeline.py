@@ -55,6 +55,26 @@ def idle_gaps(busy: list[tuple[float, float]], t0: float, t1: float) -> list[tup
     return gaps
 
 
+def group_gaps(intervals: list[Interval], iteration_s: list[float], busy_kinds: tuple[str, ...] = BUSY
+               ) -> list[Interval]:
+    """Idle intervals per (iteration, stage, replica): the gaps between `busy_kinds` in each iteration."""
+    starts = [sum(iteration_s[:k]) for k in range(len(iteration_s))]
+    busy: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
+    where: dict[tuple, tuple[str, str]] = {}
+    for iv in intervals:
+        key = (iv.iteration, iv.stage, iv.replica)
+        where[key] = (iv.gpu, iv.dc)
+        if iv.kind in busy_kinds:
+            busy[key].append((iv.start_s, iv.end_s))
+    out = []
+    for key in sorted(where):
+        it, s, r = key
+        gpu, dc = where[key]
+        for a, b in idle_gaps(busy[key], starts[it], starts[it] + iteration_s[it]):
+            out.append(Interval(it, gpu, dc, s, r, "idle", -1, a, b, 0.0))
+    return out
+
+
 @dataclass
 class Timeline:
     run_id: str
@@ -66,20 +86,12 @@ class Timeline:
     @classmethod
     def from_sim(cls, plan: Plan, raw: list[tuple]) -> Timeline:
         """Build iteration 0 from the executor's raw tuples, with idle gaps filled in."""
-        P = plan.pp
         end = max((t1 for *_, t1, _b in raw), default=0.0)
-        ivs: list[Interval] = []
-        busy: dict[int, list[tuple[float, float]]] = defaultdict(list)
+        ivs = []
         for g, kind, mb, t0, t1, nbytes in raw:
-            r, s = divmod(g, P)
+            r, s = divmod(g, plan.pp)
             ivs.append(Interval(0, group_name(s, r), plan.stage_dc[r][s], s, r, kind, mb, t0, t1, nbytes))
-            if kind in BUSY:
-                busy[g].append((t0, t1))
-        for r, s in plan.groups:
-            g = r * P + s
-            for a, b in idle_gaps(busy[g], 0.0, end):
-                ivs.append(Interval(0, group_name(s, r), plan.stage_dc[r][s], s, r, "idle", -1, a, b, 0.0))
-        return cls(plan.run_id, "sim", sort_intervals(ivs), [end], plan.pp * plan.dp)
+        return cls(plan.run_id, "sim", sort_intervals(ivs + group_gaps(ivs, [end])), [end], plan.pp * plan.dp)
 
     def repeated(self, iterations: int) -> Timeline:
         """Iterations are separated by a synchronous optimizer step, so in the simulator each one is
@@ -97,19 +109,8 @@ class Timeline:
     def with_busy(self, extra: list[Interval]) -> Timeline:
         """Add busy intervals (e.g. prefill) and recompute the idle ones around them."""
         ivs = [iv for iv in self.intervals if iv.kind != "idle"] + extra
-        starts = [sum(self.iteration_s[:k]) for k in range(len(self.iteration_s))]
-        busy: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
-        where: dict[tuple, tuple[str, str]] = {}
-        for iv in ivs:
-            key = (iv.iteration, iv.stage, iv.replica)
-            where[key] = (iv.gpu, iv.dc)
-            if iv.kind in BUSY:
-                busy[key].append((iv.start_s, iv.end_s))
-        for key, (gpu, dc) in where.items():
-            it, s, r = key
-            for a, b in idle_gaps(busy[key], starts[it], starts[it] + self.iteration_s[it]):
-                ivs.append(Interval(it, gpu, dc, s, r, "idle", -1, a, b, 0.0))
-        return Timeline(self.run_id, self.source, sort_intervals(ivs), self.iteration_s, self.groups)
+        return Timeline(self.run_id, self.source, sort_intervals(ivs + group_gaps(ivs, self.iteration_s)),
+                        self.iteration_s, self.groups)
 
     def rows(self):
         for iv in self.intervals:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
 from pathlib import Path
 from statistics import median
 from typing import NamedTuple
 
 from testbed.results import fmt, write_csv
-from testbed.timeline import BUSY, Timeline, idle_gaps
+from testbed.timeline import BUSY, Timeline, group_gaps
 
 
 class Bubble(NamedTuple):
@@ -28,24 +27,11 @@ class Bubble(NamedTuple):
 def extract_bubbles(tl: Timeline, *, skip_first: bool = False, min_s: float = 0.0) -> list[Bubble]:
     """Idle gaps between busy intervals (compute, all-reduce, prefill) per group and iteration.
     `skip_first` drops iteration 0 (warm-up) for emulated runs to keep the steady state."""
-    starts = [sum(tl.iteration_s[:k]) for k in range(len(tl.iteration_s))]
-    busy: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
-    where: dict[tuple, tuple[str, str]] = {}
-    for iv in tl.intervals:
-        key = (iv.iteration, iv.stage, iv.replica)
-        where[key] = (iv.gpu, iv.dc)
-        if iv.kind in BUSY and iv.kind != "prefill":
-            busy[key].append((iv.start_s, iv.end_s))
-    out = []
-    for key in sorted(where):
-        it, s, r = key
-        if skip_first and it == 0 and len(tl.iteration_s) > 1:
-            continue
-        t0 = starts[it]
-        for a, b in idle_gaps(busy[key], t0, t0 + tl.iteration_s[it]):
-            if b - a > min_s:
-                out.append(Bubble(*where[key], s, r, it, a, b))
-    return out
+    training = tuple(k for k in BUSY if k != "prefill")  # bubbles of training, whether or not prefill fills them
+    skip = skip_first and len(tl.iteration_s) > 1
+    return [Bubble(g.gpu, g.dc, g.stage, g.replica, g.iteration, g.start_s, g.end_s)
+            for g in group_gaps(tl.intervals, tl.iteration_s, training)
+            if g.dur > min_s and not (skip and g.iteration == 0)]
 
 
 def bubble_stats(bubbles: list[Bubble], tl: Timeline) -> dict[str, float]:

@@ -41,7 +41,7 @@ def run_point(exp: Experiment, index: int, sweep: dict, keep_timeline: bool) -> 
         tl, events = simulate(plan)
         lb = lower_bound_s(plan)
         tl = tl.repeated(exp.iterations)
-        bt, reqs = None, []
+        bt, reqs, bubbles = None, [], None
         if plan.mech.bubbletea:
             res = run_bubbletea(plan, tl, exp.bubbletea, exp.seed)
             train_end = max(iv.end_s for iv in res.timeline.intervals if iv.kind in COMPUTE)
@@ -49,16 +49,16 @@ def run_point(exp: Experiment, index: int, sweep: dict, keep_timeline: bool) -> 
             bt = {**res.metrics, "train_slowdown": round(train_end / base_end - 1, 9)}
             kv = kv_bytes_per_token(inference_model(exp.bubbletea.model))
             reqs = list(request_rows(plan.run_id, "sim", res.placements, kv))
-            tl = res.timeline
+            tl, bubbles = res.timeline, res.bubbles
         row = summary_row(plan, tl, lb, sweep, bt)
-        bubbles = []
+        rows: list[tuple] = []
         if keep_timeline:
             limit = exp.timeline_replicas
-            bubbles = [b for b in bubble_rows(plan.run_id, "sim", extract_bubbles(tl))
-                       if limit is None or b[5] < limit]
+            rows = [b for b in bubble_rows(plan.run_id, "sim", bubbles or extract_bubbles(tl))
+                    if limit is None or b[5] < limit]
             if limit is not None:
                 tl = tl.only_replicas(limit)
-        out.append(RunResult(row, tl if keep_timeline else None, events, reqs, bubbles))
+        out.append(RunResult(row, tl if keep_timeline else None, events, reqs, rows))
     return out
 
 
