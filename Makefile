@@ -5,7 +5,8 @@ BIN     := $(VENV)/bin
 TESTBED := $(BIN)/testbed
 RESULTS := results
 
-.PHONY: all venv sysdeps test unit integration lint experiment sim-paper sim-bubbletea emu-multitcp figures bench \
+.PHONY: all venv sysdeps test unit integration lint experiment sim-paper sim-bubbletea emu-multitcp emu-training \
+        figures bench \
         topology-3dc topology-down clean distclean
 
 all: test
@@ -53,7 +54,12 @@ emu-multitcp: venv sysdeps
 	 else $(TESTBED) clean && $(TESTBED) experiment run experiments/multitcp.yaml --out $(RESULTS)/multitcp \
 	   && $(TESTBED) figures $(RESULTS)/multitcp --out $(RESULTS)/figures/multitcp; fi
 
-experiment: venv sysdeps sim-paper sim-bubbletea emu-multitcp
+emu-training: venv sysdeps
+	@if [ "$$(id -u)" -ne 0 ]; then echo "skipping the emulated training run: it needs root (sudo make experiment)"; \
+	 else $(TESTBED) clean && $(TESTBED) experiment run experiments/emu-3dc.yaml --out $(RESULTS)/emu-3dc \
+	   && $(TESTBED) figures $(RESULTS)/emu-3dc --out $(RESULTS)/figures/emu-3dc; fi
+
+experiment: venv sysdeps sim-paper sim-bubbletea emu-multitcp emu-training
 	$(TESTBED) figures $(RESULTS)/paper-3dc --out $(RESULTS)/figures/paper-3dc
 	$(TESTBED) figures $(RESULTS)/bubbletea-3dc --out $(RESULTS)/figures/bubbletea-3dc
 	@echo "figures in $(RESULTS)/figures/"

@@ -46,8 +46,8 @@ SweepOpt = Annotated[list[str] | None, typer.Option("--sweep", help="Sweep a fie
 
 def print_summary(rows: list[dict], title: str) -> None:
     t = Table(title=title)
-    cols = ["run_id", "scheduler", "gpus", "tp", "pp", "dp", "wan_latency_ms", "tcp_connections", "iteration_s",
-            "lower_bound_s", "tokens_per_s", "gpu_util", "bubble_frac"]
+    cols = ["run_id", "source", "scheduler", "gpus", "tp", "pp", "dp", "wan_latency_ms", "tcp_connections",
+            "iteration_s", "lower_bound_s", "tokens_per_s", "gpu_util", "bubble_frac"]
     for c in cols:
         t.add_column(c, justify="left" if c in ("run_id", "scheduler") else "right")
     for r in rows:
@@ -300,6 +300,40 @@ def clean_cmd(
     console.print("clean" if not removed else f"removed {len(removed)} item(s)")
 
 
+def _training_run(points: list, out: Path) -> None:
+    import signal
+
+    from rich.progress import Progress
+
+    from testbed.emu.experiment import VALIDATION_HEADER, check_emulable, run_point
+    from testbed.emu.kernel import require_root
+    from testbed.results import write_csv
+    from testbed.sim.run import write_outputs
+
+    exp0 = points[0][0]
+    check_emulable(exp0)
+    require_root()
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    results, validation = [], []
+    total = len(points) * len(exp0.schedulers) * exp0.iterations
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task(f"{exp0.name}: emulated iterations", total=total)
+        for i, (exp, point) in enumerate(points):
+            res, val = run_point(exp, i, point, lambda: bar.advance(task))
+            results += res
+            validation += val
+    paths = write_outputs(out, results)
+    write_csv(out / "validation.csv", VALIDATION_HEADER, validation)
+    print_summary([r.summary for r in results], f"{exp0.name}: emulated and simulated")
+    t = Table(title="simulator vs emulator (relative error of the simulator's prediction)")
+    for c in VALIDATION_HEADER:
+        t.add_column(c)
+    for v in validation:
+        t.add_row(*[f"{x:.3f}" if isinstance(x, float) else str(x) for x in v])
+    console.print(t)
+    console.print(f"wrote {', '.join(str(p) for p in paths)}, {out / 'validation.csv'}")
+
+
 experiment_app = typer.Typer(no_args_is_help=True, help="Experiments on the emulated WAN (and the simulator).")
 app.add_typer(experiment_app, name="experiment")
 
@@ -326,9 +360,7 @@ def experiment_run(
     points = load_experiment(experiment, sets, sweep)
     exp0 = points[0][0]
     if exp0.multitcp is None:
-        raise NotYetError("emulated training runs (pipeline workers, Atlas sidecar, BubbleTea) are not built yet; "
-                          "`testbed sim` simulates this experiment, and experiments with a `multitcp:` section run "
-                          "on the emulated WAN today")
+        return _training_run(points, out)
     require_root()
     from testbed.emu.multitcp import HEADER, run_point
 

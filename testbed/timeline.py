@@ -101,6 +101,13 @@ class Timeline:
                for k in range(iterations) for iv in self.intervals]
         return Timeline(self.run_id, self.source, ivs, [T] * iterations, self.groups)
 
+    def steady(self) -> Timeline:
+        """Without iteration 0 (connection set-up, TCP slow start) when there is more than one."""
+        if len(self.iteration_s) < 2:
+            return self
+        return Timeline(self.run_id, self.source, [iv for iv in self.intervals if iv.iteration > 0],
+                        self.iteration_s[1:], self.groups)
+
     def only_replicas(self, n: int) -> Timeline:
         """The same timeline restricted to replicas < n (metrics are computed before this)."""
         return Timeline(self.run_id, self.source, [iv for iv in self.intervals if iv.replica < n],

@@ -12,7 +12,7 @@ SUMMARY_HEADER = (
     "wan_latency_ms", "wan_gbps", "tcp_connections", "iteration_s", "tokens_per_s", "tokens_per_s_per_gpu",
     "gpu_util", "train_util", "prefill_util", "bubble_frac", "lower_bound_s", "wan_min_s",
     "train_slowdown", "ttft_p50_ms", "ttft_p99_ms", "slo_attainment", "prefill_tokens_per_s", "served_in_bubbles",
-    "requests", "request_rate", "fallback", "scale", "sweep",
+    "requests", "request_rate", "fallback", "scale", "sweep", "degraded",
 )
 BUBBLETEA_COLUMNS = ("train_slowdown", "ttft_p50_ms", "ttft_p99_ms", "slo_attainment", "prefill_tokens_per_s",
                      "served_in_bubbles", "requests", "request_rate", "fallback")
@@ -60,7 +60,7 @@ def wan_min_s(plan: Plan) -> float:
 
 
 def summary_row(plan: Plan, tl: Timeline, lower_bound_s: float, sweep: dict,
-                bubbletea: dict[str, object] | None = None) -> dict[str, object]:
+                bubbletea: dict[str, object] | None = None, degraded: str = "") -> dict[str, object]:
     """One summary row. `gpu_util` counts training and prefill; BubbleTea columns are empty without it."""
     it = mean(tl.iteration_s)
     hops = wan_links_used(plan)
@@ -94,4 +94,5 @@ def summary_row(plan: Plan, tl: Timeline, lower_bound_s: float, sweep: dict,
         **{k: (bubbletea or {}).get(k, "") for k in BUBBLETEA_COLUMNS},
         "scale": plan.scale,
         "sweep": ";".join(f"{k}={v}" for k, v in sweep.items()),
+        "degraded": degraded,
     }

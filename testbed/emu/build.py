@@ -28,6 +28,7 @@ MIN_WINDOW = 64 * 1024  # below this one TCP connection no longer behaves like o
 # 0.74-0.80 on this kernel with MTU 9000. The buffer is sized so the advertised window is the spec's.
 # (A route's `window` metric is no substitute: it pins the window-scale factor at SYN time.)
 ADVERTISED_SHARE = 0.75
+MAX_LAN_BPS = 2e9
 
 
 def receive_buffer(window: int) -> int:
@@ -44,6 +45,7 @@ class Emulation:
     delay: str  # netem | nfqueue | none
     notes: list[str] = field(default_factory=list)
     delaylines: dict[str, subprocess.Popen] = field(default_factory=dict)
+    lan_gpus_per_host: int = 1  # GPUs whose NICs one emulated host stands for (a training run sets tp)
 
     def node(self, name: str) -> Node:
         return self.backend.nodes[name]
@@ -55,6 +57,13 @@ class Emulation:
         link = self.topo.link(a, b)
         w = self.topo.window_mb(link) * 2**20 / self.scale  # type: ignore[arg-type]
         return max(int(w), MIN_WINDOW)
+
+    def lan_rate_bps(self, dc: str) -> float | None:
+        """Shaped rate of a host's link into its DC (None: unshaped, when the scaled fabric exceeds
+        what a veth carries here, about 2 Gbit/s)."""
+        d = self.topo.dc(dc)
+        rate = d.intra_gbps * 1e9 * self.lan_gpus_per_host / self.scale
+        return rate if rate <= MAX_LAN_BPS else None
 
     def host_window(self, dc: str) -> int:
         """A host's receive window cap: the largest of its DC's WAN links (a sysctl is per host, not per peer)."""
@@ -92,7 +101,7 @@ def window_notes(topo: Topology, scale: float) -> list[str]:
 
 
 def up(topo: Topology, *, backend: str = "netns", prefix: str = "gdtb0", scale: float = 1.0,
-       delay: str = "auto") -> Emulation:
+       delay: str = "auto", lan_gpus_per_host: int = 1) -> Emulation:
     """Build the topology. On any failure (or Ctrl-C) everything built so far is removed."""
     require_root()
     addr = address_plan(topo, prefix)
@@ -100,7 +109,8 @@ def up(topo: Topology, *, backend: str = "netns", prefix: str = "gdtb0", scale: 
         raise EmuError(f"a topology with prefix {prefix} is already up; `testbed topology down --prefix {prefix}` "
                        f"or pick another --prefix")
     method = delay_method(delay)
-    emu = Emulation(prefix, topo, make_backend(backend, prefix), addr, scale, method, window_notes(topo, scale))
+    emu = Emulation(prefix, topo, make_backend(backend, prefix), addr, scale, method, window_notes(topo, scale),
+                    lan_gpus_per_host=lan_gpus_per_host)
     emu.save()
     try:
         _build(emu)
@@ -124,10 +134,14 @@ def _build(emu: Emulation) -> None:
         be.run(gw, ["ip", "addr", "add", f"{gw_ip}/24", "dev", lan])
         be.run(gw, ["sysctl", "-qw", "net.ipv4.ip_forward=1"])
         rmem = receive_buffer(emu.host_window(dc.name))
+        lan_bps = emu.lan_rate_bps(dc.name)
         for h, node in zip(hosts, nodes, strict=True):
             be.run(node, ["ip", "addr", "add", f"{h.ip}/24", "dev", "eth0"])
             be.run(node, ["ip", "route", "add", "default", "via", gw_ip])
             be.run(node, ["sysctl", "-qw", f"net.ipv4.tcp_rmem=4096 {min(131072, rmem)} {rmem}"])
+            if lan_bps is not None:  # the host's NIC into the DC fabric: a TP group's NICs, scaled
+                for cmd in htb_commands("eth0", lan_bps, 0.0, None):
+                    be.run(node, cmd)
     for w, link in zip(addr.wans, topo.links, strict=True):
         wan = be.add_node(w.ns, "wan")
         emu.save()

@@ -36,10 +36,13 @@ def draw_all(folder: Path, out: Path) -> list[Path]:
             reqs = pd.read_csv(rfile)
             first = reqs[reqs.run_id.str.startswith("p00-")] if reqs.run_id.str.startswith("p00-").any() else reqs
             paths.append(training.ttft_cdf(first, out / "ttft_cdf.png"))
+    if "emu" in set(summary.source):
+        paths.append(training.sim_vs_emu(summary, out / "sim_vs_emu.png"))
     tfile = folder / "timeline.csv"
     if tfile.exists():
         tl = pd.read_csv(tfile)
-        for run_id in tl.run_id.unique():
+        for (run_id, source), d in tl.groupby(["run_id", "source"], sort=False):
             if run_id.startswith("p00-") or tl.run_id.nunique() <= 6:
-                paths.append(training.gantt(tl, run_id, out / f"gantt_{run_id}.png"))
+                name = f"gantt_{run_id}.png" if source == "sim" else f"gantt_{run_id}_{source}.png"
+                paths.append(training.gantt(d, run_id, out / name, title_suffix=f" [{source}]"))
     return paths

@@ -66,8 +66,11 @@ def gpu_utilization(summary: pd.DataFrame, path: Path) -> Path:
     return path
 
 
-def gantt(timeline: pd.DataFrame, run_id: str, path: Path, replica: int = 0, iteration: int = 0) -> Path:
+def gantt(timeline: pd.DataFrame, run_id: str, path: Path, replica: int = 0, iteration: int | None = None,
+          title_suffix: str = "") -> Path:
     """Stages x time for one replica of one iteration; bubbles are the white gaps."""
+    if iteration is None:
+        iteration = int(timeline[timeline.run_id == run_id].iteration.min())
     d = timeline[(timeline.run_id == run_id) & (timeline.replica == replica) & (timeline.iteration == iteration)]
     stages = sorted(d.stage.unique())
     fig, ax = new((9, 0.35 * len(stages) + 1.6))
@@ -82,7 +85,7 @@ def gantt(timeline: pd.DataFrame, run_id: str, path: Path, replica: int = 0, ite
     ax.set_yticks(stages, [f"s{s} ({dcs[s]})" for s in stages], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("time (s)")
-    ax.set_title(f"{run_id}: one iteration, replica {replica} (white = bubble)")
+    ax.set_title(f"{run_id}{title_suffix}: iteration {iteration}, replica {replica} (white = bubble)")
     handles, labels = ax.get_legend_handles_labels()
     uniq = dict(zip(labels, handles, strict=True))
     ax.legend(uniq.values(), uniq.keys(), fontsize=7, loc="lower right", ncol=4)
@@ -139,5 +142,25 @@ def util_vs_rate(summary: pd.DataFrame, path: Path) -> Path:
     ax.set_ylim(0, 1.02)
     ax.set_title("BubbleTea: utilization vs request rate")
     ax.legend(fontsize=7)
+    save(fig, path)
+    return path
+
+
+def sim_vs_emu(summary: pd.DataFrame, path: Path) -> Path:
+    """Iteration time per scheduler: emulated (measured) next to the simulator's prediction."""
+    fig, ax = new()
+    scheds = list(dict.fromkeys(summary.scheduler))
+    x = range(len(scheds))
+    for off, src, hatch in ((-0.2, "sim", ""), (0.2, "emu", "//")):
+        d = summary[summary.source == src].groupby("scheduler").iteration_s.mean()
+        vals = [d.get(s, float("nan")) for s in scheds]
+        ax.bar([i + off for i in x], vals, 0.4, color=[colour(s) for s in scheds], hatch=hatch, edgecolor="k",
+               label="simulated" if src == "sim" else "emulated (measured)")
+        for i, v in zip(x, vals, strict=True):
+            ax.text(i + off, v, f"{v:.2f}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(list(x), scheds, rotation=15, fontsize=8)
+    ax.set_ylabel("iteration time (s)")
+    ax.set_title("Emulated vs simulated, same configuration")
+    ax.legend(fontsize=8)
     save(fig, path)
     return path

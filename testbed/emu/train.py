@@ -1,0 +1,186 @@
+"""An emulated training run: the plan's workers on the emulated WAN, one process per (stage,
+replica), on a host of the DC the plan assigns. The orchestrator (this module) starts them, holds
+a barrier between iterations, collects their intervals into the shared Timeline type, and stops
+everything on error, timeout or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from testbed.emu import state
+from testbed.emu.build import Emulation
+from testbed.emu.sh import EmuError
+from testbed.plan.plan import Plan
+from testbed.runtime.wire import ProtocolError, recv_ctrl, send_ctrl
+from testbed.timeline import Interval, Timeline, group_gaps, group_name, sort_intervals
+
+BASE_PORT = 7000
+START_TIMEOUT = 60.0
+ITERATION_TIMEOUT = 120.0
+
+
+def worker_configs(plan: Plan, emu: Emulation) -> dict[tuple[int, int], dict]:
+    """Where each worker runs and whom it talks to. Replica r of a stage uses host r % hosts."""
+    hosts = {dc: [h for h in emu.addr.hosts if h.dc == dc] for dc in plan.dcs_used()}
+
+    def where(s: int, r: int) -> tuple[str, int, str]:
+        dc = plan.stage_dc[r][s]
+        h = hosts[dc][r % len(hosts[dc])]
+        return h.ip, BASE_PORT + s * 100 + r, h.ns
+
+    cfgs = {}
+    for r in range(plan.dp):
+        for s in range(plan.pp):
+            ip, port, ns = where(s, r)
+            a, b = plan.stage_dc[r][s], plan.stage_dc[r][min(s + 1, plan.pp - 1)]
+            conns = plan.links[(a, b)].connections if a != b else 1
+            prev_conns = 0
+            if s > 0:
+                pa = plan.stage_dc[r][s - 1]
+                prev_conns = plan.links[(pa, a)].connections if pa != a else 1
+            ring = None
+            if plan.dp > 1:
+                rip, rport, _ = where(s, (r + 1) % plan.dp)
+                ring = [rip, rport]
+            cfgs[(s, r)] = {
+                "stage": s, "replica": r, "ip": ip, "port": port, "ns": ns, "scale": plan.scale,
+                "next": [*where(s + 1, r)[:2], conns] if s < plan.pp - 1 else None,
+                "prev_conns": prev_conns, "ring": ring,
+                "ring_steps": 2 * (plan.dp - 1),
+                "ring_bytes": max(1, round(plan.grad_bytes[s] / plan.dp / plan.scale)),
+                "grad_bytes": plan.grad_bytes[s],
+                "act_out": plan.act_bytes[s] if s < plan.pp - 1 else 0.0,
+                "act_in": plan.act_bytes[s - 1] if s > 0 else 0.0,
+                "fwd_s": plan.fwd_s[r][s], "bwd_s": plan.bwd_s[r][s], "offset_s": plan.replica_offset_s[r],
+                "actions": [[a.op, a.microbatch] for a in plan.actions[s]],
+            }
+    return cfgs
+
+
+class Controller:
+    """The control socket: one connection per worker, length-prefixed JSON, with timeouts."""
+
+    def __init__(self, path: str, n: int) -> None:
+        self.path, self.n = path, n
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        self.srv = socket.socket(socket.AF_UNIX)
+        self.srv.bind(path)
+        self.srv.listen(n)
+        self.conns: dict[tuple[int, int], socket.socket] = {}
+
+    def accept_all(self, procs: list[subprocess.Popen], timeout: float) -> None:
+        self.srv.settimeout(1.0)
+        deadline = time.monotonic() + timeout
+        while len(self.conns) < self.n:
+            _check(procs)
+            if time.monotonic() > deadline:
+                raise EmuError(f"only {len(self.conns)} of {self.n} workers registered within {timeout:g} s")
+            try:
+                c, _ = self.srv.accept()
+            except TimeoutError:
+                continue
+            c.settimeout(timeout)
+            s, r = recv_ctrl(c)["hello"]
+            self.conns[(s, r)] = c
+
+    def expect(self, key: str, procs: list[subprocess.Popen], timeout: float) -> dict[tuple[int, int], dict]:
+        """One message with `key` from every worker; a dead worker or a timeout aborts."""
+        out: dict[tuple[int, int], dict] = {}
+        errors: list[str] = []
+
+        def read(k, c) -> None:
+            try:
+                c.settimeout(timeout)
+                msg = recv_ctrl(c)
+                if key not in msg:
+                    raise ProtocolError(f"expected {key!r}, got {sorted(msg)}")
+                out[k] = msg
+            except (OSError, ProtocolError) as e:
+                errors.append(f"worker s{k[0]}r{k[1]}: {e or type(e).__name__}")
+
+        threads = [threading.Thread(target=read, args=(k, c), daemon=True) for k, c in self.conns.items()]
+        for t in threads:
+            t.start()
+        while alive := [t for t in threads if t.is_alive()]:  # a dead worker ends the run now, not at the timeout
+            alive[0].join(0.25)
+            _check(procs)
+            if errors:
+                raise EmuError(f"waiting for {key}: {errors[0]}")
+        if errors:
+            raise EmuError(f"waiting for {key}: {errors[0]}")
+        return out
+
+    def broadcast(self, msg: dict) -> None:
+        for c in self.conns.values():
+            send_ctrl(c, msg)
+
+    def close(self) -> None:
+        for c in self.conns.values():
+            c.close()
+        self.srv.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+
+def _check(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is not None and p.returncode != 0:
+            err = p.stderr.read().strip().splitlines() if p.stderr else []
+            why = err[-1] if err else f"killed by signal {-p.returncode}" if p.returncode < 0 else "no message"
+            raise EmuError(f"a worker exited with status {p.returncode}: {why}")
+
+
+def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None) -> Timeline:
+    """Run `iterations` iterations of `plan` on `emu`; return the emulated timeline (barrier gaps removed)."""
+    cfgs = worker_configs(plan, emu)
+    rdir = state.run_dir(emu.prefix)
+    ctl = Controller(str(rdir / "ctl.sock"), len(cfgs))
+    procs: list[subprocess.Popen] = []
+    try:
+        for (s, r), cfg in cfgs.items():
+            path = rdir / f"worker-s{s}r{r}.json"
+            path.write_text(json.dumps(cfg))
+            node = emu.node(cfg["ns"])
+            procs.append(emu.backend.popen(node, [sys.executable, "-m", "testbed.runtime.worker", str(path), ctl.path],
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                           start_new_session=True))
+        ctl.accept_all(procs, START_TIMEOUT)
+        ctl.expect("ready", procs, START_TIMEOUT)
+        intervals: list[Interval] = []
+        durations: list[float] = []
+        for it in range(iterations):
+            t_start = time.monotonic() + 0.05
+            ctl.broadcast({"go": it, "t": t_start})
+            done = ctl.expect("done", procs, ITERATION_TIMEOUT)
+            end = max((iv[3] for d in done.values() for iv in d["log"]), default=t_start)
+            shift = sum(durations) - t_start
+            for (s, r), msg in done.items():
+                dc = plan.stage_dc[r][s]
+                for kind, mb, t0, t1, nbytes in msg["log"]:
+                    intervals.append(Interval(it, group_name(s, r), dc, s, r, kind, mb, t0 + shift, t1 + shift, nbytes))
+            durations.append(end - t_start)
+            if progress:
+                progress()
+        ctl.broadcast({"stop": True})
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        ctl.close()
+    ivs = intervals + group_gaps(intervals, durations)
+    return Timeline(plan.run_id, "emu", sort_intervals(ivs), durations, plan.pp * plan.dp)

@@ -1,0 +1,52 @@
+"""Wire formats. Data: a fixed header per chunk, then the payload. Control: length-prefixed JSON.
+
+Data header (network order): kind (1 byte: b'a' activation, b'g' gradient, b'r' ring all-reduce),
+iteration (u32), microbatch (u32), chunk (u16), chunks (u16), payload bytes (u64), sender's
+monotonic send time (f64). Every host shares CLOCK_MONOTONIC (one kernel), so times compare directly.
+
+Control: u32 length, then a UTF-8 JSON object of at most 16 MiB. A malformed frame raises
+ProtocolError; a reader never trusts a length it has not bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+
+DATA = struct.Struct("!cIIHHQd")
+CTRL_LEN = struct.Struct("!I")
+MAX_CTRL = 16 * 2**20
+
+
+class ProtocolError(ValueError):
+    pass
+
+
+def recv_exact(sock: socket.socket, n: int, buf: bytearray | None = None) -> memoryview:
+    view = memoryview(buf if buf is not None and len(buf) >= n else bytearray(n))[:n]
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise ConnectionError("peer closed the connection")
+        got += k
+    return view
+
+
+def send_ctrl(sock: socket.socket, obj: dict) -> None:
+    body = json.dumps(obj, separators=(",", ":")).encode()
+    sock.sendall(CTRL_LEN.pack(len(body)) + body)
+
+
+def recv_ctrl(sock: socket.socket) -> dict:
+    (n,) = CTRL_LEN.unpack(recv_exact(sock, CTRL_LEN.size))
+    if n > MAX_CTRL:
+        raise ProtocolError(f"control frame of {n} bytes exceeds {MAX_CTRL}")
+    try:
+        obj = json.loads(bytes(recv_exact(sock, n)))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ProtocolError(f"control frame is not JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("control frame is not a JSON object")
+    return obj
