@@ -37,13 +37,6 @@ def check_emulable(exp: Experiment) -> None:
         raise NotYetError("emulated training runs use the netns backend for now")
 
 
-def as_runnable(plan):
-    """What the emulator can run today: without the Atlas sidecar, links share fairly. Returns the
-    plan to run and predict (the same one, so they compare like with like) and the degradation."""
-    if not plan.mech.temporal:
-        return plan, ""
-    plan.links = {k: lp.__class__(**{**lp.__dict__, "temporal": False}) for k, lp in plan.links.items()}
-    return plan, "temporal sharing not enforced (no Atlas sidecar yet): both rows use fair sharing"
 
 
 def run_point(exp: Experiment, index: int, sweep: dict, progress=None) -> tuple[list[RunResult], list[tuple]]:
@@ -57,13 +50,15 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None) -> tuple[
              lan_gpus_per_host=exp.workload.tp)
     try:
         for sched in exp.schedulers:
-            plan, note = as_runnable(build_plan(same, sched, run_id=f"p{index:02d}-{sched}", dp=dp))
+            plan = build_plan(same, sched, run_id=f"p{index:02d}-{sched}", dp=dp)
             plan.scale = scale
-            tl_emu = run_training(plan, emu, exp.iterations, progress).steady()
+            tl_full = run_training(plan, emu, exp.iterations, progress)
+            note = getattr(tl_full, "degraded", "")
+            tl_emu = tl_full.steady()
             tl_sim, events = simulate(plan)
             lb = lower_bound_s(plan)
             row_emu = summary_row(plan, tl_emu, lb, sweep, degraded=note)
-            row_sim = summary_row(plan, tl_sim.repeated(len(tl_emu.iteration_s)), lb, sweep, degraded=note)
+            row_sim = summary_row(plan, tl_sim.repeated(len(tl_emu.iteration_s)), lb, sweep)
             results += [RunResult(row_sim, tl_sim.repeated(exp.iterations), events),
                         RunResult(row_emu, tl_emu, 0)]
             for m in VALIDATED:

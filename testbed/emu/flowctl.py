@@ -17,6 +17,7 @@ from testbed.emu.build import Emulation
 from testbed.emu.shaping import BURST
 
 BURST_BYTES = 128 * 1024
+QUANTUM = 64 * 1024  # at least one 9000-byte packet per round whatever the class's rate
 MIN_RATE_BPS = 8_000  # HTB needs a positive rate; a "paused" class gets this trickle and borrows nothing
 
 
@@ -49,35 +50,40 @@ class FlowControl:
         self.prio = 10
 
     def add_class(self, minor: int, rate_bps: float, *, ceil_bps: float | None = None,
-                  ports: tuple[int, int] | None = None, mark: int | None = None) -> None:
-        """A class 1:<minor> (hex, like tc) for the flows matching `ports` (dport range) or `mark`."""
+                  ports: tuple[int, int] | None = None, sports: tuple[int, int] | None = None,
+                  mark: int | None = None, prio: int = 0) -> None:
+        """A class 1:<minor> (hex, like tc) for the flows matching `ports` (destination port range),
+        `sports` (source port range) or `mark`; `prio` 0-7 orders who borrows spare capacity first."""
         if minor in (1, 0x10) or not 0 < minor < 0xFFFF:
             raise ValueError("minor 1 and 0x10 are the link and default classes; pick another")
         rate = max(int(rate_bps), MIN_RATE_BPS)
         ceil = max(int(ceil_bps or rate_bps), rate)
         self.emu.backend.run(self.wan, ["tc", "class", "add", "dev", self.dev, "parent", "1:1", "classid",
                                         f"1:{minor:x}", "htb", "rate", f"{rate}bit", "ceil", f"{ceil}bit",
-                                        "burst", BURST, "cburst", BURST])
+                                        "burst", BURST, "cburst", BURST, "prio", str(prio), "quantum", str(QUANTUM)])
         self.emu.backend.run(self.wan, ["tc", "qdisc", "add", "dev", self.dev, "parent", f"1:{minor:x}",
                                         "bfifo", "limit", str(4 * 2**20)])
-        for v, m in port_blocks(*ports) if ports is not None else []:
-            self.emu.backend.run(self.wan, ["tc", "filter", "add", "dev", self.dev, "parent", "1:", "protocol",
-                                            "ip", "prio", str(self.prio), "u32", "match", "ip", "dport", str(v),
-                                            hex(m), "flowid", f"1:{minor:x}"])
+        self.add_filter(minor, ports=ports, sports=sports)
         if mark is not None:
             self.emu.backend.run(self.wan, ["iptables", "-t", "mangle", "-A", "POSTROUTING", "-o", self.dev, "-m",
                                             "mark", "--mark", str(mark), "-j", "CLASSIFY", "--set-class",
                                             f"1:{minor:x}"])
         self.classes[minor] = rate
 
-    def set_rate(self, minor: int, rate_bps: float, ceil_bps: float | None = None) -> float:
-        """Change a class's rate (and ceiling) now; returns the seconds the netlink change took."""
-        rate = max(int(rate_bps), MIN_RATE_BPS)
-        ceil = max(int(ceil_bps or rate_bps), rate)
+    def add_filter(self, minor: int, *, ports: tuple[int, int] | None = None,
+                   sports: tuple[int, int] | None = None) -> None:
+        """u32 filters sending a destination- or source-port range to class 1:<minor>."""
+        for field, rng in (("dport", ports), ("sport", sports)):
+            for v, m in port_blocks(*rng) if rng is not None else []:
+                self.emu.backend.run(self.wan, ["tc", "filter", "add", "dev", self.dev, "parent", "1:", "protocol",
+                                                "ip", "prio", str(self.prio), "u32", "match", "ip", field, str(v),
+                                                hex(m), "flowid", f"1:{minor:x}"])
+
+    def set_rate(self, minor: int, rate_bps: float, ceil_bps: float | None = None, prio: int = 0) -> float:
+        """Change a class's rate, ceiling and priority now; returns the seconds the netlink change took."""
         t0 = time.perf_counter()
-        self.ipr.tc("change-class", "htb", self.idx, handle=f"1:{minor:x}", parent="1:1", rate=f"{rate}bit",
-                    ceil=f"{ceil}bit", burst=BURST_BYTES, cburst=BURST_BYTES)
-        self.classes[minor] = rate
+        set_class(self.ipr, self.idx, minor, rate_bps, ceil_bps, prio)
+        self.classes[minor] = max(int(rate_bps), MIN_RATE_BPS)
         return time.perf_counter() - t0
 
     def class_bytes(self) -> dict[int, int]:
@@ -92,3 +98,11 @@ class FlowControl:
 
     def close(self) -> None:
         self.ipr.close()
+
+
+def set_class(ipr, idx: int, minor: int, rate_bps: float, ceil_bps: float | None, prio: int) -> None:
+    """One netlink change of an HTB class (pyroute2 replaces the whole class: pass everything)."""
+    rate = max(int(rate_bps), MIN_RATE_BPS)
+    ceil = max(int(ceil_bps or rate_bps), rate)
+    ipr.tc("change-class", "htb", idx, handle=f"1:{minor:x}", parent="1:1", rate=f"{rate}bit", ceil=f"{ceil}bit",
+           burst=BURST_BYTES, cburst=BURST_BYTES, prio=prio, quantum=QUANTUM)

@@ -27,6 +27,14 @@ START_TIMEOUT = 60.0
 ITERATION_TIMEOUT = 120.0
 
 
+def port(s: int, r: int) -> int:
+    return BASE_PORT + s * 100 + r
+
+
+def sidecar_socket(emu: Emulation, a: str, b: str) -> str:
+    return str(state.run_dir(emu.prefix) / f"sidecar-{emu.addr.wan(a, b).ns}.sock")
+
+
 def worker_configs(plan: Plan, emu: Emulation) -> dict[tuple[int, int], dict]:
     """Where each worker runs and whom it talks to. Replica r of a stage uses host r % hosts."""
     hosts = {dc: [h for h in emu.addr.hosts if h.dc == dc] for dc in plan.dcs_used()}
@@ -34,12 +42,12 @@ def worker_configs(plan: Plan, emu: Emulation) -> dict[tuple[int, int], dict]:
     def where(s: int, r: int) -> tuple[str, int, str]:
         dc = plan.stage_dc[r][s]
         h = hosts[dc][r % len(hosts[dc])]
-        return h.ip, BASE_PORT + s * 100 + r, h.ns
+        return h.ip, port(s, r), h.ns
 
     cfgs = {}
     for r in range(plan.dp):
         for s in range(plan.pp):
-            ip, port, ns = where(s, r)
+            ip, lport, ns = where(s, r)
             a, b = plan.stage_dc[r][s], plan.stage_dc[r][min(s + 1, plan.pp - 1)]
             conns = plan.links[(a, b)].connections if a != b else 1
             prev_conns = 0
@@ -51,7 +59,7 @@ def worker_configs(plan: Plan, emu: Emulation) -> dict[tuple[int, int], dict]:
                 rip, rport, _ = where(s, (r + 1) % plan.dp)
                 ring = [rip, rport]
             cfgs[(s, r)] = {
-                "stage": s, "replica": r, "ip": ip, "port": port, "ns": ns, "scale": plan.scale,
+                "stage": s, "replica": r, "ip": ip, "port": lport, "ns": ns, "scale": plan.scale,
                 "next": [*where(s + 1, r)[:2], conns] if s < plan.pp - 1 else None,
                 "prev_conns": prev_conns, "ring": ring,
                 "ring_steps": 2 * (plan.dp - 1),
@@ -61,8 +69,60 @@ def worker_configs(plan: Plan, emu: Emulation) -> dict[tuple[int, int], dict]:
                 "act_in": plan.act_bytes[s - 1] if s > 0 else 0.0,
                 "fwd_s": plan.fwd_s[r][s], "bwd_s": plan.bwd_s[r][s], "offset_s": plan.replica_offset_s[r],
                 "actions": [[a.op, a.microbatch] for a in plan.actions[s]],
+                "sidecar_next": None, "sidecar_prev": None,
             }
+            if plan.mech.temporal and s < plan.pp - 1 and a != b:
+                cfgs[(s, r)]["sidecar_next"] = [sidecar_socket(emu, a, b), b]
+            prev_dc = plan.stage_dc[r][s - 1] if s > 0 else a
+            if plan.mech.temporal and s > 0 and prev_dc != a:
+                cfgs[(s, r)]["sidecar_prev"] = [sidecar_socket(emu, prev_dc, a), prev_dc]
     return cfgs
+
+
+def start_sidecars(plan: Plan, emu: Emulation) -> list[subprocess.Popen]:
+    """Per-replica HTB classes on each WAN hop the pipeline crosses, and one sidecar per such link."""
+    from testbed.emu.flowctl import MIN_RATE_BPS, FlowControl
+
+    hops: dict[tuple[str, str], dict[str, dict[str, int]]] = {}  # link -> dev -> replica -> minor
+    for r in range(plan.dp):
+        row = plan.stage_dc[r]
+        for s in range(plan.pp - 1):
+            a, b = row[s], row[s + 1]
+            if a == b:
+                continue
+            w = emu.addr.wan(a, b)
+            link = (w.a, w.b)
+            lp = plan.links[(a, b)]
+            rate = lp.capacity_bps * 8 / plan.scale
+            minor = 0x100 + r
+            devs = hops.setdefault(link, {})
+            for dev, match in ((b, {"ports": (port(s + 1, r),) * 2}), (a, {"sports": (port(s + 1, r),) * 2})):
+                fc = FlowControl(emu, *link, dev)
+                try:
+                    if str(r) not in devs.setdefault(dev, {}):
+                        fc.add_class(minor, max(rate / 100, MIN_RATE_BPS), ceil_bps=rate, prio=7, **match)
+                    else:  # another stage boundary of the same replica on this link: one more filter
+                        fc.add_filter(minor, **match)
+                finally:
+                    fc.close()
+                devs[dev][str(r)] = minor
+    procs = []
+    rdir = state.run_dir(emu.prefix)
+    for (a, b), devs in hops.items():
+        lp = plan.links[(a, b)]
+        w = emu.addr.wan(a, b)
+        cfg = {"devs": devs, "turn_order": plan.turn_order, "socket": sidecar_socket(emu, a, b),
+               "link_bps": lp.capacity_bps * 8 / plan.scale, "min_rate_bps": max(lp.capacity_bps * 8 / plan.scale / 100,
+                                                                                  8000)}
+        path = rdir / f"sidecar-{w.ns}.json"
+        path.write_text(json.dumps(cfg))
+        log = open(rdir / f"sidecar-{w.ns}.log", "w")  # noqa: SIM115 (owned by the child)
+        p = emu.backend.popen(emu.node(w.ns), [sys.executable, "-m", "testbed.runtime.sidecar", str(path)],
+                              stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
+        procs.append(p)
+        if p.stdout.readline().strip() != "ready":  # type: ignore[union-attr]
+            raise EmuError(f"the Atlas sidecar for {a}-{b} did not start")
+    return procs
 
 
 class Controller:
@@ -145,7 +205,11 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None) -> 
     rdir = state.run_dir(emu.prefix)
     ctl = Controller(str(rdir / "ctl.sock"), len(cfgs))
     procs: list[subprocess.Popen] = []
+    sidecars: list[subprocess.Popen] = []
+    degraded = ""
     try:
+        if plan.mech.temporal:
+            sidecars = start_sidecars(plan, emu)
         for (s, r), cfg in cfgs.items():
             path = rdir / f"worker-s{s}r{r}.json"
             path.write_text(json.dumps(cfg))
@@ -162,6 +226,7 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None) -> 
             ctl.broadcast({"go": it, "t": t_start})
             done = ctl.expect("done", procs, ITERATION_TIMEOUT)
             end = max((iv[3] for d in done.values() for iv in d["log"]), default=t_start)
+            degraded = degraded or next((d["degraded"] for d in done.values() if d.get("degraded")), "")
             shift = sum(durations) - t_start
             for (s, r), msg in done.items():
                 dc = plan.stage_dc[r][s]
@@ -181,6 +246,14 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None) -> 
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        for p in sidecars:
+            p.terminate()
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
         ctl.close()
     ivs = intervals + group_gaps(intervals, durations)
-    return Timeline(plan.run_id, "emu", sort_intervals(ivs), durations, plan.pp * plan.dp)
+    tl = Timeline(plan.run_id, "emu", sort_intervals(ivs), durations, plan.pp * plan.dp)
+    tl.degraded = degraded  # type: ignore[attr-defined]
+    return tl

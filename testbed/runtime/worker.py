@@ -101,21 +101,59 @@ class Striped:
             finally:
                 done()
 
-    def send(self, kind: bytes, it: int, mb: int, nbytes: int, on_done) -> None:
+    def send(self, kind: bytes, it: int, mb: int, nbytes: int, on_done, sidecar: SidecarClient | None = None,
+             replica: int = 0) -> None:
         n = len(self.socks)
         sizes = [nbytes // n + (1 if i < nbytes % n else 0) for i in range(n)]
         t0 = time.monotonic()
         left = [n]
         lock = threading.Lock()
+        tid = f"{replica}{kind.decode()}{it}.{mb}"
+        if sidecar:
+            sidecar.notice({"op": "start", "replica": replica, "mb": mb, "id": tid})
 
         def one_done() -> None:
             with lock:
                 left[0] -= 1
                 if left[0] == 0:
+                    if sidecar:
+                        sidecar.notice({"op": "end", "id": tid})
                     on_done(t0, time.monotonic())
 
         for i, (q, size) in enumerate(zip(self.queues, sizes, strict=True)):
             q.put((DATA.pack(kind, it, mb, i, n, size, t0), size, one_done))
+
+
+class SidecarClient:
+    """Fire-and-forget notices to a WAN link's Atlas sidecar, from a thread of their own so the send
+    path never waits. If the sidecar is unreachable or dies, training carries on with the link's
+    fair sharing and the worker reports the run as degraded."""
+
+    def __init__(self, path: str, dev: str) -> None:
+        self.dev = dev
+        self.q: queue.Queue = queue.Queue()
+        self.degraded: str | None = None
+        threading.Thread(target=self._run, args=(path,), daemon=True).start()
+
+    def notice(self, msg: dict) -> None:
+        if self.degraded is None:
+            self.q.put({**msg, "dev": self.dev} if msg["op"] == "start" else msg)
+
+    def _run(self, path: str) -> None:
+        try:
+            s = socket.socket(socket.AF_UNIX)
+            s.settimeout(1.0)
+            s.connect(path)
+        except OSError as e:
+            self.degraded = f"Atlas sidecar unreachable ({e.strerror or e}): fair sharing"
+            return
+        while True:
+            msg = self.q.get()
+            try:
+                send_ctrl(s, msg)
+            except OSError as e:
+                self.degraded = f"Atlas sidecar lost ({e.strerror or e}): fair sharing"
+                return
 
 
 def connect(ip: str, port: int, hello: dict, deadline: float) -> socket.socket:
@@ -170,6 +208,8 @@ def main(cfg_path: str, ctl_path: str) -> None:
         raise TimeoutError("peers did not connect in time")
     if accepted["prev"]:
         prev = Striped(accepted["prev"])
+    side_next = SidecarClient(*cfg["sidecar_next"]) if cfg.get("sidecar_next") else None
+    side_prev = SidecarClient(*cfg["sidecar_prev"]) if cfg.get("sidecar_prev") else None
     send_ctrl(ctl, {"ready": [s, r]})
 
     log: list[list] = []
@@ -209,7 +249,7 @@ def main(cfg_path: str, ctl_path: str) -> None:
                 time.sleep(fwd)
                 rec("fwd", i, t0, time.monotonic())
                 if nxt:
-                    nxt.send(b"a", it, i, act_out_wire, sent(cfg["act_out"], i, pending))
+                    nxt.send(b"a", it, i, act_out_wire, sent(cfg["act_out"], i, pending), side_next, r)
                     sends += 1
             else:
                 if nxt:
@@ -219,7 +259,7 @@ def main(cfg_path: str, ctl_path: str) -> None:
                 time.sleep(bwd)
                 rec("bwd", i, t0, time.monotonic())
                 if prev:
-                    prev.send(b"g", it, i, act_in_wire, sent(cfg["act_in"], i, pending))
+                    prev.send(b"g", it, i, act_in_wire, sent(cfg["act_in"], i, pending), side_prev, r)
                     sends += 1
         if ring:
             t0 = time.monotonic()
@@ -230,8 +270,9 @@ def main(cfg_path: str, ctl_path: str) -> None:
             rec("allreduce", -1, t0, time.monotonic(), cfg["grad_bytes"])
         for _ in range(sends):
             pending.acquire()
+        degraded = [c.degraded for c in (side_next, side_prev) if c and c.degraded]
         with log_lock:
-            send_ctrl(ctl, {"done": it, "log": log})
+            send_ctrl(ctl, {"done": it, "log": log, "degraded": degraded[0] if degraded else ""})
 
 
 if __name__ == "__main__":

@@ -1,0 +1,162 @@
+"""The Atlas sidecar: one per WAN link, in its WAN namespace. It only shapes; it never plans.
+
+Each replica's flows on a WAN egress have their own HTB class (small guaranteed rate, ceiling = the
+link). Workers tell the sidecar when a transfer starts and ends. In temporal mode the sidecar ranks
+the replicas with a transfer in flight by the earliest microbatch they carry, then by their turn
+in the plan's order, and gives the first HTB priority 0, the next 1, and so on (7 at most). HTB lends
+spare capacity to the lowest priority number first, so one replica at a time gets the link at full
+rate, and the next fills what it leaves: the simulator's temporal model. It is work-conserving, so
+if the sidecar dies the link keeps carrying everything and training does not hang.
+
+Control protocol (a Unix socket, length-prefixed JSON, see wire.py), fire-and-forget:
+  {"op": "start", "dev": DEV, "replica": R, "mb": I, "id": ID}   {"op": "end", "id": ID}
+A malformed message closes that client's connection; the sidecar keeps serving the others.
+
+Usage: python -m testbed.runtime.sidecar CONFIG.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+from collections import defaultdict
+
+from testbed.emu.flowctl import set_class
+from testbed.runtime.wire import CTRL_LEN, MAX_CTRL, ProtocolError
+
+IDLE_PRIO = 7
+
+
+def priorities(transfers) -> dict[int, int]:
+    """HTB priority per replica with a transfer in flight: by its earliest (microbatch, turn)."""
+    best: dict[int, tuple[int, int, int]] = {}
+    for key in transfers:
+        r = key[2]
+        if r not in best or key < best[r]:
+            best[r] = key
+    return {r: min(i, IDLE_PRIO) for i, r in enumerate(sorted(best, key=best.__getitem__))}
+
+
+class Sidecar:
+    def __init__(self, cfg: dict, ipr) -> None:
+        self.cfg = cfg
+        self.ipr = ipr
+        self.idx = {dev: ipr.link_lookup(ifname=dev)[0] for dev in cfg["devs"]}
+        self.turn = {int(r): i for i, r in enumerate(cfg["turn_order"])}
+        self.active: dict[str, dict[str, tuple[int, int, int]]] = defaultdict(dict)  # dev -> id -> key
+        self.prio: dict[tuple[str, int], int] = {}
+        self.changes = 0
+        self.rejected = 0
+
+    def handle(self, msg: dict) -> None:
+        op = msg.get("op")
+        if op == "start":
+            dev, r, mb, tid = msg["dev"], int(msg["replica"]), int(msg["mb"]), str(msg["id"])
+            if dev not in self.cfg["devs"] or str(r) not in self.cfg["devs"][dev]:
+                raise ProtocolError(f"unknown device or replica: {dev} {r}")
+            self.active[dev][tid] = (mb, self.turn.get(r, r), r)
+            self.apply(dev)
+        elif op == "end":
+            tid = str(msg["id"])
+            for dev, act in self.active.items():
+                if act.pop(tid, None) is not None:
+                    self.apply(dev)
+                    break
+        else:
+            raise ProtocolError(f"unknown op {op!r}")
+
+    def apply(self, dev: str) -> None:
+        want = priorities(self.active[dev].values())
+        for r_s, minor in self.cfg["devs"][dev].items():
+            r = int(r_s)
+            p = want.get(r, IDLE_PRIO)
+            if self.prio.get((dev, r)) != p:
+                set_class(self.ipr, self.idx[dev], int(minor), self.cfg["min_rate_bps"], self.cfg["link_bps"], p)
+                self.prio[(dev, r)] = p
+                self.changes += 1
+
+
+class Client:
+    """Buffers bytes from one connection and yields complete, bounded frames."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.buf = sock, bytearray()
+
+    def frames(self):
+        while len(self.buf) >= CTRL_LEN.size:
+            (n,) = CTRL_LEN.unpack_from(self.buf)
+            if n > MAX_CTRL:
+                raise ProtocolError(f"frame of {n} bytes")
+            if len(self.buf) < CTRL_LEN.size + n:
+                return
+            body = bytes(self.buf[CTRL_LEN.size:CTRL_LEN.size + n])
+            del self.buf[:CTRL_LEN.size + n]
+            try:
+                msg = json.loads(body)
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise ProtocolError(f"not JSON: {e}") from None
+            if not isinstance(msg, dict):
+                raise ProtocolError("not a JSON object")
+            yield msg
+
+
+def serve(cfg: dict, sidecar: Sidecar) -> None:
+    running = [True]
+    signal.signal(signal.SIGTERM, lambda *_: running.__setitem__(0, False))
+    signal.signal(signal.SIGINT, lambda *_: running.__setitem__(0, False))
+    path = cfg["socket"]
+    if os.path.exists(path):
+        os.unlink(path)
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(path)
+    srv.listen(64)
+    srv.setblocking(False)
+    sel = selectors.DefaultSelector()
+    sel.register(srv, selectors.EVENT_READ, None)
+    print("ready", flush=True)
+    while running[0]:
+        for key, _ in sel.select(timeout=0.5):  # finite, so SIGTERM is honoured
+            if key.data is None:
+                c, _ = srv.accept()
+                c.setblocking(False)
+                sel.register(c, selectors.EVENT_READ, Client(c))
+                continue
+            cl: Client = key.data
+            try:
+                data = cl.sock.recv(65536)
+                if not data:
+                    raise ConnectionError("closed")
+                cl.buf += data
+                for msg in cl.frames():
+                    sidecar.handle(msg)
+            except (ProtocolError, KeyError, TypeError, ValueError) as e:
+                sidecar.rejected += 1
+                print(f"sidecar: rejected a message ({e}); closing that connection", file=sys.stderr, flush=True)
+                sel.unregister(cl.sock)
+                cl.sock.close()
+            except OSError:
+                sel.unregister(cl.sock)
+                cl.sock.close()
+    srv.close()
+    os.unlink(path)
+    print(f"sidecar: {sidecar.changes} class changes, {sidecar.rejected} rejected messages", file=sys.stderr)
+
+
+def main() -> None:
+    from pyroute2 import IPRoute
+
+    with open(sys.argv[1]) as f:
+        cfg = json.load(f)
+    ipr = IPRoute()  # this process runs inside the WAN namespace
+    try:
+        serve(cfg, Sidecar(cfg, ipr))
+    finally:
+        ipr.close()
+
+
+if __name__ == "__main__":
+    main()
