@@ -14,6 +14,9 @@ all: test
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -e '.[dev,mininet]'
+	@# torch compute: only the CPU wheel from this machine's wheel dir, never a CUDA build from an index
+	@if ls /opt/wheels/torch-2.13.0+cpu-*.whl >/dev/null 2>&1; then $(BIN)/pip install -q 'torch==2.13.0'; \
+	 else echo "no local CPU torch wheel: torch compute (emu-torch, its test) is skipped"; fi
 	touch $@
 
 venv: $(BIN)/.installed

@@ -305,7 +305,7 @@ def _training_run(points: list, out: Path) -> None:
 
     from rich.progress import Progress
 
-    from testbed.emu.experiment import VALIDATION_HEADER, check_emulable, run_point
+    from testbed.emu.experiment import LOSS_HEADER, VALIDATION_HEADER, check_emulable, run_point
     from testbed.emu.kernel import require_root
     from testbed.results import write_csv
     from testbed.sim.run import write_outputs
@@ -314,24 +314,33 @@ def _training_run(points: list, out: Path) -> None:
     check_emulable(exp0)
     require_root()
     signal.signal(signal.SIGTERM, _raise_interrupt)
-    results, validation = [], []
+    results, validation, losses = [], [], []
     total = len(points) * len(exp0.schedulers) * exp0.iterations
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task(f"{exp0.name}: emulated iterations", total=total)
         for i, (exp, point) in enumerate(points):
-            res, val = run_point(exp, i, point, lambda: bar.advance(task))
+            res, val, loss = run_point(exp, i, point, lambda: bar.advance(task))
             results += res
             validation += val
+            losses += loss
     paths = write_outputs(out, results)
-    write_csv(out / "validation.csv", VALIDATION_HEADER, validation)
+    if validation:
+        paths.append(out / "validation.csv")
+        write_csv(paths[-1], VALIDATION_HEADER, validation)
+    if losses:
+        paths.append(out / "loss.csv")
+        write_csv(paths[-1], LOSS_HEADER, losses)
     print_summary([r.summary for r in results], f"{exp0.name}: emulated and simulated")
     t = Table(title="simulator vs emulator (relative error of the simulator's prediction)")
     for c in VALIDATION_HEADER:
         t.add_column(c)
     for v in validation:
         t.add_row(*[f"{x:.3f}" if isinstance(x, float) else str(x) for x in v])
-    console.print(t)
-    console.print(f"wrote {', '.join(str(p) for p in paths)}, {out / 'validation.csv'}")
+    if validation:
+        console.print(t)
+    for run_id, _sched, k, loss in losses:
+        console.print(f"{run_id}: iteration {k} loss {loss:.4f}")
+    console.print(f"wrote {', '.join(str(p) for p in paths)}")
 
 
 experiment_app = typer.Typer(no_args_is_help=True, help="Experiments on the emulated WAN (and the simulator).")

@@ -16,6 +16,7 @@ from testbed.spec.experiment import Experiment
 from testbed.spec.topology import Topology
 
 VALIDATED = ("iteration_s", "gpu_util", "bubble_frac")
+LOSS_HEADER = ("run_id", "scheduler", "iteration", "loss")
 VALIDATION_HEADER = ("run_id", "scheduler", "metric", "sim", "emu", "rel_error", "degraded")  # (sim - emu) / emu
 
 
@@ -39,31 +40,44 @@ def check_emulable(exp: Experiment) -> None:
 
 
 
-def run_point(exp: Experiment, index: int, sweep: dict, progress=None) -> tuple[list[RunResult], list[tuple]]:
+def run_point(exp: Experiment, index: int, sweep: dict, progress=None
+              ) -> tuple[list[RunResult], list[tuple], list[tuple]]:
+    """Emulated runs (and, for modeled compute, the simulator's rows and the validation) of one point."""
     em = exp.emulation
     scale = em.scale or auto_scale(exp.topology)
     same = exp.model_copy(update={"topology": as_emulated(exp.topology, scale)})
     dp = resolve_dp(same)
     results: list[RunResult] = []
     validation: list[tuple] = []
+    losses: list[tuple] = []
     emu = up(exp.topology, backend=em.backend, prefix=em.prefix, scale=scale, delay=em.delay,
              lan_gpus_per_host=exp.workload.tp)
     try:
         for sched in exp.schedulers:
             plan = build_plan(same, sched, run_id=f"p{index:02d}-{sched}", dp=dp)
             plan.scale = scale
-            tl_full = run_training(plan, emu, exp.iterations, progress)
+            torch_cfg = None
+            if em.compute == "torch":
+                from testbed.costs.models import resolve_model
+                from testbed.emu.train import torch_config
+
+                torch_cfg = torch_config(plan, resolve_model(exp.workload.model, exp.workload.seq_len), em.lr)
+            tl_full = run_training(plan, emu, exp.iterations, progress, em.compute, torch_cfg)
+            for k, loss in enumerate(getattr(tl_full, "losses", [])):
+                losses.append((plan.run_id, sched, k, round(loss, 6)))
             note = getattr(tl_full, "degraded", "")
             tl_emu = tl_full.steady()
-            tl_sim, events = simulate(plan)
             lb = lower_bound_s(plan)
-            row_emu = summary_row(plan, tl_emu, lb, sweep, degraded=note)
+            results.append(RunResult(summary_row(plan, tl_emu, lb, sweep, degraded=note), tl_emu, 0))
+            if em.compute != "modeled":
+                continue  # real compute on this CPU: the cost model's GPU times do not apply
+            tl_sim, events = simulate(plan)
             row_sim = summary_row(plan, tl_sim.repeated(len(tl_emu.iteration_s)), lb, sweep)
-            results += [RunResult(row_sim, tl_sim.repeated(exp.iterations), events),
-                        RunResult(row_emu, tl_emu, 0)]
+            row_emu = results[-1].summary
+            results.insert(-1, RunResult(row_sim, tl_sim.repeated(exp.iterations), events))
             for m in VALIDATED:
                 a, b = float(row_sim[m]), float(row_emu[m])
                 validation.append((plan.run_id, sched, m, a, b, round((a - b) / b, 6) if b else "", note))
     finally:
         down(emu)
-    return results, validation
+    return results, validation, losses

@@ -23,7 +23,7 @@ from testbed.runtime.wire import ProtocolError, recv_ctrl, send_ctrl
 from testbed.timeline import Interval, Timeline, group_gaps, group_name, sort_intervals
 
 BASE_PORT = 7000
-START_TIMEOUT = 60.0
+START_TIMEOUT = 90.0  # torch workers import torch and build their stage first
 ITERATION_TIMEOUT = 120.0
 
 
@@ -199,9 +199,23 @@ def _check(procs: list[subprocess.Popen]) -> None:
             raise EmuError(f"a worker exited with status {p.returncode}: {why}")
 
 
-def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None) -> Timeline:
+def torch_config(plan: Plan, exp_model, lr: float) -> dict[int, dict]:
+    """Per stage: the real model's shape for `compute: torch`."""
+    from testbed.costs.stage import split_layers
+
+    m = exp_model
+    return {s: {"layers": n, "hidden": m.hidden, "heads": m.heads, "vocab": m.vocab, "seq": m.seq_len,
+                "micro": plan.microbatch_size, "lr": lr} for s, n in enumerate(split_layers(m.layers, plan.pp))}
+
+
+def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, compute: str = "modeled",
+                 torch_cfg: dict[int, dict] | None = None) -> Timeline:
     """Run `iterations` iterations of `plan` on `emu`; return the emulated timeline (barrier gaps removed)."""
     cfgs = worker_configs(plan, emu)
+    for (s, _r), cfg in cfgs.items():
+        cfg["compute"], cfg["dp"] = compute, plan.dp
+        if torch_cfg:
+            cfg["torch"] = torch_cfg[s]
     rdir = state.run_dir(emu.prefix)
     ctl = Controller(str(rdir / "ctl.sock"), len(cfgs))
     procs: list[subprocess.Popen] = []
@@ -221,12 +235,16 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None) -> 
         ctl.expect("ready", procs, START_TIMEOUT)
         intervals: list[Interval] = []
         durations: list[float] = []
+        losses: list[float] = []
         for it in range(iterations):
             t_start = time.monotonic() + 0.05
             ctl.broadcast({"go": it, "t": t_start})
             done = ctl.expect("done", procs, ITERATION_TIMEOUT)
             end = max((iv[3] for d in done.values() for iv in d["log"]), default=t_start)
             degraded = degraded or next((d["degraded"] for d in done.values() if d.get("degraded")), "")
+            it_losses = [d["loss"] for d in done.values() if d.get("loss") is not None]
+            if it_losses:
+                losses.append(sum(it_losses) / len(it_losses))
             shift = sum(durations) - t_start
             for (s, r), msg in done.items():
                 dc = plan.stage_dc[r][s]
@@ -256,4 +274,5 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None) -> 
     ivs = intervals + group_gaps(intervals, durations)
     tl = Timeline(plan.run_id, "emu", sort_intervals(ivs), durations, plan.pp * plan.dp)
     tl.degraded = degraded  # type: ignore[attr-defined]
+    tl.losses = losses  # type: ignore[attr-defined]
     return tl

@@ -1,8 +1,10 @@
 """Wire formats. Data: a fixed header per chunk, then the payload. Control: length-prefixed JSON.
 
 Data header (network order): kind (1 byte: b'a' activation, b'g' gradient, b'r' ring all-reduce),
-iteration (u32), microbatch (u32), chunk (u16), chunks (u16), payload bytes (u64), sender's
-monotonic send time (f64). Every host shares CLOCK_MONOTONIC (one kernel), so times compare directly.
+iteration (u32), microbatch (u32), chunk (u16), chunks (u16), payload bytes (u64), the whole
+message's bytes (u64), sender's monotonic send time (f64). Chunk i of a message of T bytes striped
+over n connections starts at offset i*(T//n) + min(i, T%n). Every host shares CLOCK_MONOTONIC
+(one kernel), so times compare directly.
 
 Control: u32 length, then a UTF-8 JSON object of at most 16 MiB. A malformed frame raises
 ProtocolError; a reader never trusts a length it has not bounded.
@@ -14,7 +16,15 @@ import json
 import socket
 import struct
 
-DATA = struct.Struct("!cIIHHQd")
+DATA = struct.Struct("!cIIHHQQd")
+
+
+def chunk_sizes(total: int, n: int) -> list[int]:
+    return [total // n + (1 if i < total % n else 0) for i in range(n)]
+
+
+def chunk_offset(total: int, n: int, i: int) -> int:
+    return i * (total // n) + min(i, total % n)
 CTRL_LEN = struct.Struct("!I")
 MAX_CTRL = 16 * 2**20
 

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 
-from testbed.runtime.wire import DATA, recv_ctrl, recv_exact, send_ctrl
+from testbed.runtime.wire import DATA, chunk_offset, chunk_sizes, recv_ctrl, recv_exact, send_ctrl
 
 ZEROS = bytes(4 * 2**20)
 CONNECT_TIMEOUT = 30.0
@@ -29,21 +29,35 @@ WAIT_TIMEOUT = 120.0
 
 
 class Inbox:
-    """Chunks arriving from every connection; a key is complete when all its chunks are in."""
+    """Chunks arriving from every connection; a key is complete when all its chunks are in.
+    With `keep` the payload is assembled (torch compute); modeled compute discards it."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: bool = False) -> None:
         self.cond = threading.Condition()
+        self.keep = keep
         self.parts: dict[tuple, int] = {}
+        self.data: dict[tuple, bytearray] = {}
         self.done: dict[tuple, tuple[float, float]] = {}  # key -> (sender's start, last chunk in)
         self.error: BaseException | None = None
+
+    def buffer(self, key: tuple, total: int) -> bytearray:
+        with self.cond:
+            if key not in self.data:
+                self.data[key] = bytearray(total)
+            return self.data[key]
 
     def add(self, key: tuple, chunks: int, t_send: float) -> None:
         with self.cond:
             n = self.parts.get(key, 0) + 1
             self.parts[key] = n
             if n == chunks:
+                del self.parts[key]
                 self.done[key] = (t_send, time.monotonic())
                 self.cond.notify_all()
+
+    def payload(self, key: tuple) -> bytearray:
+        with self.cond:
+            return self.data.pop(key)
 
     def fail(self, e: BaseException) -> None:
         with self.cond:
@@ -64,15 +78,30 @@ def reader(sock: socket.socket, inbox: Inbox) -> None:
     buf = bytearray(4 * 2**20)
     try:
         while True:
-            kind, it, mb, _chunk, chunks, n, t_send = DATA.unpack(recv_exact(sock, DATA.size))
-            left = n
-            while left:
-                k = min(left, len(buf))
-                recv_exact(sock, k, buf)
-                left -= k
-            inbox.add((kind, it, mb), chunks, t_send)
+            kind, it, mb, chunk, chunks, n, total, t_send = DATA.unpack(recv_exact(sock, DATA.size))
+            key = (kind, it, mb)
+            if inbox.keep:
+                dst = memoryview(inbox.buffer(key, total))
+                off = chunk_offset(total, chunks, chunk)
+                _recv_into(sock, dst[off:off + n])
+            else:
+                left = n
+                while left:
+                    k = min(left, len(buf))
+                    recv_exact(sock, k, buf)
+                    left -= k
+            inbox.add(key, chunks, t_send)
     except (ConnectionError, OSError) as e:
         inbox.fail(e)
+
+
+def _recv_into(sock: socket.socket, view: memoryview) -> None:
+    got = 0
+    while got < len(view):
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise ConnectionError("peer closed the connection")
+        got += k
 
 
 class Striped:
@@ -90,21 +119,27 @@ class Striped:
             job = q.get()
             if job is None:
                 return
-            header, n, done = job
+            header, n, data, done = job
             try:
                 sock.sendall(header)
-                view = memoryview(ZEROS)
-                while n:
-                    k = min(n, len(ZEROS))
-                    sock.sendall(view[:k])
-                    n -= k
+                if data is not None:
+                    sock.sendall(data)
+                else:
+                    view = memoryview(ZEROS)
+                    while n:
+                        k = min(n, len(ZEROS))
+                        sock.sendall(view[:k])
+                        n -= k
             finally:
                 done()
 
     def send(self, kind: bytes, it: int, mb: int, nbytes: int, on_done, sidecar: SidecarClient | None = None,
-             replica: int = 0) -> None:
+             replica: int = 0, payload: memoryview | None = None) -> None:
+        """Stripe one message; `payload` (real bytes) or `nbytes` of zeros (modeled compute)."""
         n = len(self.socks)
-        sizes = [nbytes // n + (1 if i < nbytes % n else 0) for i in range(n)]
+        if payload is not None:
+            nbytes = len(payload)
+        sizes = chunk_sizes(nbytes, n)
         t0 = time.monotonic()
         left = [n]
         lock = threading.Lock()
@@ -121,7 +156,9 @@ class Striped:
                     on_done(t0, time.monotonic())
 
         for i, (q, size) in enumerate(zip(self.queues, sizes, strict=True)):
-            q.put((DATA.pack(kind, it, mb, i, n, size, t0), size, one_done))
+            off = chunk_offset(nbytes, n, i)
+            part = payload[off:off + size] if payload is not None else None
+            q.put((DATA.pack(kind, it, mb, i, n, size, nbytes, t0), size, part, one_done))
 
 
 class SidecarClient:
@@ -156,6 +193,111 @@ class SidecarClient:
                 return
 
 
+class Modeled:
+    """Compute that waits the cost model's time and moves zeros of the plan's (scaled) sizes."""
+
+    def __init__(self, cfg: dict) -> None:
+        self.cfg = cfg
+        self.act_out = max(1, round(cfg["act_out"] / cfg["scale"]))
+        self.act_in = max(1, round(cfg["act_in"] / cfg["scale"]))
+        self.losses: list[float] = []
+
+    def forward(self, it: int, i: int, inp: bytearray | None) -> memoryview | None:
+        time.sleep(self.cfg["fwd_s"])
+        return None
+
+    def backward(self, it: int, i: int, grad: bytearray | None) -> memoryview | None:
+        time.sleep(self.cfg["bwd_s"])
+        return None
+
+    def allreduce(self, ring: Striped, inbox: Inbox, it: int) -> None:
+        for k in range(self.cfg["ring_steps"]):
+            ring.send(b"r", it, k, self.cfg["ring_bytes"], lambda a, b: None)
+            inbox.wait((b"r", it, k))
+
+    def step(self) -> None:
+        pass
+
+
+class TorchCompute(Modeled):
+    """A real GPT-style stage: forward, backward, ring all-reduce of real gradients, AdamW step."""
+
+    def __init__(self, cfg: dict) -> None:
+        import torch
+
+        from testbed.runtime.torch_stage import Stage
+
+        super().__init__(cfg)
+        torch.set_num_threads(1)
+        t = cfg["torch"]
+        self.t, self.torch = t, torch
+        self.first, self.last = cfg["stage"] == 0, cfg["next"] is None
+        self.model = Stage(layers=t["layers"], hidden=t["hidden"], heads=t["heads"], vocab=t["vocab"], seq=t["seq"],
+                           first=self.first, last=self.last, seed=1234 + cfg["stage"])  # same init on every replica
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=t["lr"])
+        self.shape = (t["micro"], t["seq"], t["hidden"])
+        self.saved: dict[int, tuple] = {}
+        self.m = len([a for a in cfg["actions"] if a[0] == "F"])
+
+    def forward(self, it: int, i: int, inp: bytearray | None) -> memoryview | None:
+        from testbed.runtime.torch_stage import batch, from_bytes, to_bytes
+
+        t = self.t
+        toks, targets = batch(t["vocab"], t["seq"], t["micro"], replica=self.cfg["replica"], iteration=it, mb=i)
+        x = toks if self.first else from_bytes(inp, self.shape).requires_grad_()
+        y = self.model(x)
+        if self.last:
+            loss = self.torch.nn.functional.cross_entropy(y.reshape(-1, t["vocab"]), targets.reshape(-1))
+            self.losses.append(loss.item())
+            self.saved[i] = (x, loss / self.m)
+            return None
+        self.saved[i] = (x, y)
+        return to_bytes(y)
+
+    def backward(self, it: int, i: int, grad: bytearray | None) -> memoryview | None:
+        from testbed.runtime.torch_stage import from_bytes, to_bytes
+
+        x, y = self.saved.pop(i)
+        if self.last:
+            y.backward()
+        else:
+            y.backward(from_bytes(grad, self.shape))
+        return None if self.first else to_bytes(x.grad)
+
+    def allreduce(self, ring: Striped, inbox: Inbox, it: int) -> None:
+        """Ring all-reduce (reduce-scatter, then all-gather) of the flattened gradients, averaged."""
+        from testbed.runtime.torch_stage import to_bytes
+
+        torch = self.torch
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        dp, r = self.cfg["dp"], self.cfg["replica"]
+        parts = list(torch.tensor_split(flat, dp))
+        step = 0
+        for k in range(dp - 1):  # reduce-scatter
+            ring.send(b"r", it, step, 0, lambda a, b: None, payload=to_bytes(parts[(r - k) % dp]))
+            inbox.wait((b"r", it, step))
+            j = (r - k - 1) % dp
+            parts[j] = parts[j] + torch.frombuffer(inbox.payload((b"r", it, step)), dtype=torch.float32)
+            step += 1
+        for k in range(dp - 1):  # all-gather
+            ring.send(b"r", it, step, 0, lambda a, b: None, payload=to_bytes(parts[(r + 1 - k) % dp]))
+            inbox.wait((b"r", it, step))
+            j = (r - k) % dp
+            parts[j] = torch.frombuffer(inbox.payload((b"r", it, step)), dtype=torch.float32).clone()
+            step += 1
+        flat = torch.cat(parts) / dp
+        off = 0
+        for p in params:
+            n = p.grad.numel()
+            p.grad.copy_(flat[off:off + n].reshape(p.grad.shape))
+            off += n
+
+    def step(self) -> None:
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+
 def connect(ip: str, port: int, hello: dict, deadline: float) -> socket.socket:
     while True:
         try:
@@ -177,7 +319,8 @@ def main(cfg_path: str, ctl_path: str) -> None:
     ctl = socket.socket(socket.AF_UNIX)
     ctl.connect(ctl_path)
     send_ctrl(ctl, {"hello": [s, r]})
-    inbox = Inbox()
+    torch_mode = cfg.get("compute") == "torch"
+    inbox = Inbox(keep=torch_mode)
     lst = socket.create_server((cfg["ip"], cfg["port"]), backlog=64)
     expect = cfg["prev_conns"] + (1 if cfg["ring"] else 0)
     accepted: dict[str, list[socket.socket]] = {"prev": [], "ring": []}
@@ -210,7 +353,6 @@ def main(cfg_path: str, ctl_path: str) -> None:
         prev = Striped(accepted["prev"])
     side_next = SidecarClient(*cfg["sidecar_next"]) if cfg.get("sidecar_next") else None
     side_prev = SidecarClient(*cfg["sidecar_prev"]) if cfg.get("sidecar_prev") else None
-    send_ctrl(ctl, {"ready": [s, r]})
 
     log: list[list] = []
     log_lock = threading.Lock()
@@ -226,15 +368,15 @@ def main(cfg_path: str, ctl_path: str) -> None:
 
         return done
 
-    fwd, bwd = cfg["fwd_s"], cfg["bwd_s"]
-    act_out_wire = max(1, round(cfg["act_out"] / cfg["scale"]))  # the timeline keeps real-world bytes
-    act_in_wire = max(1, round(cfg["act_in"] / cfg["scale"]))
+    comp = TorchCompute(cfg) if torch_mode else Modeled(cfg)
+    send_ctrl(ctl, {"ready": [s, r]})
     while True:
         msg = recv_ctrl(ctl)
         if "stop" in msg:
             break
         it, t_start = msg["go"], msg["t"]
         log.clear()
+        comp.losses.clear()
         pending = threading.Semaphore(0)
         sends = 0
         wake = t_start + cfg["offset_s"]
@@ -242,37 +384,40 @@ def main(cfg_path: str, ctl_path: str) -> None:
             time.sleep(d)
         for op, i in cfg["actions"]:
             if op == "F":
+                inp = None
                 if s > 0:
                     t_send, t_in = inbox.wait((b"a", it, i))
                     rec("recv", i, t_send, t_in, cfg["act_in"])
+                    inp = inbox.payload((b"a", it, i)) if torch_mode else None
                 t0 = time.monotonic()
-                time.sleep(fwd)
+                out = comp.forward(it, i, inp)
                 rec("fwd", i, t0, time.monotonic())
                 if nxt:
-                    nxt.send(b"a", it, i, act_out_wire, sent(cfg["act_out"], i, pending), side_next, r)
+                    nxt.send(b"a", it, i, comp.act_out, sent(cfg["act_out"], i, pending), side_next, r, out)
                     sends += 1
             else:
+                grad = None
                 if nxt:
                     t_send, t_in = inbox.wait((b"g", it, i))
                     rec("recv", i, t_send, t_in, cfg["act_out"])
+                    grad = inbox.payload((b"g", it, i)) if torch_mode else None
                 t0 = time.monotonic()
-                time.sleep(bwd)
+                out = comp.backward(it, i, grad)
                 rec("bwd", i, t0, time.monotonic())
                 if prev:
-                    prev.send(b"g", it, i, act_in_wire, sent(cfg["act_in"], i, pending), side_prev, r)
+                    prev.send(b"g", it, i, comp.act_in, sent(cfg["act_in"], i, pending), side_prev, r, out)
                     sends += 1
         if ring:
             t0 = time.monotonic()
-            steps, part = cfg["ring_steps"], cfg["ring_bytes"]
-            for k in range(steps):
-                ring.send(b"r", it, k, part, lambda a, b: None)
-                inbox.wait((b"r", it, k))
+            comp.allreduce(ring, inbox, it)
             rec("allreduce", -1, t0, time.monotonic(), cfg["grad_bytes"])
+        comp.step()
         for _ in range(sends):
             pending.acquire()
         degraded = [c.degraded for c in (side_next, side_prev) if c and c.degraded]
         with log_lock:
-            send_ctrl(ctl, {"done": it, "log": log, "degraded": degraded[0] if degraded else ""})
+            send_ctrl(ctl, {"done": it, "log": log, "degraded": degraded[0] if degraded else "",
+                            "loss": sum(comp.losses) / len(comp.losses) if comp.losses else None})
 
 
 if __name__ == "__main__":

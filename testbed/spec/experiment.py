@@ -38,6 +38,8 @@ class EmulationOptions(Strict):
     scale: Annotated[float, Field(ge=0)] = 0.0  # 0 = auto (fastest link at 200 Mbit/s)
     delay: Literal["auto", "netem", "nfqueue", "none"] = "auto"
     prefix: str = "gdtb0"
+    compute: Literal["modeled", "torch"] = "modeled"  # torch: a real GPT stage per worker (CPU here)
+    lr: Annotated[float, Field(gt=0)] = 3e-3  # torch compute's AdamW learning rate
 
 
 class Experiment(Strict):

@@ -127,3 +127,18 @@ def test_a_killed_sidecar_degrades_to_fair_sharing_without_hanging(tmp_path):
     emu = next(x for x in rows(tmp_path / "summary.csv") if x["source"] == "emu")
     assert "fair sharing" in emu["degraded"], emu
     assert snapshot() == before
+
+
+def test_torch_compute_loss_goes_down_across_the_emulated_wan(tmp_path):
+    import pytest
+
+    pytest.importorskip("torch", reason="torch compute needs torch (make venv installs the local CPU wheel)")
+    before = snapshot()
+    r = cli("experiment", "run", str(ROOT / "experiments" / "emu-torch.yaml"), "--out", str(tmp_path),
+            "--set", "iterations=4", "--set", "emulation.prefix=gdtbt")
+    assert r.returncode == 0, r.stderr
+    loss = [float(x["loss"]) for x in rows(tmp_path / "loss.csv")]
+    assert len(loss) == 4 and loss[-1] < 0.8 * loss[0], loss
+    kinds = {x["kind"] for x in rows(tmp_path / "timeline.csv")}
+    assert {"fwd", "bwd", "send", "recv", "allreduce"} <= kinds
+    assert snapshot() == before
