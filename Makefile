@@ -59,8 +59,14 @@ emu-multitcp: venv sysdeps
 
 emu-training: venv sysdeps
 	@if [ "$$(id -u)" -ne 0 ]; then echo "skipping the emulated training run: it needs root (sudo make experiment)"; \
-	 else $(TESTBED) clean && $(TESTBED) experiment run experiments/emu-3dc.yaml --out $(RESULTS)/emu-3dc \
-	   && $(TESTBED) figures $(RESULTS)/emu-3dc --out $(RESULTS)/figures/emu-3dc; fi
+	 else $(TESTBED) clean && \
+	   $(TESTBED) experiment run experiments/emu-bubbletea.yaml --out $(RESULTS)/emu-bubbletea && \
+	   $(TESTBED) figures $(RESULTS)/emu-bubbletea --out $(RESULTS)/figures/emu-bubbletea && \
+	   $(TESTBED) experiment run experiments/emu-3dc.yaml --out $(RESULTS)/emu-3dc && \
+	   $(TESTBED) figures $(RESULTS)/emu-3dc --out $(RESULTS)/figures/emu-3dc && \
+	   if $(BIN)/python -c 'import torch' 2>/dev/null; then \
+	     $(TESTBED) experiment run experiments/emu-torch.yaml --out $(RESULTS)/emu-torch; \
+	   else echo "torch not installed: skipping experiments/emu-torch.yaml"; fi; fi
 
 experiment: venv sysdeps sim-paper sim-bubbletea emu-multitcp emu-training
 	$(TESTBED) figures $(RESULTS)/paper-3dc --out $(RESULTS)/figures/paper-3dc

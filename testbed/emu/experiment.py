@@ -9,13 +9,71 @@ from testbed.emu.scale import auto_scale
 from testbed.emu.train import run_training
 from testbed.errors import NotYetError
 from testbed.plan.build import build_plan, resolve_dp
-from testbed.plan.mechanisms import parse_scheduler
+from testbed.results import fmt
 from testbed.sim.executor import simulate
 from testbed.sim.run import RunResult, lower_bound_s
 from testbed.spec.experiment import Experiment
 from testbed.spec.topology import Topology
 
 VALIDATED = ("iteration_s", "gpu_util", "bubble_frac")
+
+
+def prefill_plan(plan, tl_sim, exp: Experiment):
+    """BubbleTea's plan for an emulated run: the simulator's scheduler on the bubbles the plan predicts,
+    turned into per-worker, per-iteration jobs (offsets from the iteration's start)."""
+    from testbed.bubbletea.run import run_bubbletea
+
+    T = tl_sim.iteration_s[0]
+    res = run_bubbletea(plan, tl_sim.repeated(exp.iterations), exp.bubbletea, exp.seed)
+    guard = exp.bubbletea.guard_ms / 1e3
+    ends: dict[str, list[float]] = {}
+    for b in res.bubbles:
+        ends.setdefault(b.gpu, []).append(b.end_s)
+    jobs: dict[str, dict[str, list]] = {}
+    for pl in res.placements:
+        for a, b, _tok in pl.intervals:
+            k = min(int(a // T), exp.iterations - 1)
+            bubble_end = min(e for e in ends[pl.gpu] if e >= b - 1e-9)
+            latest = bubble_end - guard - (b - a)  # a late job may still start here and clear the bubble
+            jobs.setdefault(pl.gpu, {}).setdefault(str(k), []).append(
+                [pl.request.request_id, a - k * T, b - a, latest - k * T])
+    return res, jobs, T
+
+
+def emulated_requests(res, ran: list, durations: list[float], T: float, slo_s: float) -> tuple[list, dict]:
+    """TTFT on the emulated clock: a request is served when every one of its chunks ran."""
+    from statistics import quantiles
+
+    starts = [sum(durations[:k]) for k in range(len(durations))]
+
+    def emu_time(t_sim: float) -> float:
+        k = min(int(t_sim // T), len(durations) - 1)
+        return starts[k] + t_sim - k * T
+
+    done: dict[int, list] = {}
+    for rid, _w, k, a, b in ran:
+        done.setdefault(rid, []).append((starts[k] + a, starts[k] + b))
+    rows, ttft, served = [], [], 0
+    for pl in res.placements:
+        q = pl.request
+        arrival = emu_time(q.arrival_s)
+        chunks = done.get(q.request_id, [])
+        ok = not pl.fallback and len(chunks) == len(pl.intervals)
+        end = max(b for _, b in chunks) if ok else arrival + (pl.end_s - q.arrival_s if pl.fallback else 0.0)
+        if not ok and not pl.fallback:  # planned in a bubble that moved: the fallback pool serves it
+            end = arrival + (pl.intervals[-1][1] - pl.intervals[0][0])
+        served += ok
+        ttft.append((end - arrival) * 1e3)
+        rows.append((q.request_id, arrival, q.prompt_tokens, pl.gpu if ok else "fallback", pl.dc,
+                     min(a for a, _ in chunks) if ok else arrival, end, end - arrival, len(chunks), int(ok)))
+    qs = quantiles(sorted(ttft), n=100, method="inclusive") if len(ttft) > 1 else ttft * 99
+    metrics = {"requests": len(rows), "fallback": len(rows) - served,
+               "served_in_bubbles": round(served / len(rows), 6) if rows else 0.0,
+               "ttft_p50_ms": round(qs[49], 3) if ttft else 0.0, "ttft_p99_ms": round(qs[98], 3) if ttft else 0.0,
+               "slo_attainment": round(sum(t <= slo_s * 1e3 for t in ttft) / len(ttft), 6) if ttft else 0.0,
+               "prefill_tokens_per_s": round(sum(r[2] for r in rows if r[9]) / sum(durations), 3),
+               "request_rate": round(len(rows) / sum(durations), 3)}
+    return rows, metrics
 LOSS_HEADER = ("run_id", "scheduler", "iteration", "loss")
 VALIDATION_HEADER = ("run_id", "scheduler", "metric", "sim", "emu", "rel_error", "degraded")  # (sim - emu) / emu
 
@@ -30,10 +88,6 @@ def as_emulated(topo: Topology, scale: float) -> Topology:
 
 
 def check_emulable(exp: Experiment) -> None:
-    for name in exp.schedulers:
-        if parse_scheduler(name).bubbletea:
-            raise NotYetError(f"scheduler {name}: the BubbleTea service is not built for emulated runs yet; "
-                              f"`testbed sim` runs it")
     if exp.emulation.backend != "netns":
         raise NotYetError("emulated training runs use the netns backend for now")
 
@@ -62,17 +116,30 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None
                 from testbed.emu.train import torch_config
 
                 torch_cfg = torch_config(plan, resolve_model(exp.workload.model, exp.workload.seq_len), em.lr)
-            tl_full = run_training(plan, emu, exp.iterations, progress, em.compute, torch_cfg)
+            bt_res, jobs, T = None, None, 0.0
+            if plan.mech.bubbletea:
+                bt_res, jobs, T = prefill_plan(plan, simulate(plan)[0], exp)
+            tl_full = run_training(plan, emu, exp.iterations, progress, em.compute, torch_cfg, jobs)
             for k, loss in enumerate(getattr(tl_full, "losses", [])):
                 losses.append((plan.run_id, sched, k, round(loss, 6)))
             note = getattr(tl_full, "degraded", "")
             tl_emu = tl_full.steady()
             lb = lower_bound_s(plan)
-            results.append(RunResult(summary_row(plan, tl_emu, lb, sweep, degraded=note), tl_emu, 0))
+            bt_metrics, req_rows = None, []
+            if bt_res is not None:
+                reqs, bt_metrics = emulated_requests(bt_res, tl_full.prefill_ran, tl_full.iteration_s, T,
+                                                     exp.bubbletea.ttft_slo_ms / 1e3)
+                req_rows = [(plan.run_id, "emu", *r[:3], *r[3:5], *(fmt(x, 6) for x in r[5:8]), *r[8:], "", "", "")
+                            for r in reqs]
+            results.append(RunResult(summary_row(plan, tl_emu, lb, sweep, bt_metrics, degraded=note), tl_emu, 0,
+                                     req_rows))
             if em.compute != "modeled":
                 continue  # real compute on this CPU: the cost model's GPU times do not apply
             tl_sim, events = simulate(plan)
-            row_sim = summary_row(plan, tl_sim.repeated(len(tl_emu.iteration_s)), lb, sweep)
+            if bt_res is not None:  # the prediction includes the prefill the plan expects to serve
+                row_sim = summary_row(plan, bt_res.timeline, lb, sweep, {**bt_res.metrics, "train_slowdown": 0.0})
+            else:
+                row_sim = summary_row(plan, tl_sim.repeated(len(tl_emu.iteration_s)), lb, sweep)
             row_emu = results[-1].summary
             results.insert(-1, RunResult(row_sim, tl_sim.repeated(exp.iterations), events))
             for m in VALIDATED:
@@ -80,4 +147,9 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None
                 validation.append((plan.run_id, sched, m, a, b, round((a - b) / b, 6) if b else "", note))
     finally:
         down(emu)
+    base = {r.summary["scheduler"]: r.summary["iteration_s"] for r in results if r.summary["source"] == "emu"}
+    for r in results:
+        name = str(r.summary["scheduler"])
+        if r.summary["source"] == "emu" and name.endswith("+bubbletea") and name[:-10] in base:
+            r.summary["train_slowdown"] = round(float(r.summary["iteration_s"]) / float(base[name[:-10]]) - 1, 6)
     return results, validation, losses

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 
 from testbed.emu.build import Emulation
+from testbed.emu.sh import EmuError
 from testbed.emu.shaping import BURST
 
 BURST_BYTES = 128 * 1024
@@ -39,15 +40,30 @@ class FlowControl:
     """Flow classes on the egress of WAN link (a, b) towards `towards` (one direction)."""
 
     def __init__(self, emu: Emulation, a: str, b: str, towards: str) -> None:
-        from pyroute2 import IPRoute
-
         self.emu = emu
         self.wan = emu.node(emu.addr.wan(a, b).ns)
         self.dev = towards
-        self.ipr = IPRoute(netns=self.wan.ns)
-        self.idx = self.ipr.link_lookup(ifname=towards)[0]
+        self._ipr = None
         self.classes: dict[int, float] = {}
         self.prio = 10
+
+    @property
+    def ipr(self):
+        """Netlink into the WAN namespace, opened only for runtime changes and counters (set-up and
+        removal use tc). pyroute2 creates a namespace that does not exist, so check first."""
+        if self._ipr is None:
+            from pyroute2 import IPRoute
+
+            from testbed.emu.clean import our_namespaces
+
+            if self.wan.ns not in our_namespaces():
+                raise EmuError(f"{self.wan.ns} is not up")
+            self._ipr = IPRoute(netns=self.wan.ns)
+            found = self._ipr.link_lookup(ifname=self.dev)
+            if not found:
+                raise EmuError(f"{self.wan.ns} has no interface {self.dev}")
+            self.idx = found[0]
+        return self._ipr
 
     def add_class(self, minor: int, rate_bps: float, *, ceil_bps: float | None = None,
                   ports: tuple[int, int] | None = None, sports: tuple[int, int] | None = None,
@@ -79,6 +95,16 @@ class FlowControl:
                                                 "ip", "prio", str(self.prio), "u32", "match", "ip", field, str(v),
                                                 hex(m), "flowid", f"1:{minor:x}"])
 
+    def remove(self, minors: list[int]) -> None:
+        """Remove our filters (all at our u32 priority) and these classes: the link returns to its
+        default class. Filters go first: HTB keeps a class that a filter still points to."""
+        self.emu.backend.run(self.wan, ["tc", "filter", "del", "dev", self.dev, "parent", "1:", "prio",
+                                        str(self.prio)], check=False)
+        for minor in minors:
+            self.emu.backend.run(self.wan, ["tc", "class", "del", "dev", self.dev, "classid", f"1:{minor:x}"],
+                                 check=False)
+        self.classes = {k: v for k, v in self.classes.items() if k not in minors}
+
     def set_rate(self, minor: int, rate_bps: float, ceil_bps: float | None = None, prio: int = 0) -> float:
         """Change a class's rate, ceiling and priority now; returns the seconds the netlink change took."""
         t0 = time.perf_counter()
@@ -89,7 +115,8 @@ class FlowControl:
     def class_bytes(self) -> dict[int, int]:
         """Bytes sent per flow class so far (the per-flow throughput counters the figures use)."""
         out = {}
-        for msg in self.ipr.get_classes(index=self.idx):
+        ipr = self.ipr
+        for msg in ipr.get_classes(index=self.idx):
             handle = msg["handle"]
             stats = msg.get_attr("TCA_STATS2")
             basic = stats.get_attr("TCA_STATS_BASIC") if stats else None
@@ -97,7 +124,8 @@ class FlowControl:
         return out
 
     def close(self) -> None:
-        self.ipr.close()
+        if self._ipr is not None:
+            self._ipr.close()
 
 
 def set_class(ipr, idx: int, minor: int, rate_bps: float, ceil_bps: float | None, prio: int) -> None:

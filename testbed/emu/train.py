@@ -79,11 +79,20 @@ def worker_configs(plan: Plan, emu: Emulation) -> dict[tuple[int, int], dict]:
     return cfgs
 
 
-def start_sidecars(plan: Plan, emu: Emulation) -> list[subprocess.Popen]:
-    """Per-replica HTB classes on each WAN hop the pipeline crosses, and one sidecar per such link."""
+def remove_flow_classes(emu: Emulation, hops: dict) -> None:
+    """Best effort (it runs while unwinding errors): tc commands that fail are ignored."""
+    from testbed.emu.flowctl import FlowControl
+
+    for link, devs in hops.items():
+        for dev, minors in devs.items():
+            FlowControl(emu, *link, dev).remove(sorted(set(minors.values())))
+
+
+def start_sidecars(plan: Plan, emu: Emulation, hops: dict) -> list[subprocess.Popen]:
+    """Per-replica HTB classes on each WAN hop the pipeline crosses (recorded in `hops`, so they can
+    be removed even if this fails half-way), and one sidecar per such link."""
     from testbed.emu.flowctl import MIN_RATE_BPS, FlowControl
 
-    hops: dict[tuple[str, str], dict[str, dict[str, int]]] = {}  # link -> dev -> replica -> minor
     for r in range(plan.dp):
         row = plan.stage_dc[r]
         for s in range(plan.pp - 1):
@@ -100,12 +109,12 @@ def start_sidecars(plan: Plan, emu: Emulation) -> list[subprocess.Popen]:
                 fc = FlowControl(emu, *link, dev)
                 try:
                     if str(r) not in devs.setdefault(dev, {}):
+                        devs[dev][str(r)] = minor
                         fc.add_class(minor, max(rate / 100, MIN_RATE_BPS), ceil_bps=rate, prio=7, **match)
                     else:  # another stage boundary of the same replica on this link: one more filter
                         fc.add_filter(minor, **match)
                 finally:
                     fc.close()
-                devs[dev][str(r)] = minor
     procs = []
     rdir = state.run_dir(emu.prefix)
     for (a, b), devs in hops.items():
@@ -208,8 +217,21 @@ def torch_config(plan: Plan, exp_model, lr: float) -> dict[int, dict]:
                 "micro": plan.microbatch_size, "lr": lr} for s, n in enumerate(split_layers(m.layers, plan.pp))}
 
 
+def start_bubbletea(emu: Emulation, jobs: dict[str, dict[str, list]]) -> tuple[subprocess.Popen, str, str]:
+    rdir = state.run_dir(emu.prefix)
+    sock, results = str(rdir / "bubbletea.sock"), str(rdir / "bubbletea-results.json")
+    path = rdir / "bubbletea.json"
+    path.write_text(json.dumps({"socket": sock, "results": results, "jobs": jobs}))
+    log = open(rdir / "bubbletea.log", "w")  # noqa: SIM115 (owned by the child)
+    p = subprocess.Popen([sys.executable, "-m", "testbed.runtime.bubbletea_service", str(path)],
+                         stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
+    if p.stdout.readline().strip() != "ready":  # type: ignore[union-attr]
+        raise EmuError("the BubbleTea service did not start")
+    return p, sock, results
+
+
 def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, compute: str = "modeled",
-                 torch_cfg: dict[int, dict] | None = None) -> Timeline:
+                 torch_cfg: dict[int, dict] | None = None, prefill_jobs: dict | None = None) -> Timeline:
     """Run `iterations` iterations of `plan` on `emu`; return the emulated timeline (barrier gaps removed)."""
     cfgs = worker_configs(plan, emu)
     for (s, _r), cfg in cfgs.items():
@@ -220,10 +242,17 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
     ctl = Controller(str(rdir / "ctl.sock"), len(cfgs))
     procs: list[subprocess.Popen] = []
     sidecars: list[subprocess.Popen] = []
+    hops: dict[tuple[str, str], dict[str, dict[str, int]]] = {}  # link -> dev -> replica -> class minor
+    service, service_results = None, None
+    prefill_ran: list = []
     degraded = ""
     try:
         if plan.mech.temporal:
-            sidecars = start_sidecars(plan, emu)
+            sidecars = start_sidecars(plan, emu, hops)
+        if prefill_jobs is not None:
+            service, sock, service_results = start_bubbletea(emu, prefill_jobs)
+            for cfg in cfgs.values():
+                cfg["bubbletea"] = sock
         for (s, r), cfg in cfgs.items():
             path = rdir / f"worker-s{s}r{r}.json"
             path.write_text(json.dumps(cfg))
@@ -240,7 +269,7 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
             t_start = time.monotonic() + 0.05
             ctl.broadcast({"go": it, "t": t_start})
             done = ctl.expect("done", procs, ITERATION_TIMEOUT)
-            end = max((iv[3] for d in done.values() for iv in d["log"]), default=t_start)
+            end = max((iv[3] for d in done.values() for iv in d["log"] if iv[0] != "prefill"), default=t_start)
             degraded = degraded or next((d["degraded"] for d in done.values() if d.get("degraded")), "")
             it_losses = [d["loss"] for d in done.values() if d.get("loss") is not None]
             if it_losses:
@@ -264,15 +293,20 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
             if p.poll() is None:
                 p.kill()
                 p.wait()
-        for p in sidecars:
+        for p in [*sidecars, *([service] if service else [])]:
             p.terminate()
             try:
                 p.wait(5)
             except subprocess.TimeoutExpired:
                 p.kill()
+        remove_flow_classes(emu, hops)
         ctl.close()
+    if service_results and os.path.exists(service_results):
+        with open(service_results) as f:
+            prefill_ran = json.load(f)["ran"]
     ivs = intervals + group_gaps(intervals, durations)
     tl = Timeline(plan.run_id, "emu", sort_intervals(ivs), durations, plan.pp * plan.dp)
     tl.degraded = degraded  # type: ignore[attr-defined]
     tl.losses = losses  # type: ignore[attr-defined]
+    tl.prefill_ran = prefill_ran  # type: ignore[attr-defined]  # [request, worker, iteration, start, end]
     return tl

@@ -64,6 +64,16 @@ class Inbox:
             self.error = e
             self.cond.notify_all()
 
+    def arrived(self, key: tuple) -> bool:
+        with self.cond:
+            return key in self.done
+
+    def wait_until(self, key: tuple, deadline: float) -> bool:
+        """Wait for `key` until a monotonic deadline; True if it arrived (no polling: a timed wait)."""
+        with self.cond:
+            return self.cond.wait_for(lambda: key in self.done or self.error is not None,
+                                      max(0.0, deadline - time.monotonic())) and key in self.done
+
     def wait(self, key: tuple) -> tuple[float, float]:
         with self.cond:
             ok = self.cond.wait_for(lambda: key in self.done or self.error is not None, WAIT_TIMEOUT)
@@ -298,6 +308,75 @@ class TorchCompute(Modeled):
         self.opt.zero_grad(set_to_none=True)
 
 
+class Prefill:
+    """This worker's BubbleTea jobs for one iteration, run only while it waits for training input.
+    A job runs once its planned start has come, if it can still start by its latest start (its
+    predicted bubble's end, less the guard band and its duration); otherwise it is skipped and the
+    service counts its request as fallback."""
+
+    def __init__(self, cfg: dict) -> None:
+        self.path = cfg.get("bubbletea")
+        self.name = f"s{cfg['stage']}r{cfg['replica']}"
+        self.jobs: list[list] = []
+        self.ran: list[list] = []
+        self.degraded = ""
+        self.sock: socket.socket | None = None
+
+    def _ask(self, msg: dict) -> dict:
+        if self.sock is None:
+            self.sock = socket.socket(socket.AF_UNIX)
+            self.sock.settimeout(2.0)
+            self.sock.connect(self.path)
+        send_ctrl(self.sock, msg)
+        return recv_ctrl(self.sock)
+
+    def begin(self, it: int, t_start: float) -> None:
+        self.t0, self.ran, self.jobs = t_start, [], []
+        if not self.path or self.degraded:
+            return
+        try:
+            self.jobs = sorted(self._ask({"op": "jobs", "worker": self.name, "iteration": it})["jobs"],
+                               key=lambda j: j[1])
+        except (OSError, ValueError) as e:
+            self.degraded = f"BubbleTea service unreachable ({e}): no prefill"
+
+    def next_start(self) -> float | None:
+        return self.t0 + self.jobs[0][1] if self.jobs else None
+
+    def run_due(self, rec) -> None:
+        """Run every job whose time has come; drop the ones that can no longer fit."""
+        while self.jobs:
+            rid, off, dur, latest = self.jobs[0]
+            now = time.monotonic()
+            if now < self.t0 + off:
+                return
+            self.jobs.pop(0)
+            if now > self.t0 + latest:
+                continue  # the bubble moved: skip rather than delay training
+            time.sleep(dur)
+            t1 = time.monotonic()
+            rec("prefill", -1, now, t1)
+            self.ran.append([rid, now - self.t0, t1 - self.t0])
+
+    def wait_for(self, inbox: Inbox, key: tuple, rec) -> None:
+        """Wait for training input; run due prefill jobs in the meantime."""
+        while not inbox.arrived(key):
+            self.run_due(rec)
+            nxt = self.next_start()
+            if nxt is None:
+                return
+            if inbox.wait_until(key, nxt):
+                return
+
+    def end(self, it: int) -> None:
+        if not self.path or self.degraded:
+            return
+        try:
+            self._ask({"op": "done", "worker": self.name, "iteration": it, "ran": self.ran})
+        except (OSError, ValueError) as e:
+            self.degraded = f"BubbleTea service lost ({e}): no prefill"
+
+
 def connect(ip: str, port: int, hello: dict, deadline: float) -> socket.socket:
     while True:
         try:
@@ -369,6 +448,7 @@ def main(cfg_path: str, ctl_path: str) -> None:
         return done
 
     comp = TorchCompute(cfg) if torch_mode else Modeled(cfg)
+    bt = Prefill(cfg)
     send_ctrl(ctl, {"ready": [s, r]})
     while True:
         msg = recv_ctrl(ctl)
@@ -379,6 +459,7 @@ def main(cfg_path: str, ctl_path: str) -> None:
         comp.losses.clear()
         pending = threading.Semaphore(0)
         sends = 0
+        bt.begin(it, t_start)
         wake = t_start + cfg["offset_s"]
         if (d := wake - time.monotonic()) > 0:
             time.sleep(d)
@@ -386,6 +467,7 @@ def main(cfg_path: str, ctl_path: str) -> None:
             if op == "F":
                 inp = None
                 if s > 0:
+                    bt.wait_for(inbox, (b"a", it, i), rec)
                     t_send, t_in = inbox.wait((b"a", it, i))
                     rec("recv", i, t_send, t_in, cfg["act_in"])
                     inp = inbox.payload((b"a", it, i)) if torch_mode else None
@@ -398,6 +480,7 @@ def main(cfg_path: str, ctl_path: str) -> None:
             else:
                 grad = None
                 if nxt:
+                    bt.wait_for(inbox, (b"g", it, i), rec)
                     t_send, t_in = inbox.wait((b"g", it, i))
                     rec("recv", i, t_send, t_in, cfg["act_out"])
                     grad = inbox.payload((b"g", it, i)) if torch_mode else None
@@ -414,7 +497,10 @@ def main(cfg_path: str, ctl_path: str) -> None:
         comp.step()
         for _ in range(sends):
             pending.acquire()
-        degraded = [c.degraded for c in (side_next, side_prev) if c and c.degraded]
+        bt.run_due(rec)  # jobs planned after this worker's last training op (the drain bubble)
+        bt.end(it)
+        degraded = [c.degraded for c in (side_next, side_prev) if c and c.degraded] + ([bt.degraded] if bt.degraded
+                                                                                        else [])
         with log_lock:
             send_ctrl(ctl, {"done": it, "log": log, "degraded": degraded[0] if degraded else "",
                             "loss": sum(comp.losses) / len(comp.losses) if comp.losses else None})
