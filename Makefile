@@ -52,20 +52,23 @@ sim-bubbletea: venv
 	  $(TESTBED) sim experiments/bubbletea-3dc.yaml --out $(RESULTS)/bubbletea-3dc --set bubbletea.trace=synthetic; fi
 
 # The emulated parts need root; without it they are skipped with a message and the simulations still run.
+# They use their own prefix, so a topology the user has up (make topology-3dc: gdtb0) is left alone.
+EMU := --set emulation.prefix=gdtb1
 emu-multitcp: venv sysdeps
 	@if [ "$$(id -u)" -ne 0 ]; then echo "skipping the emulated multi-TCP experiment: it needs root (sudo make experiment)"; \
-	 else $(TESTBED) clean && $(TESTBED) experiment run experiments/multitcp.yaml --out $(RESULTS)/multitcp \
+	 else $(TESTBED) clean --prefix gdtb1 && $(TESTBED) experiment run experiments/multitcp.yaml $(EMU) \
+	   --out $(RESULTS)/multitcp \
 	   && $(TESTBED) figures $(RESULTS)/multitcp --out $(RESULTS)/figures/multitcp; fi
 
 emu-training: venv sysdeps
 	@if [ "$$(id -u)" -ne 0 ]; then echo "skipping the emulated training run: it needs root (sudo make experiment)"; \
-	 else $(TESTBED) clean && \
-	   $(TESTBED) experiment run experiments/emu-bubbletea.yaml --out $(RESULTS)/emu-bubbletea && \
+	 else $(TESTBED) clean --prefix gdtb1 && \
+	   $(TESTBED) experiment run experiments/emu-bubbletea.yaml $(EMU) --out $(RESULTS)/emu-bubbletea && \
 	   $(TESTBED) figures $(RESULTS)/emu-bubbletea --out $(RESULTS)/figures/emu-bubbletea && \
-	   $(TESTBED) experiment run experiments/emu-3dc.yaml --out $(RESULTS)/emu-3dc && \
+	   $(TESTBED) experiment run experiments/emu-3dc.yaml $(EMU) --out $(RESULTS)/emu-3dc && \
 	   $(TESTBED) figures $(RESULTS)/emu-3dc --out $(RESULTS)/figures/emu-3dc && \
 	   if $(BIN)/python -c 'import torch' 2>/dev/null; then \
-	     $(TESTBED) experiment run experiments/emu-torch.yaml --out $(RESULTS)/emu-torch; \
+	     $(TESTBED) experiment run experiments/emu-torch.yaml $(EMU) --out $(RESULTS)/emu-torch; \
 	   else echo "torch not installed: skipping experiments/emu-torch.yaml"; fi; fi
 
 experiment: venv sysdeps sim-paper sim-bubbletea emu-multitcp emu-training
