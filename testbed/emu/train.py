@@ -39,15 +39,15 @@ def worker_configs(plan: Plan, emu: Emulation) -> dict[tuple[int, int], dict]:
     """Where each worker runs and whom it talks to. Replica r of a stage uses host r % hosts."""
     hosts = {dc: [h for h in emu.addr.hosts if h.dc == dc] for dc in plan.dcs_used()}
 
-    def where(s: int, r: int) -> tuple[str, int, str]:
+    def where(s: int, r: int) -> tuple[str, int, str, int]:
         dc = plan.stage_dc[r][s]
         h = hosts[dc][r % len(hosts[dc])]
-        return h.ip, port(s, r), h.ns
+        return h.ip, port(s, r), h.ns, h.index
 
     cfgs = {}
     for r in range(plan.dp):
         for s in range(plan.pp):
-            ip, lport, ns = where(s, r)
+            ip, lport, ns, host_index = where(s, r)
             a, b = plan.stage_dc[r][s], plan.stage_dc[r][min(s + 1, plan.pp - 1)]
             conns = plan.links[(a, b)].connections if a != b else 1
             prev_conns = 0
@@ -56,10 +56,11 @@ def worker_configs(plan: Plan, emu: Emulation) -> dict[tuple[int, int], dict]:
                 prev_conns = plan.links[(pa, a)].connections if pa != a else 1
             ring = None
             if plan.dp > 1:
-                rip, rport, _ = where(s, (r + 1) % plan.dp)
+                rip, rport, _, _ = where(s, (r + 1) % plan.dp)
                 ring = [rip, rport]
             cfgs[(s, r)] = {
                 "stage": s, "replica": r, "ip": ip, "port": lport, "ns": ns, "scale": plan.scale,
+                "host_index": host_index,
                 "next": [*where(s + 1, r)[:2], conns] if s < plan.pp - 1 else None,
                 "prev_conns": prev_conns, "ring": ring,
                 "ring_steps": 2 * (plan.dp - 1),

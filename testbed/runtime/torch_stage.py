@@ -46,7 +46,7 @@ def batch(vocab: int, seq: int, micro: int, *, replica: int, iteration: int, mb:
 
 
 def to_bytes(t: torch.Tensor) -> memoryview:
-    return memoryview(t.detach().contiguous().numpy()).cast("B")
+    return memoryview(t.detach().cpu().contiguous().numpy()).cast("B")
 
 
 def from_bytes(buf: bytes | bytearray, shape: tuple[int, ...]) -> torch.Tensor:

@@ -241,9 +241,13 @@ class TorchCompute(Modeled):
         torch.set_num_threads(1)
         t = cfg["torch"]
         self.t, self.torch = t, torch
+        # the GPU this host is pinned to (hosts take GPUs round-robin), else the CPU
+        n = torch.cuda.device_count()
+        self.device = torch.device(f"cuda:{cfg['host_index'] % n}") if n else torch.device("cpu")
         self.first, self.last = cfg["stage"] == 0, cfg["next"] is None
         self.model = Stage(layers=t["layers"], hidden=t["hidden"], heads=t["heads"], vocab=t["vocab"], seq=t["seq"],
-                           first=self.first, last=self.last, seed=1234 + cfg["stage"])  # same init on every replica
+                           first=self.first, last=self.last, seed=1234 + cfg["stage"]).to(self.device)  # same init
+        # on every replica, so the all-reduced gradients keep the replicas identical
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=t["lr"])
         self.shape = (t["micro"], t["seq"], t["hidden"])
         self.saved: dict[int, tuple] = {}
@@ -254,10 +258,11 @@ class TorchCompute(Modeled):
 
         t = self.t
         toks, targets = batch(t["vocab"], t["seq"], t["micro"], replica=self.cfg["replica"], iteration=it, mb=i)
-        x = toks if self.first else from_bytes(inp, self.shape).requires_grad_()
+        dev = self.device
+        x = toks.to(dev) if self.first else from_bytes(inp, self.shape).to(dev).requires_grad_()
         y = self.model(x)
         if self.last:
-            loss = self.torch.nn.functional.cross_entropy(y.reshape(-1, t["vocab"]), targets.reshape(-1))
+            loss = self.torch.nn.functional.cross_entropy(y.reshape(-1, t["vocab"]), targets.to(dev).reshape(-1))
             self.losses.append(loss.item())
             self.saved[i] = (x, loss / self.m)
             return None
@@ -271,7 +276,7 @@ class TorchCompute(Modeled):
         if self.last:
             y.backward()
         else:
-            y.backward(from_bytes(grad, self.shape))
+            y.backward(from_bytes(grad, self.shape).to(self.device))
         return None if self.first else to_bytes(x.grad)
 
     def allreduce(self, ring: Striped, inbox: Inbox, it: int) -> None:
@@ -282,7 +287,7 @@ class TorchCompute(Modeled):
         params = [p for p in self.model.parameters() if p.grad is not None]
         flat = torch.cat([p.grad.reshape(-1) for p in params])
         dp, r = self.cfg["dp"], self.cfg["replica"]
-        parts = list(torch.tensor_split(flat, dp))
+        parts = list(torch.tensor_split(flat.cpu(), dp))
         step = 0
         for k in range(dp - 1):  # reduce-scatter
             ring.send(b"r", it, step, 0, lambda a, b: None, payload=to_bytes(parts[(r - k) % dp]))
@@ -296,7 +301,7 @@ class TorchCompute(Modeled):
             j = (r - k) % dp
             parts[j] = torch.frombuffer(inbox.payload((b"r", it, step)), dtype=torch.float32).clone()
             step += 1
-        flat = torch.cat(parts) / dp
+        flat = (torch.cat(parts) / dp).to(self.device)
         off = 0
         for p in params:
             n = p.grad.numel()
