@@ -18,23 +18,18 @@ Usage: python -m testbed.runtime.bubbletea_service CONFIG.json
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import selectors
-import signal
-import socket
 import sys
 
-from testbed.runtime.sidecar import Client
-from testbed.runtime.wire import ProtocolError, send_ctrl
+from testbed.runtime.ctlserver import serve_frames
+from testbed.runtime.wire import ProtocolError
 
 
 class Service:
     def __init__(self, cfg: dict) -> None:
         self.jobs: dict[str, dict[str, list]] = cfg["jobs"]  # worker -> iteration -> jobs
         self.ran: list[list] = []
-        self.rejected = 0
 
     def handle(self, msg: dict) -> dict:
         op = msg.get("op")
@@ -52,47 +47,10 @@ def main() -> None:
     with open(sys.argv[1]) as f:
         cfg = json.load(f)
     svc = Service(cfg)
-    running = [True]
-    signal.signal(signal.SIGTERM, lambda *_: running.__setitem__(0, False))
-    signal.signal(signal.SIGINT, lambda *_: running.__setitem__(0, False))
-    path = cfg["socket"]
-    if os.path.exists(path):
-        os.unlink(path)
-    srv = socket.socket(socket.AF_UNIX)
-    srv.bind(path)
-    srv.listen(64)
-    srv.setblocking(False)
-    sel = selectors.DefaultSelector()
-    sel.register(srv, selectors.EVENT_READ, None)
-    print("ready", flush=True)
-    while running[0]:
-        for key, _ in sel.select(timeout=0.5):
-            if key.data is None:
-                c, _ = srv.accept()
-                sel.register(c, selectors.EVENT_READ, Client(c))
-                continue
-            cl: Client = key.data
-            try:
-                data = cl.sock.recv(65536)
-                if not data:
-                    raise ConnectionError("closed")
-                cl.buf += data
-                for msg in cl.frames():
-                    send_ctrl(cl.sock, svc.handle(msg))
-            except (ProtocolError, KeyError, TypeError, ValueError) as e:
-                svc.rejected += 1
-                with contextlib.suppress(OSError):
-                    send_ctrl(cl.sock, {"error": str(e)})
-                sel.unregister(cl.sock)
-                cl.sock.close()
-            except OSError:
-                sel.unregister(cl.sock)
-                cl.sock.close()
-    srv.close()
-    os.unlink(path)
+    rejected = serve_frames(cfg["socket"], svc.handle, "bubbletea")
     tmp = cfg["results"] + ".tmp"
     with open(tmp, "w") as f:
-        json.dump({"ran": svc.ran, "rejected": svc.rejected}, f)
+        json.dump({"ran": svc.ran, "rejected": rejected}, f)
     os.replace(tmp, cfg["results"])
 
 

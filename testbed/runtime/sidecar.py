@@ -18,15 +18,12 @@ Usage: python -m testbed.runtime.sidecar CONFIG.json
 from __future__ import annotations
 
 import json
-import os
-import selectors
-import signal
-import socket
 import sys
 from collections import defaultdict
 
 from testbed.emu.flowctl import set_class
-from testbed.runtime.wire import CTRL_LEN, MAX_CTRL, ProtocolError
+from testbed.runtime.ctlserver import serve_frames
+from testbed.runtime.wire import ProtocolError
 
 IDLE_PRIO = 7
 
@@ -50,9 +47,9 @@ class Sidecar:
         self.active: dict[str, dict[str, tuple[int, int, int]]] = defaultdict(dict)  # dev -> id -> key
         self.prio: dict[tuple[str, int], int] = {}
         self.changes = 0
-        self.rejected = 0
 
     def handle(self, msg: dict) -> None:
+        """Apply one notice; a malformed one raises (the server closes that connection)."""
         op = msg.get("op")
         if op == "start":
             dev, r, mb, tid = msg["dev"], int(msg["replica"]), int(msg["mb"]), str(msg["id"])
@@ -80,72 +77,6 @@ class Sidecar:
                 self.changes += 1
 
 
-class Client:
-    """Buffers bytes from one connection and yields complete, bounded frames."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock, self.buf = sock, bytearray()
-
-    def frames(self):
-        while len(self.buf) >= CTRL_LEN.size:
-            (n,) = CTRL_LEN.unpack_from(self.buf)
-            if n > MAX_CTRL:
-                raise ProtocolError(f"frame of {n} bytes")
-            if len(self.buf) < CTRL_LEN.size + n:
-                return
-            body = bytes(self.buf[CTRL_LEN.size:CTRL_LEN.size + n])
-            del self.buf[:CTRL_LEN.size + n]
-            try:
-                msg = json.loads(body)
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise ProtocolError(f"not JSON: {e}") from None
-            if not isinstance(msg, dict):
-                raise ProtocolError("not a JSON object")
-            yield msg
-
-
-def serve(cfg: dict, sidecar: Sidecar) -> None:
-    running = [True]
-    signal.signal(signal.SIGTERM, lambda *_: running.__setitem__(0, False))
-    signal.signal(signal.SIGINT, lambda *_: running.__setitem__(0, False))
-    path = cfg["socket"]
-    if os.path.exists(path):
-        os.unlink(path)
-    srv = socket.socket(socket.AF_UNIX)
-    srv.bind(path)
-    srv.listen(64)
-    srv.setblocking(False)
-    sel = selectors.DefaultSelector()
-    sel.register(srv, selectors.EVENT_READ, None)
-    print("ready", flush=True)
-    while running[0]:
-        for key, _ in sel.select(timeout=0.5):  # finite, so SIGTERM is honoured
-            if key.data is None:
-                c, _ = srv.accept()
-                c.setblocking(False)
-                sel.register(c, selectors.EVENT_READ, Client(c))
-                continue
-            cl: Client = key.data
-            try:
-                data = cl.sock.recv(65536)
-                if not data:
-                    raise ConnectionError("closed")
-                cl.buf += data
-                for msg in cl.frames():
-                    sidecar.handle(msg)
-            except (ProtocolError, KeyError, TypeError, ValueError) as e:
-                sidecar.rejected += 1
-                print(f"sidecar: rejected a message ({e}); closing that connection", file=sys.stderr, flush=True)
-                sel.unregister(cl.sock)
-                cl.sock.close()
-            except OSError:
-                sel.unregister(cl.sock)
-                cl.sock.close()
-    srv.close()
-    os.unlink(path)
-    print(f"sidecar: {sidecar.changes} class changes, {sidecar.rejected} rejected messages", file=sys.stderr)
-
-
 def main() -> None:
     from pyroute2 import IPRoute
 
@@ -153,7 +84,9 @@ def main() -> None:
         cfg = json.load(f)
     ipr = IPRoute()  # this process runs inside the WAN namespace
     try:
-        serve(cfg, Sidecar(cfg, ipr))
+        side = Sidecar(cfg, ipr)
+        rejected = serve_frames(cfg["socket"], side.handle, "sidecar")  # fire-and-forget: no reply
+        print(f"sidecar: {side.changes} class changes, {rejected} rejected messages", file=sys.stderr)
     finally:
         ipr.close()
 

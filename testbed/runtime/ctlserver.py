@@ -1,0 +1,88 @@
+"""A small Unix-socket server for control frames (length-prefixed JSON, see wire.py), shared by
+the Atlas sidecar and the BubbleTea service. One process, one selector, no threads. A malformed
+frame gets an error reply (when replies are on) and closes only that client's connection."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+from collections.abc import Callable
+
+from testbed.runtime.wire import CTRL_LEN, MAX_CTRL, ProtocolError, send_ctrl
+
+
+class Client:
+    """Buffers bytes from one connection and yields complete, bounded frames."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.buf = sock, bytearray()
+
+    def frames(self):
+        while len(self.buf) >= CTRL_LEN.size:
+            (n,) = CTRL_LEN.unpack_from(self.buf)
+            if n > MAX_CTRL:
+                raise ProtocolError(f"frame of {n} bytes")
+            if len(self.buf) < CTRL_LEN.size + n:
+                return
+            body = bytes(self.buf[CTRL_LEN.size:CTRL_LEN.size + n])
+            del self.buf[:CTRL_LEN.size + n]
+            try:
+                msg = json.loads(body)
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise ProtocolError(f"not JSON: {e}") from None
+            if not isinstance(msg, dict):
+                raise ProtocolError("not a JSON object")
+            yield msg
+
+
+def serve_frames(path: str, handle: Callable[[dict], dict | None], name: str) -> int:
+    """Serve until SIGTERM/SIGINT; `handle` returns a reply (sent back) or None. Prints `ready` once
+    listening. Returns how many connections were closed for malformed frames."""
+    running = [True]
+    signal.signal(signal.SIGTERM, lambda *_: running.__setitem__(0, False))
+    signal.signal(signal.SIGINT, lambda *_: running.__setitem__(0, False))
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(path)
+    srv.listen(64)
+    srv.setblocking(False)
+    sel = selectors.DefaultSelector()
+    sel.register(srv, selectors.EVENT_READ, None)
+    print("ready", flush=True)
+    rejected = 0
+    while running[0]:
+        for key, _ in sel.select(timeout=0.5):  # finite, so SIGTERM is honoured
+            if key.data is None:
+                c, _ = srv.accept()
+                sel.register(c, selectors.EVENT_READ, Client(c))
+                continue
+            cl: Client = key.data
+            try:
+                data = cl.sock.recv(65536)
+                if not data:
+                    raise ConnectionError("closed")
+                cl.buf += data
+                for msg in cl.frames():
+                    reply = handle(msg)
+                    if reply is not None:
+                        send_ctrl(cl.sock, reply)
+            except (ProtocolError, KeyError, TypeError, ValueError) as e:
+                rejected += 1
+                print(f"{name}: rejected a message ({e}); closing that connection", file=sys.stderr, flush=True)
+                with contextlib.suppress(OSError):
+                    send_ctrl(cl.sock, {"error": str(e)})
+                sel.unregister(cl.sock)
+                cl.sock.close()
+            except OSError:
+                sel.unregister(cl.sock)
+                cl.sock.close()
+    srv.close()
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    return rejected
