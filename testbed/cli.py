@@ -305,7 +305,7 @@ def _training_run(points: list, out: Path) -> None:
 
     from rich.progress import Progress
 
-    from testbed.emu.experiment import LOSS_HEADER, VALIDATION_HEADER, check_emulable, run_point
+    from testbed.emu.experiment import FLOWS_HEADER, LOSS_HEADER, VALIDATION_HEADER, check_emulable, run_point
     from testbed.emu.kernel import require_root
     from testbed.results import write_csv
     from testbed.sim.run import write_outputs
@@ -314,15 +314,16 @@ def _training_run(points: list, out: Path) -> None:
     check_emulable(exp0)
     require_root()
     signal.signal(signal.SIGTERM, _raise_interrupt)
-    results, validation, losses = [], [], []
+    results, validation, losses, flows = [], [], [], []
     total = len(points) * len(exp0.schedulers) * exp0.iterations
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task(f"{exp0.name}: emulated iterations", total=total)
         for i, (exp, point) in enumerate(points):
-            res, val, loss = run_point(exp, i, point, lambda: bar.advance(task))
+            res, val, loss, flow = run_point(exp, i, point, lambda: bar.advance(task))
             results += res
             validation += val
             losses += loss
+            flows += flow
     paths = write_outputs(out, results)
     if validation:
         paths.append(out / "validation.csv")
@@ -330,6 +331,9 @@ def _training_run(points: list, out: Path) -> None:
     if losses:
         paths.append(out / "loss.csv")
         write_csv(paths[-1], LOSS_HEADER, losses)
+    if flows:
+        paths.append(out / "flows.csv")
+        write_csv(paths[-1], FLOWS_HEADER, flows)
     print_summary([r.summary for r in results], f"{exp0.name}: emulated and simulated")
     t = Table(title="simulator vs emulator (relative error of the simulator's prediction)")
     for c in VALIDATION_HEADER:

@@ -75,6 +75,7 @@ def emulated_requests(res, ran: list, durations: list[float], T: float, slo_s: f
                "request_rate": round(len(rows) / sum(durations), 3)}
     return rows, metrics
 LOSS_HEADER = ("run_id", "scheduler", "iteration", "loss")
+FLOWS_HEADER = ("run_id", "scheduler", "link", "towards", "replica", "iteration", "t_s", "wire_bytes", "scale")
 VALIDATION_HEADER = ("run_id", "scheduler", "metric", "sim", "emu", "rel_error", "degraded")  # (sim - emu) / emu
 
 
@@ -95,7 +96,7 @@ def check_emulable(exp: Experiment) -> None:
 
 
 def run_point(exp: Experiment, index: int, sweep: dict, progress=None
-              ) -> tuple[list[RunResult], list[tuple], list[tuple]]:
+              ) -> tuple[list[RunResult], list[tuple], list[tuple], list[tuple]]:
     """Emulated runs (and, for modeled compute, the simulator's rows and the validation) of one point."""
     em = exp.emulation
     scale = em.scale or auto_scale(exp.topology)
@@ -104,6 +105,7 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None
     results: list[RunResult] = []
     validation: list[tuple] = []
     losses: list[tuple] = []
+    flows: list[tuple] = []
     emu = up(exp.topology, backend=em.backend, prefix=em.prefix, scale=scale, delay=em.delay,
              lan_gpus_per_host=exp.workload.tp)
     try:
@@ -122,6 +124,8 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None
             tl_full = run_training(plan, emu, exp.iterations, progress, em.compute, torch_cfg, jobs)
             for k, loss in enumerate(getattr(tl_full, "losses", [])):
                 losses.append((plan.run_id, sched, k, round(loss, 6)))
+            for it, t, link, dev, r, sent in getattr(tl_full, "flows", []):
+                flows.append((plan.run_id, sched, link, dev, r, it, fmt(t, 6), sent, scale))
             note = getattr(tl_full, "degraded", "")
             tl_emu = tl_full.steady()
             lb = lower_bound_s(plan)
@@ -152,4 +156,4 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None
         name = str(r.summary["scheduler"])
         if r.summary["source"] == "emu" and name.endswith("+bubbletea") and name[:-10] in base:
             r.summary["train_slowdown"] = round(float(r.summary["iteration_s"]) / float(base[name[:-10]]) - 1, 6)
-    return results, validation, losses
+    return results, validation, losses, flows

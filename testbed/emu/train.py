@@ -17,6 +17,7 @@ import time
 
 from testbed.emu import state
 from testbed.emu.build import Emulation
+from testbed.emu.flowwatch import FlowSampler
 from testbed.emu.sh import EmuError
 from testbed.plan.plan import Plan
 from testbed.runtime.wire import ProtocolError, recv_ctrl, send_ctrl
@@ -89,9 +90,10 @@ def remove_flow_classes(emu: Emulation, hops: dict) -> None:
             FlowControl(emu, *link, dev).remove(sorted(set(minors.values())))
 
 
-def start_sidecars(plan: Plan, emu: Emulation, hops: dict) -> list[subprocess.Popen]:
-    """Per-replica HTB classes on each WAN hop the pipeline crosses (recorded in `hops`, so they can
-    be removed even if this fails half-way), and one sidecar per such link."""
+def classify_replicas(plan: Plan, emu: Emulation, hops: dict) -> None:
+    """Per-replica HTB classes on each WAN hop the pipeline crosses, recorded in `hops` (so they can be
+    removed even if this fails half-way). All start at one priority until the sidecar ranks them. They
+    also let FlowSampler see each replica's share of the link."""
     from testbed.emu.flowctl import MIN_RATE_BPS, FlowControl
 
     for r in range(plan.dp):
@@ -108,14 +110,15 @@ def start_sidecars(plan: Plan, emu: Emulation, hops: dict) -> list[subprocess.Po
             devs = hops.setdefault(link, {})
             for dev, match in ((b, {"ports": (port(s + 1, r),) * 2}), (a, {"sports": (port(s + 1, r),) * 2})):
                 fc = FlowControl(emu, *link, dev)
-                try:
-                    if str(r) not in devs.setdefault(dev, {}):
-                        devs[dev][str(r)] = minor
-                        fc.add_class(minor, max(rate / 100, MIN_RATE_BPS), ceil_bps=rate, prio=7, **match)
-                    else:  # another stage boundary of the same replica on this link: one more filter
-                        fc.add_filter(minor, **match)
-                finally:
-                    fc.close()
+                if str(r) not in devs.setdefault(dev, {}):
+                    devs[dev][str(r)] = minor
+                    fc.add_class(minor, max(rate / 100, MIN_RATE_BPS), ceil_bps=rate, prio=7, **match)
+                else:  # another stage boundary of the same replica on this link: one more filter
+                    fc.add_filter(minor, **match)
+
+
+def start_sidecars(plan: Plan, emu: Emulation, hops: dict) -> list[subprocess.Popen]:
+    """One Atlas sidecar per WAN link whose replica classes `classify_replicas` made."""
     procs = []
     rdir = state.run_dir(emu.prefix)
     for (a, b), devs in hops.items():
@@ -248,7 +251,8 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
     prefill_ran: list = []
     degraded = ""
     try:
-        if plan.mech.temporal:
+        if plan.mech.temporal:  # per-replica classes change how a FIFO link shares: only where turns need them
+            classify_replicas(plan, emu, hops)
             sidecars = start_sidecars(plan, emu, hops)
         if prefill_jobs is not None:
             service, sock, service_results = start_bubbletea(emu, prefill_jobs)
@@ -266,10 +270,14 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
         intervals: list[Interval] = []
         durations: list[float] = []
         losses: list[float] = []
+        starts: list[float] = []
+        sampler = FlowSampler(emu, hops)
         for it in range(iterations):
             t_start = time.monotonic() + 0.05
+            starts.append(t_start)
             ctl.broadcast({"go": it, "t": t_start})
-            done = ctl.expect("done", procs, ITERATION_TIMEOUT)
+            with sampler if it == min(1, iterations - 1) else contextlib.nullcontext():  # one steady iteration
+                done = ctl.expect("done", procs, ITERATION_TIMEOUT)
             end = max((iv[3] for d in done.values() for iv in d["log"] if iv[0] != "prefill"), default=t_start)
             degraded = degraded or next((d["degraded"] for d in done.values() if d.get("degraded")), "")
             it_losses = [d["loss"] for d in done.values() if d.get("loss") is not None]
@@ -310,4 +318,10 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
     tl.degraded = degraded  # type: ignore[attr-defined]
     tl.losses = losses  # type: ignore[attr-defined]
     tl.prefill_ran = prefill_ran  # type: ignore[attr-defined]  # [request, worker, iteration, start, end]
+    tl.flows = []  # type: ignore[attr-defined]  # (iteration, t_s on the timeline, link, towards, replica, bytes)
+    if hops and intervals:
+        k = min(1, iterations - 1)
+        for t, link, dev, r, sent in sampler.samples:
+            if t >= starts[k]:
+                tl.flows.append((k, t - starts[k] + sum(durations[:k]), link, dev, r, sent))  # type: ignore[attr-defined]
     return tl

@@ -38,6 +38,11 @@ def draw_all(folder: Path, out: Path) -> list[Path]:
             paths.append(training.ttft_cdf(first, out / "ttft_cdf.png"))
     if "emu" in set(summary.source):
         paths.append(training.sim_vs_emu(summary, out / "sim_vs_emu.png"))
+    ffile = folder / "flows.csv"
+    if ffile.exists():
+        flows = pd.read_csv(ffile)
+        for run_id in flows.run_id.unique():
+            paths.append(training.wan_flows(flows, run_id, out / f"wan_flows_{run_id}.png"))
     tfile = folder / "timeline.csv"
     if tfile.exists():
         tl = pd.read_csv(tfile)

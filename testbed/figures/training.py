@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from testbed.figures.style import KIND_COLOURS, colour, new, save
+from testbed.figures.style import KIND_COLOURS, colour, new, plt, save
 
 
 def iteration_vs_latency(summary: pd.DataFrame, path: Path) -> Path:
@@ -162,5 +162,25 @@ def sim_vs_emu(summary: pd.DataFrame, path: Path) -> Path:
     ax.set_ylabel("iteration time (s)")
     ax.set_title("Emulated vs simulated, same configuration")
     ax.legend(fontsize=8)
+    save(fig, path)
+    return path
+
+
+def wan_flows(flows: pd.DataFrame, run_id: str, path: Path) -> Path:
+    """Per-replica throughput on each WAN direction over one emulated iteration (from HTB counters)."""
+    d = flows[flows.run_id == run_id]
+    pairs = list(dict.fromkeys(zip(d.link, d.towards, strict=True)))[:4]
+    fig, axes = plt.subplots(len(pairs), 1, figsize=(8, 1.9 * len(pairs) + 0.8), dpi=120, sharex=True, squeeze=False)
+    for ax, (link, towards) in zip(axes[:, 0], pairs, strict=True):
+        for r, g in d[(d.link == link) & (d.towards == towards)].groupby("replica"):
+            g = g.sort_values("t_s")
+            rate = g.wire_bytes.diff() * 8 * g.scale / g.t_s.diff() / 1e9
+            ax.plot(g.t_s, rate, lw=1, label=f"replica {r}")
+        ax.set_ylabel("Gbit/s")
+        ax.set_title(f"{link}, towards {towards}", fontsize=8)
+        ax.grid(True, alpha=0.3)
+    axes[0, 0].legend(fontsize=7, loc="upper right")
+    axes[-1, 0].set_xlabel("time in the run's timeline (s)")
+    fig.suptitle(f"{run_id}: who has the WAN (real-world rates, from HTB class counters)", fontsize=9)
     save(fig, path)
     return path
