@@ -27,6 +27,4 @@ def attach(prefix: str) -> Emulation:
     roles.update({w.ns: "wan" for w in addr.wans})
     for ns in st["namespaces"]:
         be.nodes[ns] = Node(ns, roles.get(ns, "?"), ns=ns)
-    emu = Emulation(prefix, topo, be, addr, st["scale"], st["delay"], st.get("notes", []))
-    emu.extra_pids = st.get("pids", {})  # type: ignore[attr-defined]
-    return emu
+    return Emulation(prefix, topo, be, addr, st["scale"], st["delay"], st.get("notes", []))

@@ -121,17 +121,17 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None
             bt_res, jobs, T = None, None, 0.0
             if plan.mech.bubbletea:
                 bt_res, jobs, T = prefill_plan(plan, simulate(plan)[0], exp)
-            tl_full = run_training(plan, emu, exp.iterations, progress, em.compute, torch_cfg, jobs)
-            for k, loss in enumerate(getattr(tl_full, "losses", [])):
+            run = run_training(plan, emu, exp.iterations, progress, em.compute, torch_cfg, jobs)
+            for k, loss in enumerate(run.losses):
                 losses.append((plan.run_id, sched, k, round(loss, 6)))
-            for it, t, link, dev, r, sent in getattr(tl_full, "flows", []):
+            for it, t, link, dev, r, sent in run.flows:
                 flows.append((plan.run_id, sched, link, dev, r, it, fmt(t, 6), sent, scale))
-            note = getattr(tl_full, "degraded", "")
-            tl_emu = tl_full.steady()
+            note = run.degraded
+            tl_emu = run.timeline.steady()
             lb = lower_bound_s(plan)
             bt_metrics, req_rows = None, []
             if bt_res is not None:
-                reqs, bt_metrics = emulated_requests(bt_res, tl_full.prefill_ran, tl_full.iteration_s, T,
+                reqs, bt_metrics = emulated_requests(bt_res, run.prefill_ran, run.timeline.iteration_s, T,
                                                      exp.bubbletea.ttft_slo_ms / 1e3)
                 req_rows = [(plan.run_id, "emu", *r[:3], *r[3:5], *(fmt(x, 6) for x in r[5:8]), *r[8:], "", "", "")
                             for r in reqs]

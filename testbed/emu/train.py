@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 
 from testbed.emu import state
 from testbed.emu.build import Emulation
@@ -234,8 +235,19 @@ def start_bubbletea(emu: Emulation, jobs: dict[str, dict[str, list]]) -> tuple[s
     return p, sock, results
 
 
+@dataclass
+class TrainingRun:
+    """What one emulated run produced besides its timeline."""
+
+    timeline: Timeline
+    degraded: str = ""  # why the run did not run as planned (a lost sidecar or BubbleTea service)
+    losses: list[float] = field(default_factory=list)  # per iteration, torch compute only
+    prefill_ran: list[list] = field(default_factory=list)  # [request, worker, iteration, start, end]
+    flows: list[tuple] = field(default_factory=list)  # (iteration, t_s on the timeline, link, towards, replica, bytes)
+
+
 def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, compute: str = "modeled",
-                 torch_cfg: dict[int, dict] | None = None, prefill_jobs: dict | None = None) -> Timeline:
+                 torch_cfg: dict[int, dict] | None = None, prefill_jobs: dict | None = None) -> TrainingRun:
     """Run `iterations` iterations of `plan` on `emu`; return the emulated timeline (barrier gaps removed)."""
     cfgs = worker_configs(plan, emu)
     for (s, _r), cfg in cfgs.items():
@@ -314,14 +326,10 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
         with open(service_results) as f:
             prefill_ran = json.load(f)["ran"]
     ivs = intervals + group_gaps(intervals, durations)
-    tl = Timeline(plan.run_id, "emu", sort_intervals(ivs), durations, plan.pp * plan.dp)
-    tl.degraded = degraded  # type: ignore[attr-defined]
-    tl.losses = losses  # type: ignore[attr-defined]
-    tl.prefill_ran = prefill_ran  # type: ignore[attr-defined]  # [request, worker, iteration, start, end]
-    tl.flows = []  # type: ignore[attr-defined]  # (iteration, t_s on the timeline, link, towards, replica, bytes)
-    if hops and intervals:
-        k = min(1, iterations - 1)
-        for t, link, dev, r, sent in sampler.samples:
-            if t >= starts[k]:
-                tl.flows.append((k, t - starts[k] + sum(durations[:k]), link, dev, r, sent))  # type: ignore[attr-defined]
-    return tl
+    run = TrainingRun(Timeline(plan.run_id, "emu", sort_intervals(ivs), durations, plan.pp * plan.dp), degraded,
+                      losses, prefill_ran)
+    k = min(1, iterations - 1)
+    for t, link, dev, r, sent in sampler.samples:
+        if t >= starts[k]:
+            run.flows.append((k, t - starts[k] + sum(durations[:k]), link, dev, r, sent))
+    return run
