@@ -68,7 +68,8 @@ emu-training: venv sysdeps
 	   $(TESTBED) experiment run experiments/emu-3dc.yaml $(EMU) --out $(RESULTS)/emu-3dc && \
 	   $(TESTBED) figures $(RESULTS)/emu-3dc --out $(RESULTS)/figures/emu-3dc && \
 	   if $(BIN)/python -c 'import torch' 2>/dev/null; then \
-	     $(TESTBED) experiment run experiments/emu-torch.yaml $(EMU) --out $(RESULTS)/emu-torch; \
+	     $(TESTBED) experiment run experiments/emu-torch.yaml $(EMU) --out $(RESULTS)/emu-torch && \
+	     $(TESTBED) figures $(RESULTS)/emu-torch --out $(RESULTS)/figures/emu-torch; \
 	   else echo "torch not installed: skipping experiments/emu-torch.yaml"; fi; fi
 
 experiment: venv sysdeps sim-paper sim-bubbletea emu-multitcp emu-training

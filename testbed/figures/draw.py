@@ -16,6 +16,8 @@ def draw_all(folder: Path, out: Path) -> list[Path]:
     if not sfile.exists():
         return paths
     summary = pd.read_csv(sfile)
+    if (folder / "loss.csv").exists():
+        paths.append(training.loss_curve(pd.read_csv(folder / "loss.csv"), out / "loss.png"))
     if "throughput_mbps" in summary:  # a multi-TCP experiment
         return [training.multitcp(summary, out / "multitcp.png")]
     sim = summary[summary.source == "sim"] if "source" in summary else summary

@@ -184,3 +184,16 @@ def wan_flows(flows: pd.DataFrame, run_id: str, path: Path) -> Path:
     fig.suptitle(f"{run_id}: who has the WAN (real-world rates, from HTB class counters)", fontsize=9)
     save(fig, path)
     return path
+
+
+def loss_curve(loss: pd.DataFrame, path: Path) -> Path:
+    """Training loss per iteration of torch-compute emulated runs."""
+    fig, ax = new()
+    for run_id, d in loss.groupby("run_id", sort=False):
+        ax.plot(d.iteration, d.loss, "o-", label=run_id)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("loss (cross-entropy)")
+    ax.set_title("Real training across the emulated WAN")
+    ax.legend(fontsize=8)
+    save(fig, path)
+    return path
