@@ -29,7 +29,7 @@ def share(tl: Timeline, kinds: tuple[str, ...]) -> float:
 def wan_links_used(plan: Plan) -> list[tuple[str, str]]:
     """Directed WAN hops the plan's traffic crosses (pipeline neighbours, or the DC ring for dp-wan)."""
     if plan.mech.placement == "dp-wan":
-        ring = [d for d in plan.gpu_types if d in plan.dcs_used()]
+        ring = plan.dc_ring()
         if len(ring) < 2:
             return []
         return list(zip(ring, ring[1:] + ring[:1], strict=True))
@@ -44,7 +44,7 @@ def wan_min_s(plan: Plan) -> float:
     """Time the busiest WAN link direction needs just to carry one iteration's bytes at capacity."""
     load: dict[tuple[str, str], float] = {}
     if plan.mech.placement == "dp-wan":
-        ring = [d for d in plan.gpu_types if d in plan.dcs_used()]
+        ring = plan.dc_ring()
         D = len(ring)
         if D > 1:
             for h in zip(ring, ring[1:] + ring[:1], strict=True):

@@ -105,23 +105,28 @@ def run_bubbletea(plan: Plan, tl: Timeline, opts: BubbleTeaOptions, seed: int) -
                                                                 max(max_tokens.values())))
 
 
-def metrics(tl: Timeline, pls: list[Placement], opts: BubbleTeaOptions, horizon: float, nbubbles: int,
-            kv_tokens: int) -> dict[str, object]:
-    ttft = sorted(p.ttft_s * 1e3 for p in pls)
-    served = [p for p in pls if not p.fallback]
+def serving_metrics(ttft_ms: list[float], served_tokens: list[int], requests: int, horizon: float,
+                    slo_ms: float) -> dict[str, object]:
+    """Request-level metrics, the same for simulated and emulated runs."""
+    ttft = sorted(ttft_ms)
     q = quantiles(ttft, n=100, method="inclusive") if len(ttft) > 1 else ttft * 99
     return {
-        "requests": len(pls),
-        "request_rate": round(len(pls) / horizon, 3),
-        "fallback": len(pls) - len(served),
-        "served_in_bubbles": round(len(served) / len(pls), 6) if pls else 0.0,
+        "requests": requests,
+        "request_rate": round(requests / horizon, 3),
+        "fallback": requests - len(served_tokens),
+        "served_in_bubbles": round(len(served_tokens) / requests, 6) if requests else 0.0,
         "ttft_p50_ms": round(q[49], 3) if ttft else 0.0,
         "ttft_p99_ms": round(q[98], 3) if ttft else 0.0,
-        "slo_attainment": round(sum(t <= opts.ttft_slo_ms for t in ttft) / len(ttft), 6) if ttft else 0.0,
-        "prefill_tokens_per_s": round(sum(p.request.prompt_tokens for p in served) / horizon, 3),
-        "bubbles": nbubbles,
-        "kv_capacity_tokens": kv_tokens,
+        "slo_attainment": round(sum(t <= slo_ms for t in ttft) / len(ttft), 6) if ttft else 0.0,
+        "prefill_tokens_per_s": round(sum(served_tokens) / horizon, 3),
     }
+
+
+def metrics(tl: Timeline, pls: list[Placement], opts: BubbleTeaOptions, horizon: float, nbubbles: int,
+            kv_tokens: int) -> dict[str, object]:
+    served = [p.request.prompt_tokens for p in pls if not p.fallback]
+    return {**serving_metrics([p.ttft_s * 1e3 for p in pls], served, len(pls), horizon, opts.ttft_slo_ms),
+            "bubbles": nbubbles, "kv_capacity_tokens": kv_tokens}
 
 
 def request_rows(run_id: str, source: str, pls: list[Placement], kv_per_token: float):

@@ -41,6 +41,7 @@ class Placement:
     kv_ready_s: float = 0.0
     fallback: bool = True
     end_s: float = 0.0
+    fallback_s: float = 0.0  # its prefill time in the fallback pool (a dedicated server in its home DC)
 
     @property
     def start_s(self) -> float:
@@ -137,6 +138,7 @@ def schedule(
     out: list[Placement] = []
     for req in requests:
         pl = Placement(req, home(req))
+        pl.fallback_s = fallback[pl.home_dc](req.prompt_tokens)
         popped, best = [], None
         while heap and len(popped) < CANDIDATES:
             _, n = heapq.heappop(heap)
@@ -161,7 +163,7 @@ def schedule(
             pl.end_s = iv[-1][1]
         else:  # the fallback pool: a dedicated prefill server in the home DC, no queueing modelled
             pl.dc = pl.home_dc
-            pl.end_s = pl.kv_ready_s = req.arrival_s + fallback[pl.home_dc](req.prompt_tokens)
+            pl.end_s = pl.kv_ready_s = req.arrival_s + pl.fallback_s
         for n in popped:
             heapq.heappush(heap, (max(groups[n].cursor, req.arrival_s), n))
         out.append(pl)

@@ -41,8 +41,9 @@ def prefill_plan(plan, tl_sim, exp: Experiment):
 
 
 def emulated_requests(res, ran: list, durations: list[float], T: float, slo_s: float) -> tuple[list, dict]:
-    """TTFT on the emulated clock: a request is served when every one of its chunks ran."""
-    from statistics import quantiles
+    """TTFT on the emulated clock: a request is served when every one of its chunks ran; otherwise
+    the fallback pool serves it in its prefill time, as in the simulator."""
+    from testbed.bubbletea.run import serving_metrics
 
     starts = [sum(durations[:k]) for k in range(len(durations))]
 
@@ -53,27 +54,22 @@ def emulated_requests(res, ran: list, durations: list[float], T: float, slo_s: f
     done: dict[int, list] = {}
     for rid, _w, k, a, b in ran:
         done.setdefault(rid, []).append((starts[k] + a, starts[k] + b))
-    rows, ttft, served = [], [], 0
+    rows, ttft, served = [], [], []
     for pl in res.placements:
         q = pl.request
         arrival = emu_time(q.arrival_s)
         chunks = done.get(q.request_id, [])
         ok = not pl.fallback and len(chunks) == len(pl.intervals)
-        end = max(b for _, b in chunks) if ok else arrival + (pl.end_s - q.arrival_s if pl.fallback else 0.0)
-        if not ok and not pl.fallback:  # planned in a bubble that moved: the fallback pool serves it
-            end = arrival + (pl.intervals[-1][1] - pl.intervals[0][0])
-        served += ok
+        start, end = (min(a for a, _ in chunks), max(b for _, b in chunks)) if ok else (arrival,
+                                                                                       arrival + pl.fallback_s)
+        if ok:
+            served.append(q.prompt_tokens)
         ttft.append((end - arrival) * 1e3)
-        rows.append((q.request_id, arrival, q.prompt_tokens, pl.gpu if ok else "fallback", pl.dc,
-                     min(a for a, _ in chunks) if ok else arrival, end, end - arrival, len(chunks), int(ok)))
-    qs = quantiles(sorted(ttft), n=100, method="inclusive") if len(ttft) > 1 else ttft * 99
-    metrics = {"requests": len(rows), "fallback": len(rows) - served,
-               "served_in_bubbles": round(served / len(rows), 6) if rows else 0.0,
-               "ttft_p50_ms": round(qs[49], 3) if ttft else 0.0, "ttft_p99_ms": round(qs[98], 3) if ttft else 0.0,
-               "slo_attainment": round(sum(t <= slo_s * 1e3 for t in ttft) / len(ttft), 6) if ttft else 0.0,
-               "prefill_tokens_per_s": round(sum(r[2] for r in rows if r[9]) / sum(durations), 3),
-               "request_rate": round(len(rows) / sum(durations), 3)}
-    return rows, metrics
+        rows.append((q.request_id, arrival, q.prompt_tokens, pl.gpu if ok else "fallback", pl.dc, start, end,
+                     end - arrival, len(chunks), int(ok)))
+    return rows, serving_metrics(ttft, served, len(rows), sum(durations), slo_s * 1e3)
+
+
 LOSS_HEADER = ("run_id", "scheduler", "iteration", "loss")
 FLOWS_HEADER = ("run_id", "scheduler", "link", "towards", "replica", "iteration", "t_s", "wire_bytes", "scale")
 VALIDATION_HEADER = ("run_id", "scheduler", "metric", "sim", "emu", "rel_error", "degraded")  # (sim - emu) / emu

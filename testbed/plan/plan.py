@@ -84,5 +84,10 @@ class Plan:
                     seen.append(d)
         return seen
 
+    def dc_ring(self) -> list[str]:
+        """The DCs in use, in topology order: dp-wan's all-reduce ring."""
+        used = self.dcs_used()
+        return [d for d in self.gpu_types if d in used]
+
     def link(self, src: str, dst: str) -> LinkPlan:
         return self.links[(src, dst)]
