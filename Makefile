@@ -6,14 +6,14 @@ TESTBED := $(BIN)/testbed
 RESULTS := results
 
 .PHONY: all venv sysdeps test unit integration lint experiment sim-paper sim-bubbletea emu-multitcp emu-training \
-        figures bench \
+        figures bench base-image wheels images testbed-image emu-docker \
         topology-3dc topology-down clean distclean
 
 all: test
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q -e '.[dev,mininet]'
+	$(BIN)/pip install -q -e '.[dev,mininet,docker]'
 	@# torch compute: only the CPU wheel from this machine's wheel dir, never a CUDA build from an index
 	@if ls /opt/wheels/torch-2.13.0+cpu-*.whl >/dev/null 2>&1; then $(BIN)/pip install -q 'torch==2.13.0'; \
 	 else echo "no local CPU torch wheel: torch compute (emu-torch, its test) is skipped"; fi
@@ -76,6 +76,34 @@ experiment: venv sysdeps sim-paper sim-bubbletea emu-multitcp emu-training
 	$(TESTBED) figures $(RESULTS)/paper-3dc --out $(RESULTS)/figures/paper-3dc
 	$(TESTBED) figures $(RESULTS)/bubbletea-3dc --out $(RESULTS)/figures/bubbletea-3dc
 	@echo "figures in $(RESULTS)/figures/"
+
+# Images. BASE is any Python 3.11 on Debian bookworm: a registry's python:3.11-slim-bookworm by default,
+# or the one `make base-image` builds from Debian packages (machines with no registry, like CI).
+BASE ?= $(shell docker image inspect gdtb/base:bookworm >/dev/null 2>&1 && echo gdtb/base:bookworm \
+          || echo python:3.11-slim-bookworm)
+# no network during builds: wheels come from build/wheels (the base image has the Debian tools)
+DOCKER_BUILD := docker build -q --force-rm --network none --build-arg BASE=$(BASE)
+base-image:
+	scripts/base-image.sh gdtb/base:bookworm
+
+wheels: venv
+	scripts/wheelhouse.sh
+
+images: wheels
+	$(DOCKER_BUILD) -f containers/worker/Dockerfile -t gdtb/worker:latest .
+	$(DOCKER_BUILD) -f containers/atlas/Dockerfile -t gdtb/atlas:latest .
+	$(DOCKER_BUILD) -f containers/bubbletea/Dockerfile -t gdtb/bubbletea:latest .
+	@docker images --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep '^gdtb/'
+
+# The testbed itself in an image (run it privileged with the host's Docker socket; README). Its Debian
+# tools come from the Debian mirror, so this build uses the host's network.
+testbed-image: wheels
+	docker build -q --force-rm --network host --build-arg BASE=$(BASE) -t gdtb/testbed:latest .
+
+# The same 3-DC training experiment on the docker and netns backends, side by side (backends.csv).
+emu-docker: venv sysdeps
+	$(TESTBED) clean --prefix gdtb1
+	$(BIN)/python bench/backend_compare.py experiments/emu-docker.yaml --out $(RESULTS)/emu-docker
 
 # Up + checked; stays up for `testbed topology exec useast-h0 -- ...`; `make topology-down` removes it.
 topology-3dc: venv sysdeps

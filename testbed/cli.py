@@ -174,7 +174,7 @@ def _run_check(emu, streams: int, seconds: float, out: Path) -> None:
 @friendly
 def topology_up(
     topology: Annotated[Path, typer.Argument(help="Topology YAML")],
-    backend: Annotated[str, typer.Option(help="netns | mininet | containernet")] = "netns",
+    backend: Annotated[str, typer.Option(help="netns | docker | mininet | containernet")] = "netns",
     scale: Annotated[float, typer.Option(help="Divide link rates and TCP windows by K (latency stays real)")] = 0.0,
     prefix: PrefixOpt = "gdtb0",
     delay: Annotated[str, typer.Option(help="auto | netem | nfqueue | none")] = "auto",
@@ -356,7 +356,7 @@ app.add_typer(experiment_app, name="experiment")
 def experiment_run(
     experiment: Annotated[Path, typer.Argument(help="Experiment YAML")],
     out: Annotated[Path, typer.Option(help="Output folder")] = Path("results/experiment"),
-    backend: Annotated[str | None, typer.Option(help="netns | mininet | containernet")] = None,
+    backend: Annotated[str | None, typer.Option(help="netns | docker | mininet | containernet")] = None,
     set_: SetOpt = None,
     sweep: SweepOpt = None,
 ) -> None:

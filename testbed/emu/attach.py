@@ -1,4 +1,4 @@
-"""Re-attach to a topology a previous `testbed topology up` left running (netns backend)."""
+"""Re-attach to a topology a previous `testbed topology up` left running (netns and docker backends)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,16 @@ def attach(prefix: str) -> Emulation:
     st = state.load(prefix)
     if st is None:
         raise EmuError(f"no topology with prefix {prefix} is up; start one with `testbed topology up TOPOLOGY.yaml`")
-    if st["backend"] != "netns":
+    if st["backend"] not in ("netns", "docker"):
         raise EmuError(f"topology {prefix} uses the {st['backend']} backend, which lives only inside the process "
                        f"that built it")
     topo = Topology.model_validate(st["topology"])
-    be = NetnsBackend(prefix)
+    if st["backend"] == "docker":
+        from testbed.emu.backends.docker import DockerBackend
+
+        be: NetnsBackend = DockerBackend(prefix, check_images=False)
+    else:
+        be = NetnsBackend(prefix)
     roles = {}
     addr = address_plan(topo, prefix)
     roles.update({h.ns: "host" for h in addr.hosts})

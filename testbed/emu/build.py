@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -169,8 +168,7 @@ def start_delayline(emu: Emulation, wan: Node, a: str, b: str, latency_ms: float
     be = emu.backend
     stats = state.run_dir(emu.prefix) / f"{wan.name}.delay.json"
     log = open(state.run_dir(emu.prefix) / f"{wan.name}.delay.log", "w")  # noqa: SIM115 (owned by the child)
-    p = be.popen(wan, [sys.executable, "-m", "testbed.emu.delayline", "--stats-file", str(stats),
-                       f"0:{latency_ms}", f"1:{latency_ms}"],
+    p = be.spawn(wan, "testbed.emu.delayline", ["--stats-file", str(stats), f"0:{latency_ms}", f"1:{latency_ms}"],
                  stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
     emu.delaylines[wan.name] = p
     emu.save()

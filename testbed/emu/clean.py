@@ -2,7 +2,8 @@
 
 Like `mn -c`, but never kills by program name: processes are found by the namespace they run in
 (`ip netns pids`), by the PIDs our state files recorded (checked against their command line), or
-by Mininet's `mininet:<node>` tag on nodes we named. `topology down` is this, for one prefix.
+by Mininet's `mininet:<node>` tag on nodes we named. Containers are found by their `gdtb.prefix`
+label. `topology down` is this, for one prefix.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 from testbed.emu import state
+from testbed.emu.containers import remove_containers
 from testbed.emu.names import OURS_RE
 from testbed.emu.sh import run
 
@@ -84,6 +86,7 @@ def clean(prefix: str | None = None) -> list[str]:
     for ns in namespaces:
         run(["ip", "netns", "del", ns], check=False)
         removed.append(f"netns {ns}")
+    removed += remove_containers(prefix)
     for link in our_root_links(prefix):
         run(["ip", "link", "del", link], check=False)
         removed.append(f"link {link}")

@@ -85,10 +85,8 @@ def as_emulated(topo: Topology, scale: float) -> Topology:
 
 
 def check_emulable(exp: Experiment) -> None:
-    if exp.emulation.backend != "netns":
-        raise NotYetError("emulated training runs use the netns backend for now")
-
-
+    if exp.emulation.backend == "mininet":
+        raise NotYetError("emulated training runs on the mininet backend: use netns, docker or containernet")
 
 
 def run_point(exp: Experiment, index: int, sweep: dict, progress=None

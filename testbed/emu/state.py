@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 STATE_DIR = Path(os.environ.get("GDTB_STATE_DIR", "/run/gdtb"))
@@ -44,11 +45,7 @@ def load(prefix: str) -> dict | None:
 def forget(prefix: str) -> None:
     for p in (state_path(prefix), state_path(prefix).with_suffix(".tmp")):
         p.unlink(missing_ok=True)
-    d = STATE_DIR / prefix
-    if d.exists():
-        for f in d.iterdir():
-            f.unlink()
-        d.rmdir()
+    shutil.rmtree(STATE_DIR / prefix, ignore_errors=True)
 
 
 def all_prefixes() -> list[str]:

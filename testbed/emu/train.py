@@ -11,7 +11,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -131,7 +130,7 @@ def start_sidecars(plan: Plan, emu: Emulation, hops: dict) -> list[subprocess.Po
         path = rdir / f"sidecar-{w.ns}.json"
         path.write_text(json.dumps(cfg))
         log = open(rdir / f"sidecar-{w.ns}.log", "w")  # noqa: SIM115 (owned by the child)
-        p = emu.backend.popen(emu.node(w.ns), [sys.executable, "-m", "testbed.runtime.sidecar", str(path)],
+        p = emu.backend.spawn(emu.node(w.ns), "testbed.runtime.sidecar", [str(path)],
                               stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
         procs.append(p)
         if p.stdout.readline().strip() != "ready":  # type: ignore[union-attr]
@@ -148,6 +147,7 @@ class Controller:
             os.unlink(path)
         self.srv = socket.socket(socket.AF_UNIX)
         self.srv.bind(path)
+        os.chmod(path, 0o666)  # workers in containers run as an unprivileged user
         self.srv.listen(n)
         self.conns: dict[tuple[int, int], socket.socket] = {}
 
@@ -223,13 +223,16 @@ def torch_config(plan: Plan, exp_model, lr: float) -> dict[int, dict]:
 
 
 def start_bubbletea(emu: Emulation, jobs: dict[str, dict[str, list]]) -> tuple[subprocess.Popen, str, str]:
-    rdir = state.run_dir(emu.prefix)
+    rdir = state.run_dir(emu.prefix) / "bubbletea"  # the service's own directory: it may run unprivileged
+    rdir.mkdir(exist_ok=True)
+    if emu.backend.service_uid is not None:
+        os.chown(rdir, emu.backend.service_uid, -1)
     sock, results = str(rdir / "bubbletea.sock"), str(rdir / "bubbletea-results.json")
     path = rdir / "bubbletea.json"
     path.write_text(json.dumps({"socket": sock, "results": results, "jobs": jobs}))
     log = open(rdir / "bubbletea.log", "w")  # noqa: SIM115 (owned by the child)
-    p = subprocess.Popen([sys.executable, "-m", "testbed.runtime.bubbletea_service", str(path)],
-                         stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
+    p = emu.backend.spawn(None, "testbed.runtime.bubbletea_service", [str(path)],
+                          stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
     if p.stdout.readline().strip() != "ready":  # type: ignore[union-attr]
         raise EmuError("the BubbleTea service did not start")
     return p, sock, results
@@ -274,7 +277,7 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
             path = rdir / f"worker-s{s}r{r}.json"
             path.write_text(json.dumps(cfg))
             node = emu.node(cfg["ns"])
-            procs.append(emu.backend.popen(node, [sys.executable, "-m", "testbed.runtime.worker", str(path), ctl.path],
+            procs.append(emu.backend.spawn(node, "testbed.runtime.worker", [str(path), ctl.path],
                                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                            start_new_session=True))
         ctl.accept_all(procs, START_TIMEOUT)

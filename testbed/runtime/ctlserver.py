@@ -50,6 +50,7 @@ def serve_frames(path: str, handle: Callable[[dict], dict | None], name: str) ->
         os.unlink(path)
     srv = socket.socket(socket.AF_UNIX)
     srv.bind(path)
+    os.chmod(path, 0o666)  # its clients (workers in containers) run as an unprivileged user
     srv.listen(64)
     srv.setblocking(False)
     sel = selectors.DefaultSelector()

@@ -34,7 +34,7 @@ class MultiTcpOptions(Strict):
 
 
 class EmulationOptions(Strict):
-    backend: Literal["netns", "mininet", "containernet"] = "netns"
+    backend: Literal["netns", "docker", "mininet", "containernet"] = "netns"
     scale: Annotated[float, Field(ge=0)] = 0.0  # 0 = auto (fastest link at 200 Mbit/s)
     delay: Literal["auto", "netem", "nfqueue", "none"] = "auto"
     prefix: str = "gdtb0"

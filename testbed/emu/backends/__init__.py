@@ -8,7 +8,7 @@ from __future__ import annotations
 from testbed.emu.backends.base import Backend, Node
 from testbed.emu.sh import EmuError
 
-BACKENDS = ("netns", "mininet", "containernet")
+BACKENDS = ("netns", "docker", "mininet", "containernet")
 
 
 def make_backend(name: str, prefix: str) -> Backend:
@@ -16,6 +16,10 @@ def make_backend(name: str, prefix: str) -> Backend:
         from testbed.emu.backends.netns import NetnsBackend
 
         return NetnsBackend(prefix)
+    if name == "docker":
+        from testbed.emu.backends.docker import DockerBackend
+
+        return DockerBackend(prefix)
     if name == "mininet":
         from testbed.emu.backends.mininet import MininetBackend
 

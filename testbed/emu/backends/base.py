@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
@@ -19,6 +20,7 @@ class Node:
 class Backend(ABC):
     name: str
     persistent: bool  # does the network outlive the process that built it?
+    service_uid: int | None = None  # the user role processes run as, where it is not root (container images)
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
@@ -53,3 +55,10 @@ class Backend(ABC):
 
     def popen(self, node: Node, argv: list[str], **kw) -> subprocess.Popen:
         return subprocess.Popen(self.argv(node, argv), **kw)
+
+    def spawn(self, node: Node | None, module: str, args: list[str], **kw) -> subprocess.Popen:
+        """Run one of the testbed's role processes (`python -m module args`) inside `node`, or beside the
+        network when `node` is None (the BubbleTea service). Here: this interpreter in the node's network
+        namespace; container backends run it in the node's role image instead."""
+        argv = [sys.executable, "-m", module, *args]
+        return self.popen(node, argv, **kw) if node is not None else subprocess.Popen(argv, **kw)

@@ -1,0 +1,64 @@
+"""The same emulated experiment on two backends (default netns and docker), side by side.
+
+Runs `testbed experiment run EXP --backend B` once per backend, then compares the emulated rows
+metric by metric: docker / netns per scheduler. Writes OUT/<backend>/ (each run's own CSVs) and
+OUT/backends.csv. Needs root, and for docker a running engine and the role images (`make images`).
+
+Run: sudo .venv/bin/python bench/backend_compare.py experiments/emu-docker.yaml --out results/emu-docker
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from testbed.results import fmt, write_csv
+
+METRICS = ("iteration_s", "gpu_util", "bubble_frac", "served_in_bubbles")  # train_slowdown is ~0: no ratio
+HEADER = ("scheduler", "metric", "base_backend", "base", "other_backend", "other", "ratio")
+
+
+def run(exp: str, backend: str, out: Path, prefix: str) -> pd.DataFrame:
+    testbed = str(Path(sys.executable).with_name("testbed"))
+    subprocess.run([testbed, "experiment", "run", exp, "--backend", backend, "--set", f"emulation.prefix={prefix}",
+                    "--out", str(out)], check=True, stdout=subprocess.DEVNULL)
+    df = pd.read_csv(out / "summary.csv")
+    return df[df["source"] == "emu"].set_index("scheduler")
+
+
+def compare(base: pd.DataFrame, other: pd.DataFrame, names: tuple[str, str]) -> list[tuple]:
+    rows = []
+    for sched in base.index:
+        for m in METRICS:
+            a, b = base.at[sched, m], other.at[sched, m]
+            if pd.isna(a) or pd.isna(b):
+                continue
+            rows.append((sched, m, names[0], fmt(a), names[1], fmt(b), fmt(b / a, 4) if a else ""))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("experiment")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--backends", default="netns,docker", help="BASE,OTHER")
+    ap.add_argument("--prefix", default="gdtb1")
+    args = ap.parse_args()
+    names = tuple(args.backends.split(","))
+    if len(names) != 2:
+        sys.exit("error: --backends: give two backends, e.g. netns,docker")
+    frames = [run(args.experiment, b, args.out / b, args.prefix) for b in names]
+    rows = compare(*frames, names)  # type: ignore[arg-type]
+    write_csv(args.out / "backends.csv", HEADER, rows)
+    print(f"{'scheduler':<18}{'metric':<19}{names[0]:>10}{names[1]:>10}{'ratio':>8}")
+    for sched, m, _, a, _, b, r in rows:
+        print(f"{sched:<18}{m:<19}{float(a):>10.4f}{float(b):>10.4f}{r:>8}")
+    print(f"wrote {args.out / 'backends.csv'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""What every container backend shares: the Docker engine, the role images, the labels that let
+`clean` find our containers, and role processes run inside a container with a real process handle.
+
+Role processes start with `docker exec`, so they run in the container's image, user, capabilities
+and cgroup. Killing a `docker exec` client does not kill what it started, so each process carries a
+tag in its environment and `ContainerProcess` signals the process itself (found by that tag in
+/proc, visible from the host), not only the client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import uuid
+from pathlib import Path
+
+from testbed.emu.sh import EmuError, run
+
+LABEL = "gdtb.prefix"  # every container the testbed creates carries it; `testbed clean` removes by it
+IMAGE_REPO = os.environ.get("GDTB_IMAGE_REPO", "gdtb")
+ROLE_IMAGES = {"host": "worker", "gateway": "atlas", "wan": "atlas", "bubbletea": "bubbletea"}
+IMAGE_UID = 1000  # the unprivileged user `gdtb` of the worker and bubbletea images
+PYTHON = "/opt/gdtb/bin/python"  # the testbed's venv inside every role image
+TAG_ENV = "GDTB_PROC"
+
+
+def image(role: str) -> str:
+    return f"{IMAGE_REPO}/{ROLE_IMAGES[role]}:latest"
+
+
+def client():
+    """The Docker SDK's client for the local engine, or a one-line error that says what to do."""
+    try:
+        import docker
+    except ImportError:
+        raise EmuError("container backends need the Docker SDK: `pip install '.[docker]'` (make venv does)") from None
+    try:
+        c = docker.from_env(timeout=60)
+        c.ping()
+    except Exception as e:  # noqa: BLE001 - any failure here means there is no usable engine
+        raise EmuError(f"no Docker engine reachable ({type(e).__name__}); start one (`scripts/dockerd.sh start` "
+                       f"where there is no systemd) and retry") from None
+    return c
+
+
+def missing_images(c, roles: tuple[str, ...] = ("host", "wan", "bubbletea")) -> list[str]:
+    import docker
+
+    out = []
+    for name in sorted({image(r) for r in roles}):
+        try:
+            c.images.get(name)
+        except docker.errors.ImageNotFound:
+            out.append(name)
+    return out
+
+
+def require_images(c) -> None:
+    missing = missing_images(c)
+    if missing:
+        raise EmuError(f"image {missing[0]} not found; build the role images with `make images` (on a machine "
+                       f"with no registry: `make base-image images`)")
+
+
+def unavailable() -> str | None:
+    """None when the docker backend can run here, else why not (for skips and `testbed` checks)."""
+    try:
+        missing = missing_images(client())
+    except EmuError as e:
+        return str(e)
+    return f"image {missing[0]} not built (`make base-image images`)" if missing else None
+
+
+def gpu_ids() -> list[str]:
+    """GPUs the host has (nvidia-smi's indices); [] where there are none, as on CPU machines."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20)
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        return []
+    return [ln.strip() for ln in out.stdout.splitlines() if ln.strip().isdigit()] if out.returncode == 0 else []
+
+
+def tagged_pids(tag: str) -> list[int]:
+    """Host PIDs of the processes whose environment carries GDTB_PROC=tag."""
+    needle = f"{TAG_ENV}={tag}".encode() + b"\0"
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            with contextlib.suppress(OSError):
+                if needle in (d / "environ").read_bytes() + b"\0":
+                    pids.append(int(d.name))
+    return pids
+
+
+class ContainerProcess(subprocess.Popen):
+    """A `docker exec` (or `docker run`) client whose signals reach the process in the container."""
+
+    def __init__(self, argv_before_image: list[str], argv_after: list[str], **kw) -> None:
+        self.tag = uuid.uuid4().hex[:16]
+        super().__init__([*argv_before_image[:2], "-e", f"{TAG_ENV}={self.tag}", *argv_before_image[2:],
+                          *argv_after], **kw)
+
+    def send_signal(self, sig: int) -> None:
+        inner = tagged_pids(self.tag)
+        for pid in inner:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        if not inner or sig == signal.SIGKILL:
+            super().send_signal(sig)
+
+
+def exec_process(container: str, argv: list[str], user: str | None = None, **kw) -> ContainerProcess:
+    """`argv` run inside a running container as its image's user (or `user`)."""
+    return ContainerProcess(["docker", "exec", *(["-u", user] if user else [])], [container, *argv], **kw)
+
+
+def remove_containers(prefix: str | None) -> list[str]:
+    """Force-remove every container labelled with our prefix (or any testbed prefix); best effort when no
+    engine runs (then there is nothing to remove either)."""
+    try:
+        c = client()
+    except EmuError:
+        return []
+    filters = {"label": f"{LABEL}={prefix}" if prefix else LABEL}
+    removed = []
+    for ct in c.containers.list(all=True, filters=filters):
+        with contextlib.suppress(Exception):
+            ct.remove(force=True)
+            removed.append(f"container {ct.name}")
+    return removed
+
+
+def attach_netns(name: str, pid: int) -> None:
+    """Name a container's network namespace (/run/netns/NAME), so tc, ip, iptables and netlink reach it
+    as they reach the netns backend's nodes."""
+    run(["ip", "netns", "attach", name, str(pid)])
