@@ -6,7 +6,7 @@ TESTBED := $(BIN)/testbed
 RESULTS := results
 
 .PHONY: all venv sysdeps test unit integration lint experiment sim-paper sim-bubbletea emu-multitcp emu-training \
-        figures bench base-image wheels images testbed-image emu-docker \
+        figures bench base-image docker-setup wheels images testbed-image emu-docker \
         topology-3dc topology-down clean distclean
 
 all: test
@@ -85,6 +85,14 @@ BASE ?= $(shell docker image inspect gdtb/base:bookworm >/dev/null 2>&1 && echo 
 DOCKER_BUILD := docker build -q --force-rm --network none --build-arg BASE=$(BASE)
 base-image:
 	scripts/base-image.sh gdtb/base:bookworm
+
+# Everything the container backends need, as root: Debian's Docker engine and debootstrap, an engine
+# started by hand where none runs (no systemd here), the base image and the role images.
+docker-setup: venv
+	scripts/sysdeps.sh --docker
+	scripts/dockerd.sh start
+	$(MAKE) base-image
+	$(MAKE) images
 
 wheels: venv
 	scripts/wheelhouse.sh

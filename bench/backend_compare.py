@@ -1,8 +1,9 @@
-"""The same emulated experiment on two backends (default netns and docker), side by side.
+"""The same emulated experiment on several backends (default netns and docker), side by side.
 
 Runs `testbed experiment run EXP --backend B` once per backend, then compares the emulated rows
-metric by metric: docker / netns per scheduler. Writes OUT/<backend>/ (each run's own CSVs) and
-OUT/backends.csv. Needs root, and for docker a running engine and the role images (`make images`).
+metric by metric with the first backend's: e.g. docker / netns per scheduler. Writes OUT/<backend>/
+(each run's own CSVs) and OUT/backends.csv. Needs root, and for docker a running engine and the role
+images (`make images`); containernet runs from a venv where Containernet is installed (README).
 
 Run: sudo .venv/bin/python bench/backend_compare.py experiments/emu-docker.yaml --out results/emu-docker
 """
@@ -45,18 +46,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("experiment")
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--backends", default="netns,docker", help="BASE,OTHER")
+    ap.add_argument("--backends", default="netns,docker", help="BASE,OTHER[,OTHER...]")
     ap.add_argument("--prefix", default="gdtb1")
     args = ap.parse_args()
-    names = tuple(args.backends.split(","))
-    if len(names) != 2:
-        sys.exit("error: --backends: give two backends, e.g. netns,docker")
-    frames = [run(args.experiment, b, args.out / b, args.prefix) for b in names]
-    rows = compare(*frames, names)  # type: ignore[arg-type]
+    names = args.backends.split(",")
+    if len(names) < 2:
+        sys.exit("error: --backends: give two or more backends, e.g. netns,docker")
+    frames = {b: run(args.experiment, b, args.out / b, args.prefix) for b in names}
+    rows = [r for b in names[1:] for r in compare(frames[names[0]], frames[b], (names[0], b))]
     write_csv(args.out / "backends.csv", HEADER, rows)
-    print(f"{'scheduler':<18}{'metric':<19}{names[0]:>10}{names[1]:>10}{'ratio':>8}")
-    for sched, m, _, a, _, b, r in rows:
-        print(f"{sched:<18}{m:<19}{float(a):>10.4f}{float(b):>10.4f}{r:>8}")
+    print(f"{'scheduler':<18}{'metric':<19}{'base':>8}{'':>14}{'other':>8}{'':>14}{'ratio':>8}")
+    for sched, m, na, a, nb, b, r in rows:
+        print(f"{sched:<18}{m:<19}{na:>8}{float(a):>14.4f}{nb:>8}{float(b):>14.4f}{r:>8}")
     print(f"wrote {args.out / 'backends.csv'}")
 
 

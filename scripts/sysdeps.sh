@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Install the Debian packages the emulator needs, only what is missing, only as root.
-# Usage: scripts/sysdeps.sh [--check]   (--check: report what is missing and exit 1 if anything is)
+# Usage: scripts/sysdeps.sh [--check] [--docker]
+#   --check: report what is missing and exit 1 if anything is
+#   --docker: also the container backends' packages (Docker engine, debootstrap for the base image)
 set -euo pipefail
+check=0; docker=0
+for a in "$@"; do case "$a" in --check) check=1 ;; --docker) docker=1 ;; *) echo "unknown option $a" >&2; exit 2 ;; esac; done
 need=()
 have() { command -v "$1" >/dev/null 2>&1; }
 have ip        || need+=(iproute2)
@@ -14,8 +18,12 @@ have mnexec    || need+=(mininet)
 have brctl     || need+=(bridge-utils)
 have ethtool   || need+=(ethtool)
 have pkill     || need+=(procps)
+if [ $docker -eq 1 ]; then
+  have dockerd     || need+=(docker.io)
+  have debootstrap || need+=(debootstrap)
+fi
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi
-if [ "${1:-}" = "--check" ]; then echo "missing Debian packages: ${need[*]}"; exit 1; fi
+if [ $check -eq 1 ]; then echo "missing Debian packages: ${need[*]}"; exit 1; fi
 if [ "$(id -u)" -ne 0 ]; then
   echo "the emulator needs these Debian packages: ${need[*]}; run as root (or: sudo apt-get install ${need[*]})" >&2
   exit 1

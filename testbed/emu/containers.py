@@ -16,6 +16,8 @@ import subprocess
 import uuid
 from pathlib import Path
 
+from testbed.emu import state
+from testbed.emu.names import OURS_RE
 from testbed.emu.sh import EmuError, run
 
 LABEL = "gdtb.prefix"  # every container the testbed creates carries it; `testbed clean` removes by it
@@ -117,19 +119,38 @@ def exec_process(container: str, argv: list[str], user: str | None = None, **kw)
     return ContainerProcess(["docker", "exec", *(["-u", user] if user else [])], [container, *argv], **kw)
 
 
+def service_process(prefix: str, module: str, args: list[str], **kw) -> ContainerProcess:
+    """A role process beside the network (the BubbleTea service): its own container, no network, only the
+    run directory, as the image's unprivileged user."""
+    rdir = str(state.run_dir(prefix))
+    return ContainerProcess(
+        ["docker", "run", "--rm", "-i", "--init", "--network", "none", "--cap-drop", "ALL",
+         "--name", f"{prefix}-{module.rsplit('.', 1)[-1].replace('_', '-')}", "--label", f"{LABEL}={prefix}",
+         "-v", f"{rdir}:{rdir}", image("bubbletea")], [PYTHON, "-m", module, *args], **kw)
+
+
+def _is_ours(ct, prefix: str | None) -> bool:
+    """Labelled by us, or named `mn.<prefix>-...` by Containernet (which replaces the labels it is given)."""
+    label = ct.labels.get(LABEL)
+    if label is not None:
+        return prefix is None or label == prefix
+    return bool(OURS_RE.match(ct.name.removeprefix("mn."))) and ct.name.startswith("mn.") and (
+        prefix is None or ct.name.startswith(f"mn.{prefix}-"))
+
+
 def remove_containers(prefix: str | None) -> list[str]:
-    """Force-remove every container labelled with our prefix (or any testbed prefix); best effort when no
-    engine runs (then there is nothing to remove either)."""
+    """Force-remove every container of our prefix (or of any testbed prefix); best effort when no engine
+    runs (then there is nothing to remove either)."""
     try:
         c = client()
     except EmuError:
         return []
-    filters = {"label": f"{LABEL}={prefix}" if prefix else LABEL}
     removed = []
-    for ct in c.containers.list(all=True, filters=filters):
-        with contextlib.suppress(Exception):
-            ct.remove(force=True)
-            removed.append(f"container {ct.name}")
+    for ct in c.containers.list(all=True):
+        if _is_ours(ct, prefix):
+            with contextlib.suppress(Exception):
+                ct.remove(force=True)
+                removed.append(f"container {ct.name}")
     return removed
 
 

@@ -63,12 +63,7 @@ class DockerBackend(NetnsBackend):
         argv = [containers.PYTHON, "-m", module, *args]
         if node is not None:
             return containers.exec_process(node.name, argv, **kw)
-        rdir = str(state.run_dir(self.prefix))  # a service beside the network: its own container, no network
-        return containers.ContainerProcess(
-            ["docker", "run", "--rm", "-i", "--init", "--network", "none", "--cap-drop", "ALL",
-             "--name", f"{self.prefix}-{module.rsplit('.', 1)[-1].replace('_', '-')}",
-             "--label", f"{containers.LABEL}={self.prefix}", "-v", f"{rdir}:{rdir}",
-             containers.image("bubbletea")], argv, **kw)
+        return containers.service_process(self.prefix, module, args, **kw)
 
     def teardown(self) -> None:
         for name in list(self.nodes):
