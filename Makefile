@@ -6,7 +6,7 @@ TESTBED := $(BIN)/testbed
 RESULTS := results
 
 .PHONY: all venv sysdeps test unit integration lint experiment sim-paper sim-bubbletea emu-multitcp emu-training \
-        figures bench base-image docker-setup wheels images testbed-image emu-docker \
+        figures bench base-image docker-setup wheels images testbed-image emu-docker emu-docker-if-ready \
         topology-3dc topology-down clean distclean
 
 all: test
@@ -72,7 +72,14 @@ emu-training: venv sysdeps
 	     $(TESTBED) figures $(RESULTS)/emu-torch --out $(RESULTS)/figures/emu-torch; \
 	   else echo "torch not installed: skipping experiments/emu-torch.yaml"; fi; fi
 
-experiment: venv sysdeps sim-paper sim-bubbletea emu-multitcp emu-training
+# The backend comparison joins `make experiment` where the role images are built (sudo make docker-setup).
+emu-docker-if-ready:
+	@if [ "$$(id -u)" -eq 0 ] && docker image inspect gdtb/worker:latest gdtb/atlas:latest gdtb/bubbletea:latest \
+	   >/dev/null 2>&1; then $(MAKE) --no-print-directory emu-docker; \
+	 else echo "skipping the docker backend comparison: it needs root, a Docker engine and the role images \
+	(sudo make docker-setup)"; fi
+
+experiment: venv sysdeps sim-paper sim-bubbletea emu-multitcp emu-training emu-docker-if-ready
 	$(TESTBED) figures $(RESULTS)/paper-3dc --out $(RESULTS)/figures/paper-3dc
 	$(TESTBED) figures $(RESULTS)/bubbletea-3dc --out $(RESULTS)/figures/bubbletea-3dc
 	@echo "figures in $(RESULTS)/figures/"
@@ -81,8 +88,10 @@ experiment: venv sysdeps sim-paper sim-bubbletea emu-multitcp emu-training
 # or the one `make base-image` builds from Debian packages (machines with no registry, like CI).
 BASE ?= $(shell docker image inspect gdtb/base:bookworm >/dev/null 2>&1 && echo gdtb/base:bookworm \
           || echo python:3.11-slim-bookworm)
-# no network during builds: wheels come from build/wheels (the base image has the Debian tools)
-DOCKER_BUILD := docker build -q --force-rm --network none --build-arg BASE=$(BASE)
+# Wheels come from build/wheels; on the debootstrap base, which has the Debian tools, builds get no
+# network at all; on a registry base the atlas image apt-installs tc and iptables (host network).
+DOCKER_BUILD = docker build -q --force-rm --network $(if $(filter gdtb/base%,$(BASE)),none,host) \
+               --build-arg BASE=$(BASE)
 base-image:
 	scripts/base-image.sh gdtb/base:bookworm
 
@@ -112,6 +121,7 @@ testbed-image: wheels
 emu-docker: venv sysdeps
 	$(TESTBED) clean --prefix gdtb1
 	$(BIN)/python bench/backend_compare.py experiments/emu-docker.yaml --out $(RESULTS)/emu-docker
+	$(TESTBED) figures $(RESULTS)/emu-docker/docker --out $(RESULTS)/figures/emu-docker
 
 # Up + checked; stays up for `testbed topology exec useast-h0 -- ...`; `make topology-down` removes it.
 topology-3dc: venv sysdeps

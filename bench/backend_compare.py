@@ -55,9 +55,9 @@ def main() -> None:
     frames = {b: run(args.experiment, b, args.out / b, args.prefix) for b in names}
     rows = [r for b in names[1:] for r in compare(frames[names[0]], frames[b], (names[0], b))]
     write_csv(args.out / "backends.csv", HEADER, rows)
-    print(f"{'scheduler':<18}{'metric':<19}{'base':>8}{'':>14}{'other':>8}{'':>14}{'ratio':>8}")
+    print(f"{'scheduler':<18}{'metric':<19}{'base':>14}{'':>9}{'other':>14}{'':>9}{'ratio':>8}")
     for sched, m, na, a, nb, b, r in rows:
-        print(f"{sched:<18}{m:<19}{na:>8}{float(a):>14.4f}{nb:>8}{float(b):>14.4f}{r:>8}")
+        print(f"{sched:<18}{m:<19}{na:>14}{float(a):>9.4f}{nb:>14}{float(b):>9.4f}{r:>8}")
     print(f"wrote {args.out / 'backends.csv'}")
 
 

@@ -10,7 +10,8 @@ W=build/wheels
 pin() { "$PY" -c "import tomllib,sys; d=tomllib.load(open('pyproject.toml','rb'))['project']; \
   print(next(r for r in d['dependencies'] + sum(d['optional-dependencies'].values(), []) if r.lower().startswith(sys.argv[1] + '=')))" "$1"; }
 rm -rf "$W" && mkdir -p "$W"/{worker,atlas,bubbletea,testbed}
-pipw() { "$PY" -m pip wheel -q --disable-pip-version-check "$@"; }
+# (this machine's pip.conf names index folders that may not exist; pip warns per package about them)
+pipw() { "$PY" -m pip wheel -q --disable-pip-version-check "$@" 2> >(grep -v 'is ignored: it is neither' >&2); }
 pipw --no-deps -w "$W/worker" .
 cp "$W"/worker/testbed-*.whl "$W/atlas/" && cp "$W"/worker/testbed-*.whl "$W/bubbletea/"
 pipw -w "$W/atlas" "$(pin pyroute2)"

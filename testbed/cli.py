@@ -182,7 +182,7 @@ def topology_up(
     check: Annotated[bool, typer.Option(help="Measure every WAN pair once it is up")] = False,
     out: Annotated[Path, typer.Option(help="links.csv from --check")] = Path("results/topology/links.csv"),
 ) -> None:
-    """Build the emulated network; it stays up (netns backend) until `testbed topology down`."""
+    """Build the emulated network; it stays up (netns and docker backends) until `testbed topology down`."""
     import signal
 
     from testbed.emu.build import host_names, up

@@ -64,7 +64,12 @@ class ContainernetBackend(MininetBackend):
         self.n_links = 0
 
     def _make_net(self, Mininet):
+        from mininet.log import setLogLevel
         from mininet.net import Containernet
+
+        # Containernet sets interfaces up through each container's shell, which in the worker image runs
+        # as the unprivileged user and logs "Operation not permitted"; we set them up ourselves (nsenter)
+        setLogLevel("critical")
 
         return Containernet(controller=None, switch=self.LinuxBridge, build=False)
 
