@@ -121,7 +121,7 @@ testbed-image: wheels
 emu-docker: venv sysdeps
 	$(TESTBED) clean --prefix gdtb1
 	$(BIN)/python bench/backend_compare.py experiments/emu-docker.yaml --out $(RESULTS)/emu-docker
-	$(TESTBED) figures $(RESULTS)/emu-docker/docker --out $(RESULTS)/figures/emu-docker
+	$(TESTBED) figures $(RESULTS)/emu-docker --out $(RESULTS)/figures/emu-docker
 
 # Up + checked; stays up for `testbed topology exec useast-h0 -- ...`; `make topology-down` removes it.
 topology-3dc: venv sysdeps

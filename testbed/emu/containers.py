@@ -85,6 +85,15 @@ def gpu_ids() -> list[str]:
     return [ln.strip() for ln in out.stdout.splitlines() if ln.strip().isdigit()] if out.returncode == 0 else []
 
 
+def gpu_request(gpus: list[str], n: int) -> list:
+    """`--gpus device=N` for the n-th host container: one GPU each, round-robin; [] without GPUs."""
+    if not gpus:
+        return []
+    import docker
+
+    return [docker.types.DeviceRequest(device_ids=[gpus[n % len(gpus)]], capabilities=[["gpu"]])]
+
+
 def tagged_pids(tag: str) -> list[int]:
     """Host PIDs of the processes whose environment carries GDTB_PROC=tag."""
     needle = f"{TAG_ENV}={tag}".encode() + b"\0"

@@ -12,6 +12,10 @@ from testbed.figures import training
 def draw_all(folder: Path, out: Path) -> list[Path]:
     folder, out = Path(folder), Path(out)
     paths: list[Path] = []
+    if (folder / "backends.csv").exists():  # bench/backend_compare.py: one run per backend in subfolders
+        paths.append(training.backends(pd.read_csv(folder / "backends.csv"), out / "backends.png"))
+        for sub in sorted(p for p in folder.iterdir() if (p / "summary.csv").exists()):
+            paths += draw_all(sub, out / sub.name)
     sfile = folder / "summary.csv"
     if not sfile.exists():
         return paths

@@ -197,3 +197,28 @@ def loss_curve(loss: pd.DataFrame, path: Path) -> Path:
     ax.legend(fontsize=8)
     save(fig, path)
     return path
+
+
+def backends(cmp: pd.DataFrame, path: Path, metric: str = "iteration_s") -> Path:
+    """The same emulated experiment on each backend (bench/backend_compare.py's backends.csv)."""
+    d = cmp[cmp.metric == metric]
+    scheds = list(dict.fromkeys(d.scheduler))
+    base = d.groupby("scheduler").first()
+    names = [base.base_backend.iloc[0], *dict.fromkeys(d.other_backend)]
+    vals = {names[0]: [base.at[s, "base"] for s in scheds]}
+    for b in names[1:]:
+        x = d[d.other_backend == b].set_index("scheduler")["other"]
+        vals[b] = [x.get(s, float("nan")) for s in scheds]
+    fig, ax = new()
+    w = 0.8 / len(names)
+    for k, b in enumerate(names):
+        xs = [i - 0.4 + w * (k + 0.5) for i in range(len(scheds))]
+        ax.bar(xs, vals[b], w, label=b, color=["#4C72B0", "#DD8452", "#55A868", "#8172B2"][k % 4], edgecolor="k")
+        for xi, v in zip(xs, vals[b], strict=True):
+            ax.text(xi, v, f"{v:.3f}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(scheds)), scheds, fontsize=8)
+    ax.set_ylabel(metric.replace("_", " "))
+    ax.set_title("Same experiment, every backend (emulated)")
+    ax.legend(fontsize=8)
+    save(fig, path)
+    return path

@@ -62,6 +62,7 @@ class ContainernetBackend(MininetBackend):
                            "traffic first: iptables -I DOCKER-USER -m physdev --physdev-is-bridged -j ACCEPT")
         super().__init__(prefix)
         self.n_links = 0
+        self.gpus = containers.gpu_ids()
 
     def _make_net(self, Mininet):
         from mininet.log import setLogLevel
@@ -76,8 +77,10 @@ class ContainernetBackend(MininetBackend):
     def add_node(self, name: str, role: str) -> Node:
         rdir = str(state.run_dir(self.prefix))
         caps = ["net_admin"]  # Containernet adds it to every container anyway; it needs it for its own set-up
+        gpus = containers.gpu_request(self.gpus, sum(1 for n in self.nodes.values() if n.role == "host")) \
+            if role == "host" else []
         d = self.net.addDocker(name, ip=None, dimage=containers.image(role), network_mode="none",
-                               volumes=[f"{rdir}:{rdir}:rw"], cap_add=caps)
+                               volumes=[f"{rdir}:{rdir}:rw"], cap_add=caps, device_requests=gpus)
         node = Node(name, role, pid=d.pid, extra={"container": f"mn.{name}"})
         self.nodes[name], self.mn[name] = node, d
         return node

@@ -33,8 +33,6 @@ class DockerBackend(NetnsBackend):
         self.gpus = containers.gpu_ids()
 
     def _container_kw(self, name: str, role: str) -> dict:
-        import docker
-
         rdir = str(state.run_dir(self.prefix))
         kw = {
             "image": containers.image(role), "name": name, "hostname": name.split("-", 1)[1][:63],
@@ -45,10 +43,11 @@ class DockerBackend(NetnsBackend):
         if role in ("gateway", "wan"):
             kw["cap_add"] = ["NET_ADMIN"]  # the delay line's NFQUEUE socket and the sidecar's tc changes
         elif self.gpus:
-            n = sum(1 for nd in self.nodes.values() if nd.role == "host")
-            kw["device_requests"] = [docker.types.DeviceRequest(device_ids=[self.gpus[n % len(self.gpus)]],
-                                                                capabilities=[["gpu"]])]
+            kw["device_requests"] = containers.gpu_request(self.gpus, self.hosts_so_far())
         return kw
+
+    def hosts_so_far(self) -> int:
+        return sum(1 for nd in self.nodes.values() if nd.role == "host")
 
     def add_node(self, name: str, role: str) -> Node:
         c = self.client.containers.run(**self._container_kw(name, role))
