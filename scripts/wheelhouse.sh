@@ -15,7 +15,7 @@ pipw() { "$PY" -m pip wheel -q --disable-pip-version-check "$@" 2> >(grep -v 'is
 pipw --no-deps -w "$W/worker" .
 cp "$W"/worker/testbed-*.whl "$W/atlas/" && cp "$W"/worker/testbed-*.whl "$W/bubbletea/"
 pipw -w "$W/atlas" "$(pin pyroute2)"
-if [ "${WITH_TORCH:-0}" = 1 ]; then pipw -w "$W/worker" "$(pin torch)"; fi
+if [ "${WITH_TORCH:-0}" = 1 ]; then pipw -w "$W/worker" "$(pin torch)" "$(pin numpy)"; fi  # torch_stage moves tensors as numpy bytes
 pipw -w "$W/testbed" '.[dev,mininet,docker]' 'setuptools>=68' wheel
 rm -f "$W"/testbed/testbed-*.whl   # the testbed image installs the project itself, editable, like make venv
 for d in "$W"/*/; do echo "$d: $(ls "$d" | wc -l) wheels, $(du -sh "$d" | cut -f1)"; done
