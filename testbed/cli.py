@@ -288,6 +288,7 @@ def topology_down(prefix: PrefixOpt = "gdtb0") -> None:
 @friendly
 def clean_cmd(
     prefix: Annotated[str | None, typer.Option(help="Only this prefix (default: every gdtb* prefix)")] = None,
+    images: Annotated[bool, typer.Option(help="Also remove the testbed's Docker images (kept otherwise)")] = False,
 ) -> None:
     """Remove leftovers of any earlier run (like `mn -c`, but only what carries the testbed's prefix)."""
     from testbed.emu.clean import clean
@@ -295,6 +296,10 @@ def clean_cmd(
 
     require_root()
     removed = clean(prefix)
+    if images:
+        from testbed.emu.containers import remove_images
+
+        removed += remove_images()
     for r in removed:
         console.print(f"removed {r}")
     console.print("clean" if not removed else f"removed {len(removed)} item(s)")

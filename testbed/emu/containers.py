@@ -167,3 +167,19 @@ def attach_netns(name: str, pid: int) -> None:
     """Name a container's network namespace (/run/netns/NAME), so tc, ip, iptables and netlink reach it
     as they reach the netns backend's nodes."""
     run(["ip", "netns", "attach", name, str(pid)])
+
+
+def remove_images(names: list[str] | None = None) -> list[str]:
+    """Remove the testbed's images (by default the role images, the base and the testbed image); the
+    runs never do this themselves: images are kept for the next run."""
+    import docker
+
+    c = client()
+    names = names or [*sorted({image(r) for r in ROLE_IMAGES}), f"{IMAGE_REPO}/base:bookworm",
+                      f"{IMAGE_REPO}/testbed:latest"]
+    removed = []
+    for name in names:
+        with contextlib.suppress(docker.errors.ImageNotFound):
+            c.images.remove(name)
+            removed.append(f"image {name}")
+    return removed

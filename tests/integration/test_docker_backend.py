@@ -100,3 +100,11 @@ def test_a_build_killed_midway_is_removed_by_clean(tmp_path):
     r = cli("clean", "--prefix", "gdtbz")
     assert r.returncode == 0, r.stderr
     assert ours("gdtbz") == [] and snapshot() == before
+
+
+def test_images_are_removed_only_when_asked():
+    c = containers.client()
+    c.images.get(containers.image("bubbletea")).tag("gdtbscratch/bubbletea", "latest")
+    assert containers.remove_images(["gdtbscratch/bubbletea:latest"]) == ["image gdtbscratch/bubbletea:latest"]
+    assert containers.remove_images(["gdtbscratch/bubbletea:latest"]) == []  # already gone: nothing to say
+    c.images.get(containers.image("bubbletea"))  # the tagged image itself is kept
