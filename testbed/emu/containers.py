@@ -109,10 +109,10 @@ def tagged_pids(tag: str) -> list[int]:
 class ContainerProcess(subprocess.Popen):
     """A `docker exec` (or `docker run`) client whose signals reach the process in the container."""
 
-    def __init__(self, argv_before_image: list[str], argv_after: list[str], **kw) -> None:
+    def __init__(self, docker_argv: list[str], **kw) -> None:
         self.tag = uuid.uuid4().hex[:16]
-        super().__init__([*argv_before_image[:2], "-e", f"{TAG_ENV}={self.tag}", *argv_before_image[2:],
-                          *argv_after], **kw)
+        # ["docker", "exec"|"run", -e TAG, the rest]: the tag goes to the process, not to the client
+        super().__init__([*docker_argv[:2], "-e", f"{TAG_ENV}={self.tag}", *docker_argv[2:]], **kw)
 
     def send_signal(self, sig: int) -> None:
         inner = tagged_pids(self.tag)
@@ -123,19 +123,18 @@ class ContainerProcess(subprocess.Popen):
             super().send_signal(sig)
 
 
-def exec_process(container: str, argv: list[str], user: str | None = None, **kw) -> ContainerProcess:
-    """`argv` run inside a running container as its image's user (or `user`)."""
-    return ContainerProcess(["docker", "exec", *(["-u", user] if user else [])], [container, *argv], **kw)
-
-
-def service_process(prefix: str, module: str, args: list[str], **kw) -> ContainerProcess:
-    """A role process beside the network (the BubbleTea service): its own container, no network, only the
-    run directory, as the image's unprivileged user."""
+def spawn(prefix: str, node, module: str, args: list[str], **kw) -> ContainerProcess:
+    """A role process (`python -m module args`) in its image: inside the node's container, as the image's
+    user; or, for the service beside the network (node None, the BubbleTea service), in a container of its
+    own with no network and only the run directory."""
+    argv = [PYTHON, "-m", module, *args]
+    if node is not None:
+        return ContainerProcess(["docker", "exec", node.extra["container"], *argv], **kw)
     rdir = str(state.run_dir(prefix))
     return ContainerProcess(
         ["docker", "run", "--rm", "-i", "--init", "--network", "none", "--cap-drop", "ALL",
          "--name", f"{prefix}-{module.rsplit('.', 1)[-1].replace('_', '-')}", "--label", f"{LABEL}={prefix}",
-         "-v", f"{rdir}:{rdir}", image("bubbletea")], [PYTHON, "-m", module, *args], **kw)
+         "-v", f"{rdir}:{rdir}", image("bubbletea"), *argv], **kw)
 
 
 def _is_ours(ct, prefix: str | None) -> bool:
@@ -143,8 +142,10 @@ def _is_ours(ct, prefix: str | None) -> bool:
     label = ct.labels.get(LABEL)
     if label is not None:
         return prefix is None or label == prefix
-    return bool(OURS_RE.match(ct.name.removeprefix("mn."))) and ct.name.startswith("mn.") and (
-        prefix is None or ct.name.startswith(f"mn.{prefix}-"))
+    if not ct.name.startswith("mn."):
+        return False
+    name = ct.name.removeprefix("mn.")
+    return bool(OURS_RE.match(name)) and (prefix is None or name.startswith(f"{prefix}-"))
 
 
 def remove_containers(prefix: str | None) -> list[str]:

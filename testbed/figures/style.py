@@ -12,6 +12,8 @@ KIND_COLOURS = {"fwd": "#4C72B0", "bwd": "#55A868", "allreduce": "#8172B2", "pre
 SCHED_COLOURS = {"dp-wan": "#8c8c8c", "pp-wan": "#C44E52", "pp-wan+mtcp": "#DD8452", "pp-wan+temporal": "#CCB974",
                  "atlas": "#4C72B0", "atlas+bubbletea": "#55A868", "pp-wan+bubbletea": "#937860"}
 
+SERIES_COLOURS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B2"]  # for series that are not schedulers
+
 
 def colour(sched: str) -> str:
     return SCHED_COLOURS.get(sched, "#64B5CD")
@@ -21,6 +23,13 @@ def new(figsize=(7, 4.2)):
     fig, ax = plt.subplots(figsize=figsize, dpi=120)
     ax.grid(True, alpha=0.3)
     return fig, ax
+
+
+def labelled_bars(ax, xs, vals, width: float, digits: int, **bar_kw) -> None:
+    """Bars with their value written on top."""
+    ax.bar(xs, vals, width, edgecolor="k", **bar_kw)
+    for x, v in zip(xs, vals, strict=True):
+        ax.text(x, v, f"{v:.{digits}f}", ha="center", va="bottom", fontsize=7)
 
 
 def save(fig, path) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from testbed.figures.style import KIND_COLOURS, colour, new, plt, save
+from testbed.figures.style import KIND_COLOURS, SERIES_COLOURS, colour, labelled_bars, new, plt, save
 
 
 def iteration_vs_latency(summary: pd.DataFrame, path: Path) -> Path:
@@ -96,8 +96,7 @@ def gantt(timeline: pd.DataFrame, run_id: str, path: Path, replica: int = 0, ite
 def multitcp(summary: pd.DataFrame, path: Path) -> Path:
     """Throughput vs TCP connections per RTT: emulated points, simulator model as lines."""
     fig, ax = new()
-    colours = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B2"]
-    for (lat, d), c in zip(summary.groupby("wan_latency_ms"), colours * 4, strict=False):
+    for (lat, d), c in zip(summary.groupby("wan_latency_ms"), SERIES_COLOURS * 4, strict=False):
         sim = d[d.source == "sim"].sort_values("tcp_connections")
         emu = d[d.source == "emu"].sort_values("tcp_connections")
         ax.plot(sim.tcp_connections, sim.throughput_mbps, "-", color=c, label=f"model, RTT {2 * lat:g} ms")
@@ -154,10 +153,8 @@ def sim_vs_emu(summary: pd.DataFrame, path: Path) -> Path:
     for off, src, hatch in ((-0.2, "sim", ""), (0.2, "emu", "//")):
         d = summary[summary.source == src].groupby("scheduler").iteration_s.mean()
         vals = [d.get(s, float("nan")) for s in scheds]
-        ax.bar([i + off for i in x], vals, 0.4, color=[colour(s) for s in scheds], hatch=hatch, edgecolor="k",
-               label="simulated" if src == "sim" else "emulated (measured)")
-        for i, v in zip(x, vals, strict=True):
-            ax.text(i + off, v, f"{v:.2f}", ha="center", va="bottom", fontsize=7)
+        labelled_bars(ax, [i + off for i in x], vals, 0.4, 2, color=[colour(s) for s in scheds], hatch=hatch,
+                      label="simulated" if src == "sim" else "emulated (measured)")
     ax.set_xticks(list(x), scheds, rotation=15, fontsize=8)
     ax.set_ylabel("iteration time (s)")
     ax.set_title("Emulated vs simulated, same configuration")
@@ -213,9 +210,7 @@ def backends(cmp: pd.DataFrame, path: Path, metric: str = "iteration_s") -> Path
     w = 0.8 / len(names)
     for k, b in enumerate(names):
         xs = [i - 0.4 + w * (k + 0.5) for i in range(len(scheds))]
-        ax.bar(xs, vals[b], w, label=b, color=["#4C72B0", "#DD8452", "#55A868", "#8172B2"][k % 4], edgecolor="k")
-        for xi, v in zip(xs, vals[b], strict=True):
-            ax.text(xi, v, f"{v:.3f}", ha="center", va="bottom", fontsize=7)
+        labelled_bars(ax, xs, vals[b], w, 3, label=b, color=SERIES_COLOURS[k % len(SERIES_COLOURS)])
     ax.set_xticks(range(len(scheds)), scheds, fontsize=8)
     ax.set_ylabel(metric.replace("_", " "))
     ax.set_title("Same experiment, every backend (emulated)")

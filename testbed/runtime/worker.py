@@ -452,6 +452,13 @@ def main(cfg_path: str, ctl_path: str) -> None:
 
         return done
 
+    def receive(tag: bytes, it: int, i: int, nbytes: float):
+        """Wait for microbatch i's activation (b"a") or gradient (b"g"), serving prefill meanwhile."""
+        bt.wait_for(inbox, (tag, it, i), rec)
+        t_send, t_in = inbox.wait((tag, it, i))
+        rec("recv", i, t_send, t_in, nbytes)
+        return inbox.payload((tag, it, i)) if torch_mode else None
+
     comp = TorchCompute(cfg) if torch_mode else Modeled(cfg)
     bt = Prefill(cfg)
     send_ctrl(ctl, {"ready": [s, r]})
@@ -470,12 +477,7 @@ def main(cfg_path: str, ctl_path: str) -> None:
             time.sleep(d)
         for op, i in cfg["actions"]:
             if op == "F":
-                inp = None
-                if s > 0:
-                    bt.wait_for(inbox, (b"a", it, i), rec)
-                    t_send, t_in = inbox.wait((b"a", it, i))
-                    rec("recv", i, t_send, t_in, cfg["act_in"])
-                    inp = inbox.payload((b"a", it, i)) if torch_mode else None
+                inp = receive(b"a", it, i, cfg["act_in"]) if s > 0 else None
                 t0 = time.monotonic()
                 out = comp.forward(it, i, inp)
                 rec("fwd", i, t0, time.monotonic())
@@ -483,12 +485,7 @@ def main(cfg_path: str, ctl_path: str) -> None:
                     nxt.send(b"a", it, i, comp.act_out, sent(cfg["act_out"], i, pending), side_next, r, out)
                     sends += 1
             else:
-                grad = None
-                if nxt:
-                    bt.wait_for(inbox, (b"g", it, i), rec)
-                    t_send, t_in = inbox.wait((b"g", it, i))
-                    rec("recv", i, t_send, t_in, cfg["act_out"])
-                    grad = inbox.payload((b"g", it, i)) if torch_mode else None
+                grad = receive(b"g", it, i, cfg["act_out"]) if nxt else None
                 t0 = time.monotonic()
                 out = comp.backward(it, i, grad)
                 rec("bwd", i, t0, time.monotonic())

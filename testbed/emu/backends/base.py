@@ -45,6 +45,10 @@ class Backend(ABC):
     @abstractmethod
     def teardown(self) -> None: ...
 
+    def host_count(self) -> int:
+        """Hosts added so far: container backends give the n-th host the n-th GPU."""
+        return sum(1 for n in self.nodes.values() if n.role == "host")
+
     def start(self) -> None:  # noqa: B027 - optional hook, a no-op for most backends
         """Called once every node and link exists (Mininet starts its switches here)."""
 

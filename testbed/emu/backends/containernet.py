@@ -29,11 +29,7 @@ def containernet_available() -> str | None:
         from mininet.net import Containernet  # noqa: F401
     except ImportError:
         return "Containernet is not installed (it is not on PyPI; install it from its upstream source, see the README)"
-    try:
-        missing = containers.missing_images(containers.client())
-    except EmuError as e:
-        return str(e)
-    return f"image {missing[0]} not built (`make base-image images`)" if missing else None
+    return containers.unavailable()
 
 
 def bridged_traffic_dropped() -> bool:
@@ -77,8 +73,7 @@ class ContainernetBackend(MininetBackend):
     def add_node(self, name: str, role: str) -> Node:
         rdir = str(state.run_dir(self.prefix))
         caps = ["net_admin"]  # Containernet adds it to every container anyway; it needs it for its own set-up
-        gpus = containers.gpu_request(self.gpus, sum(1 for n in self.nodes.values() if n.role == "host")) \
-            if role == "host" else []
+        gpus = containers.gpu_request(self.gpus, self.host_count()) if role == "host" else []
         d = self.net.addDocker(name, ip=None, dimage=containers.image(role), network_mode="none",
                                volumes=[f"{rdir}:{rdir}:rw"], cap_add=caps, device_requests=gpus)
         node = Node(name, role, pid=d.pid, extra={"container": f"mn.{name}"})
@@ -113,11 +108,7 @@ class ContainernetBackend(MininetBackend):
         return ["nsenter", "-t", str(node.pid), "-n", *argv]
 
     def spawn(self, node: Node | None, module: str, args: list[str], **kw) -> subprocess.Popen:
-        if node is None:
-            return containers.service_process(self.prefix, module, args, **kw)
-        user = "root" if node.role in ("gateway", "wan") else "gdtb"
-        return containers.exec_process(node.extra["container"], [containers.PYTHON, "-m", module, *args],
-                                       user=user, **kw)
+        return containers.spawn(self.prefix, node, module, args, **kw)
 
     def teardown(self) -> None:
         try:

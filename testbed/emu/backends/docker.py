@@ -43,15 +43,12 @@ class DockerBackend(NetnsBackend):
         if role in ("gateway", "wan"):
             kw["cap_add"] = ["NET_ADMIN"]  # the delay line's NFQUEUE socket and the sidecar's tc changes
         elif self.gpus:
-            kw["device_requests"] = containers.gpu_request(self.gpus, self.hosts_so_far())
+            kw["device_requests"] = containers.gpu_request(self.gpus, self.host_count())
         return kw
-
-    def hosts_so_far(self) -> int:
-        return sum(1 for nd in self.nodes.values() if nd.role == "host")
 
     def add_node(self, name: str, role: str) -> Node:
         c = self.client.containers.run(**self._container_kw(name, role))
-        self.nodes[name] = node = Node(name, role, ns=name, extra={"container": c.id})
+        self.nodes[name] = node = Node(name, role, ns=name, extra={"container": name})
         c.reload()
         node.pid = int(c.attrs["State"]["Pid"])
         containers.attach_netns(name, node.pid)
@@ -59,10 +56,7 @@ class DockerBackend(NetnsBackend):
         return node
 
     def spawn(self, node: Node | None, module: str, args: list[str], **kw) -> subprocess.Popen:
-        argv = [containers.PYTHON, "-m", module, *args]
-        if node is not None:
-            return containers.exec_process(node.name, argv, **kw)
-        return containers.service_process(self.prefix, module, args, **kw)
+        return containers.spawn(self.prefix, node, module, args, **kw)
 
     def teardown(self) -> None:
         for name in list(self.nodes):
