@@ -47,7 +47,8 @@ SweepOpt = Annotated[list[str] | None, typer.Option("--sweep", help="Sweep a fie
 def print_summary(rows: list[dict], title: str) -> None:
     t = Table(title=title)
     cols = ["run_id", "source", "scheduler", "gpus", "tp", "pp", "dp", "wan_latency_ms", "tcp_connections",
-            "iteration_s", "lower_bound_s", "tokens_per_s", "gpu_util", "bubble_frac"]
+            "iteration_s", "lower_bound_s", "tokens_per_s", "gpu_util", "bubble_frac", "best_baseline",
+            "speedup_vs_best"]
     for c in cols:
         t.add_column(c, justify="left" if c in ("run_id", "scheduler") else "right")
     for r in rows:

@@ -1,14 +1,22 @@
+from testbed.plan.turns import TURN_KEYS
 from testbed.runtime.sidecar import IDLE_PRIO, priorities
 from testbed.runtime.wire import ProtocolError, recv_ctrl
 
 
 def test_turns_go_to_the_earliest_microbatch_then_the_turn_order():
+    key = TURN_KEYS["microbatch"]
     # (microbatch, turn position, replica)
-    assert priorities([(3, 1, 1), (2, 0, 0), (2, 2, 2)]) == {0: 0, 2: 1, 1: 2}
-    assert priorities([(5, 0, 0), (1, 3, 3), (4, 0, 0)]) == {3: 0, 0: 1}  # a replica ranks by its earliest
-    many = priorities([(i, i, i) for i in range(12)])
+    assert priorities([(key(3, 1, "a", 0), 1), (key(2, 0, "a", 1), 0), (key(2, 2, "a", 2), 2)]) == {0: 0, 2: 1, 1: 2}
+    # a replica ranks by its earliest
+    assert priorities([(key(5, 0, "a", 0), 0), (key(1, 3, "a", 1), 3), (key(4, 0, "a", 2), 0)]) == {3: 0, 0: 1}
+    many = priorities([(key(i, i, "a", i), i) for i in range(12)])
     assert many[0] == 0 and many[11] == IDLE_PRIO
     assert priorities([]) == {}
+
+
+def test_first_come_first_served_ranks_by_issue_order_not_microbatch():
+    key = TURN_KEYS["fcfs"]
+    assert priorities([(key(7, 1, "a", 1), 1), (key(2, 0, "a", 2), 0)]) == {1: 0, 0: 1}
 
 
 def test_control_frames_are_bounded_and_must_be_json_objects():

@@ -54,3 +54,35 @@ def test_intra_dc_allreduce_ring_time():
     ar = [iv.dur for iv in tl.intervals if iv.kind == "allreduce"]
     assert ar == pytest.approx([2 * (dp - 1) / dp * G / bw] * dp)
     assert tl.iteration_s[0] == pytest.approx(2.0 + 2 * (dp - 1) / dp * G / bw)
+
+
+def _recv_ends(plan, stage: int, replica: int = 0) -> list[float]:
+    tl, _ = simulate(plan)
+    return [iv.end_s for iv in sorted((iv for iv in tl.intervals if iv.kind == "recv" and iv.stage == stage
+                                       and iv.replica == replica), key=lambda iv: iv.start_s)]
+
+
+def test_a_pipe_carries_its_transfers_in_order_with_one_window():
+    """A stage boundary's connections are one FIFO: under GPipe all forwards are issued at once, and the
+    activations arrive one transfer time A / (n W / RTT) apart, in microbatch order, not all together."""
+    A, W, lat, n, m, f = 4e8, 2**22, 0.02, 3, 6, 1e-3
+    rate = n * W / (2 * lat)
+    plan = make_plan(pp=2, m=m, f=f, b=f, schedule="gpipe", dcs=["a", "b"], act_bytes=A, capacity=1e15,
+                     latency=lat, window=W, connections=n)
+    ends = _recv_ends(plan, 1)
+    expected, free = [], 0.0
+    for i in range(m):
+        free = max(free, (i + 1) * f) + A / rate
+        expected.append(free + lat)
+    assert ends == pytest.approx(expected, rel=1e-9)
+
+
+def test_each_pipe_has_its_own_window():
+    """Two replicas' pipes on one link each carry n W / RTT; the link's capacity is the only thing they share."""
+    A, W, lat = 4e8, 2**22, 0.02
+    rate = W / (2 * lat)
+    for capacity, expect in ((1e15, A / rate), (rate, 2 * A / rate)):
+        plan = make_plan(pp=2, dp=2, m=1, f=1.0, b=1.0, dcs=["a", "b"], act_bytes=A, capacity=capacity,
+                         latency=lat, window=W)
+        for r in range(2):
+            assert _recv_ends(plan, 1, r) == pytest.approx([1.0 + expect + lat], rel=1e-9)

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from statistics import mean
 
+from testbed.plan.mechanisms import is_baseline
 from testbed.plan.plan import Plan
 from testbed.timeline import COMPUTE, Timeline
 
 SUMMARY_HEADER = (
     "run_id", "source", "scheduler", "model", "dcs", "gpus", "tp", "pp", "dp", "microbatches",
     "wan_latency_ms", "wan_gbps", "tcp_connections", "iteration_s", "tokens_per_s", "tokens_per_s_per_gpu",
-    "gpu_util", "train_util", "prefill_util", "bubble_frac", "lower_bound_s", "wan_min_s",
+    "gpu_util", "train_util", "prefill_util", "bubble_frac", "lower_bound_s", "wan_min_s", "best_baseline",
+    "speedup_vs_best",
     "train_slowdown", "ttft_p50_ms", "ttft_p99_ms", "slo_attainment", "prefill_tokens_per_s", "served_in_bubbles",
     "requests", "request_rate", "fallback", "scale", "sweep", "degraded",
 )
@@ -91,8 +93,27 @@ def summary_row(plan: Plan, tl: Timeline, lower_bound_s: float, sweep: dict,
         "bubble_frac": round(share(tl, ("idle",)), 6),
         "lower_bound_s": round(lower_bound_s, 6),
         "wan_min_s": round(wan_min_s(plan), 6),
+        "best_baseline": "",  # filled per sweep point by add_speedups
+        "speedup_vs_best": "",
         **{k: (bubbletea or {}).get(k, "") for k in BUBBLETEA_COLUMNS},
         "scale": plan.scale,
         "sweep": ";".join(f"{k}={v}" for k, v in sweep.items()),
         "degraded": degraded,
     }
+
+
+def add_speedups(rows: list[dict[str, object]]) -> None:
+    """Per (source, sweep point): the fastest baseline (any scheduler but Atlas, mechanisms included), and
+    every row's speedup over it (its iteration time / the row's). Empty where the point has no baseline."""
+    groups: dict[tuple, list[dict[str, object]]] = {}
+    for r in rows:
+        if isinstance(r.get("iteration_s"), float | int) and float(r["iteration_s"]) > 0:  # type: ignore[arg-type]
+            groups.setdefault((r["source"], r["sweep"]), []).append(r)
+    for group in groups.values():
+        base = [r for r in group if is_baseline(str(r["scheduler"]))]
+        if not base:
+            continue
+        best = min(base, key=lambda r: (float(r["iteration_s"]), str(r["scheduler"])))  # type: ignore[arg-type]
+        for r in group:
+            r["best_baseline"] = best["scheduler"]
+            r["speedup_vs_best"] = round(float(best["iteration_s"]) / float(r["iteration_s"]), 6)  # type: ignore

@@ -66,7 +66,7 @@ def kv_transfer(plan: Plan, opts: BubbleTeaOptions):
         lp = plan.links.get((src, dst))
         if lp is None:
             return float("inf")
-        return lp.latency_s + nbytes / min(lp.capacity_bps, lp.transfer_cap_bps)
+        return lp.latency_s + nbytes / lp.transfer_rate_bps
 
     return t
 

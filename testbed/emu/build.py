@@ -45,6 +45,8 @@ class Emulation:
     notes: list[str] = field(default_factory=list)
     delaylines: dict[str, subprocess.Popen] = field(default_factory=dict)
     lan_gpus_per_host: int = 1  # GPUs whose NICs one emulated host stands for (a training run sets tp)
+    # TCP's congestion-window restart after an idle RTO (net.ipv4.tcp_slow_start_after_idle), set on every host
+    slow_start_after_idle: bool = False
 
     def node(self, name: str) -> Node:
         return self.backend.nodes[name]
@@ -100,7 +102,7 @@ def window_notes(topo: Topology, scale: float) -> list[str]:
 
 
 def up(topo: Topology, *, backend: str = "netns", prefix: str = "gdtb0", scale: float = 1.0,
-       delay: str = "auto", lan_gpus_per_host: int = 1) -> Emulation:
+       delay: str = "auto", lan_gpus_per_host: int = 1, slow_start_after_idle: bool = False) -> Emulation:
     """Build the topology. On any failure (or Ctrl-C) everything built so far is removed."""
     require_root()
     addr = address_plan(topo, prefix)
@@ -109,7 +111,7 @@ def up(topo: Topology, *, backend: str = "netns", prefix: str = "gdtb0", scale: 
                        f"or pick another --prefix")
     method = delay_method(delay)
     emu = Emulation(prefix, topo, make_backend(backend, prefix), addr, scale, method, window_notes(topo, scale),
-                    lan_gpus_per_host=lan_gpus_per_host)
+                    lan_gpus_per_host=lan_gpus_per_host, slow_start_after_idle=slow_start_after_idle)
     emu.save()
     try:
         _build(emu)
@@ -138,6 +140,7 @@ def _build(emu: Emulation) -> None:
             be.run(node, ["ip", "addr", "add", f"{h.ip}/24", "dev", "eth0"])
             be.run(node, ["ip", "route", "add", "default", "via", gw_ip])
             be.run(node, ["sysctl", "-qw", f"net.ipv4.tcp_rmem=4096 {min(131072, rmem)} {rmem}"])
+            be.run(node, ["sysctl", "-qw", f"net.ipv4.tcp_slow_start_after_idle={int(emu.slow_start_after_idle)}"])
             if lan_bps is not None:  # the host's NIC into the DC fabric: a TP group's NICs, scaled
                 for cmd in htb_commands("eth0", lan_bps, 0.0, None):
                     be.run(node, cmd)

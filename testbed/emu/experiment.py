@@ -3,7 +3,7 @@ configuration, with the relative error per metric (validation.csv)."""
 
 from __future__ import annotations
 
-from testbed.analysis.metrics import summary_row
+from testbed.analysis.metrics import add_speedups, summary_row
 from testbed.emu.build import MIN_WINDOW, down, up
 from testbed.emu.scale import auto_scale
 from testbed.emu.train import run_training
@@ -101,7 +101,7 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None
     losses: list[tuple] = []
     flows: list[tuple] = []
     emu = up(exp.topology, backend=em.backend, prefix=em.prefix, scale=scale, delay=em.delay,
-             lan_gpus_per_host=exp.workload.tp)
+             lan_gpus_per_host=exp.workload.tp, slow_start_after_idle=exp.network.tcp_slow_start_after_idle)
     try:
         for sched in exp.schedulers:
             plan = build_plan(same, sched, run_id=f"p{index:02d}-{sched}", dp=dp)
@@ -150,4 +150,5 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None
         name = str(r.summary["scheduler"])
         if r.summary["source"] == "emu" and name.endswith("+bubbletea") and name[:-10] in base:
             r.summary["train_slowdown"] = round(float(r.summary["iteration_s"]) / float(base[name[:-10]]) - 1, 6)
+    add_speedups([r.summary for r in results])
     return results, validation, losses, flows

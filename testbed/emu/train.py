@@ -124,7 +124,8 @@ def start_sidecars(plan: Plan, emu: Emulation, hops: dict) -> list[subprocess.Po
     for (a, b), devs in hops.items():
         lp = plan.links[(a, b)]
         w = emu.addr.wan(a, b)
-        cfg = {"devs": devs, "turn_order": plan.turn_order, "socket": sidecar_socket(emu, a, b),
+        cfg = {"devs": devs, "turn_order": plan.turn_order, "turn_policy": plan.turn_policy,
+               "socket": sidecar_socket(emu, a, b),
                "link_bps": lp.capacity_bps * 8 / plan.scale, "min_rate_bps": max(lp.capacity_bps * 8 / plan.scale / 100,
                                                                                   8000)}
         path = rdir / f"sidecar-{w.ns}.json"

@@ -58,24 +58,49 @@ def resolve_dp(exp: Experiment) -> int:
     raise SpecError("workload.dp", "no DP degree fits every scheduler's placement", "lower workload.tp or workload.pp")
 
 
+def boundary_connections(mech: Mechanisms, tp: int, net) -> int:
+    """TCP connections a stage boundary opens before multi-TCP. Megatron-LM sends 1/tp of a boundary's
+    activation from each TP rank, over NCCL's channels to the peer, each striped over NCCL's sockets."""
+    return 1 if mech.transport == "one" else tp * net.nccl_channels_per_peer * net.nccl_sockets
+
+
 def link_plans(exp: Experiment, mech: Mechanisms) -> dict[tuple[str, str], LinkPlan]:
+    """Both directions of every WAN link, with the connections one stage boundary's transfers use."""
     topo, out = exp.topology, {}
+    base = boundary_connections(mech, exp.workload.tp, exp.network)
     for link in topo.links:
         cap = link.gbps * 1e9 / 8
         lat = link.latency_ms / 1e3
         win = topo.window_mb(link) * 2**20
-        n = connections_for(cap, win, 2 * lat, exp.network.max_tcp_connections) if mech.multi_tcp else 1
+        n = base
+        if mech.multi_tcp:
+            n = max(base, connections_for(cap, win, 2 * lat, exp.network.max_tcp_connections))
         a, b = link.between
         for src, dst in ((a, b), (b, a)):
             out[(src, dst)] = LinkPlan(src, dst, cap, lat, win, n, mech.temporal)
     return out
 
 
+def stagger_offsets(row: list[str], act_bytes: list[float], links: dict, dp: int) -> list[float]:
+    """Start offsets that make replicas take turns on the slowest WAN hop: one turn is one transfer time at
+    the rate a transfer really gets, A / min(C, n W / RTT), and a link whose transfers are window-bound
+    carries g = C / min(C, n W / RTT) of them side by side, so replicas enter in groups of g, one turn apart."""
+    turn, group = 0.0, dp
+    for s in range(len(row) - 1):
+        if row[s] != row[s + 1]:
+            lp = links[(row[s], row[s + 1])]
+            t = act_bytes[s] / lp.transfer_rate_bps
+            if t > turn:
+                turn, group = t, max(1, math.floor(lp.capacity_bps / lp.transfer_rate_bps * (1 + 1e-12)))
+    return [(r // group) * turn for r in range(dp)]
+
+
 def latency_warmup(row: list[str], costs: list, links: dict, m: int, schedule: str,
-                   gpu_mem_gb: list[float]) -> list[int]:
+                   gpu_mem_gb: list[float], dp: int = 1) -> list[int]:
     """Extra 1F1B warm-up per stage: enough microbatches to cover the WAN round trips downstream of
-    the stage (one activation and one gradient per hop, latency + transfer at the striped rate), as
-    many as the GPU's free memory allows, and never increasing along the pipeline."""
+    the stage (one activation and one gradient per hop: latency + transfer at the rate a transfer gets
+    when the dp replicas crossing the hop share it, min(C / dp, n W / RTT), whether they share it side by
+    side or take turns), as many as the GPU's free memory allows, never increasing along the pipeline."""
     pp = len(row)
     if schedule != "1f1b":
         return [0] * pp
@@ -85,7 +110,7 @@ def latency_warmup(row: list[str], costs: list, links: dict, m: int, schedule: s
         for k in range(s, pp - 1):
             if row[k] != row[k + 1]:
                 for lp in (links[(row[k], row[k + 1])], links[(row[k + 1], row[k])]):
-                    rt += lp.latency_s + costs[k].act_bytes / min(lp.capacity_bps, lp.transfer_cap_bps)
+                    rt += lp.latency_s + costs[k].act_bytes / min(lp.capacity_bps / dp, lp.transfer_cap_bps)
         want = math.ceil(rt / (costs[s].fwd_s + costs[s].bwd_s)) if rt else 0
         free = gpu_mem_gb[s] - costs[s].mem_gb
         fits = int(free // costs[s].act_gb_per_microbatch) if costs[s].act_gb_per_microbatch > 0 else want
@@ -131,17 +156,13 @@ def build_plan(
     ref = costs[0]
     links = link_plans(exp, mech)
     gpu_mem = [GPUS[topo.dc(d).gpu].memory_gb for d in stage_dc[0]]
-    extra = latency_warmup(stage_dc[0], ref, links, m, w.schedule, gpu_mem) if mech.warmup else [0] * w.pp
+    extra = latency_warmup(stage_dc[0], ref, links, m, w.schedule, gpu_mem, dp) if mech.warmup else [0] * w.pp
     mem = [max(costs[r][s].mem_gb + extra[s] * costs[r][s].act_gb_per_microbatch for r in range(dp))
            for s in range(w.pp)]
 
     offsets = [0.0] * dp
     if mech.stagger:
-        wan = [links[(a, b)] for a, b in zip(stage_dc[0], stage_dc[0][1:], strict=False) if a != b]
-        if wan:
-            # one activation at full rate on the slowest WAN hop: replicas enter the link one turn apart
-            delta = max(ref[s].act_bytes for s in range(w.pp)) / min(lp.capacity_bps for lp in wan)
-            offsets = [r * delta for r in range(dp)]
+        offsets = stagger_offsets(stage_dc[0], [c.act_bytes for c in ref], links, dp)
     return Plan(
         run_id=run_id,
         scheduler=scheduler,
@@ -167,4 +188,6 @@ def build_plan(
         intra={d.name: IntraDC(w.tp * d.intra_gbps * 1e9 / 8, d.intra_latency_us / 1e6) for d in topo.dcs},
         replica_offset_s=offsets,
         turn_order=list(range(dp)),
+        turn_policy=exp.network.turn_order,
+        nccl_sockets=exp.network.nccl_sockets,
     )

@@ -1,49 +1,79 @@
-"""Schedulers as compositions of mechanisms, so an ablation is one name: `pp-wan+mtcp`."""
+"""Schedulers as compositions of mechanisms, so an ablation is one name: `pp-wan+mtcp`, `atlas-temporal`.
+
+A name is a base followed by `+mechanism` (switch it on) or `-mechanism` (switch it off), applied left
+to right. Every mechanism applies to every pipeline base, so each can be measured alone and together.
+"""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Literal
 
 Placement = Literal["dp-wan", "pp-even", "atlas"]
+Transport = Literal["nccl", "one"]
 
 
 @dataclass(frozen=True)
 class Mechanisms:
     placement: Placement  # where stages and replicas go
-    multi_tcp: bool  # stripe each WAN transfer over n connections (n from the BDP and window cap)
+    multi_tcp: bool  # stripe each WAN transfer over enough connections to cover the link's bandwidth-delay product
     temporal: bool  # replicas take turns on a WAN link at full rate instead of sharing it
     stagger: bool  # offset replica start times so their WAN phases interleave
     bubbletea: bool = False  # serve prefill requests inside pipeline bubbles
     warmup: bool = False  # 1F1B with extra warm-up microbatches ahead of WAN hops (memory permitting)
+    # connections a stage boundary opens before multi-TCP: NCCL's sockets per TP rank ("nccl", as Megatron-LM
+    # deploys it) or a single TCP connection for the whole boundary ("one")
+    transport: Transport = "nccl"
 
 
 BASES: dict[str, Mechanisms] = {
     "dp-wan": Mechanisms("dp-wan", multi_tcp=False, temporal=False, stagger=False),
     "pp-wan": Mechanisms("pp-even", multi_tcp=False, temporal=False, stagger=False),
+    "pp-1tcp": Mechanisms("pp-even", multi_tcp=False, temporal=False, stagger=False, transport="one"),
     "atlas": Mechanisms("atlas", multi_tcp=True, temporal=True, stagger=True, warmup=True),
 }
-MODIFIERS: dict[str, dict[str, object]] = {
-    "mtcp": {"multi_tcp": True},
-    "temporal": {"temporal": True, "stagger": True},
-    "greedy": {"placement": "atlas"},
-    "bubbletea": {"bubbletea": True},
-    "warmup": {"warmup": True},
+BASE_HELP = {
+    "dp-wan": "whole pipelines inside each DC, gradients all-reduced across DCs over the WAN",
+    "pp-wan": "Megatron-LM's pipeline across DCs over NCCL sockets (tp streams per boundary, NCCL's sockets each)",
+    "pp-1tcp": "a pipeline across DCs over one TCP connection per stage boundary",
+    "atlas": "Atlas: greedy placement, multi-TCP, temporal sharing with stagger, latency-aware warm-up",
 }
+# (field values when switched on, field values when switched off)
+MODIFIERS: dict[str, tuple[dict[str, object], dict[str, object]]] = {
+    "mtcp": ({"multi_tcp": True}, {"multi_tcp": False}),
+    "temporal": ({"temporal": True, "stagger": True}, {"temporal": False, "stagger": False}),
+    "stagger": ({"stagger": True}, {"stagger": False}),
+    "greedy": ({"placement": "atlas"}, {"placement": "pp-even"}),
+    "warmup": ({"warmup": True}, {"warmup": False}),
+    "bubbletea": ({"bubbletea": True}, {"bubbletea": False}),
+}
+_NAME = re.compile(r"^(?P<base>" + "|".join(map(re.escape, sorted(BASES, key=len, reverse=True)))
+                   + r")(?P<mods>(?:[+-][a-z0-9]+)*)$")
+
+
+def is_baseline(name: str) -> bool:
+    """A scheduler that is not Atlas: the comparisons' baselines (any base but atlas, any mechanisms)."""
+    return not name.startswith("atlas")
 
 
 def parse_scheduler(name: str) -> Mechanisms:
-    base, *mods = name.split("+")
-    if base not in BASES:
+    mods_help = ", ".join(f"+{m}" for m in MODIFIERS)
+    match = _NAME.match(name)
+    if not match:
         raise ValueError(
-            f"unknown scheduler {name!r}; use one of {', '.join(BASES)}, optionally with "
-            f"+{', +'.join(MODIFIERS)} (e.g. pp-wan+mtcp)"
+            f"unknown scheduler {name!r}; use one of {', '.join(BASES)}, optionally followed by "
+            f"{mods_help} (or -mechanism to switch one off), e.g. pp-wan+mtcp or atlas-temporal"
         )
-    mech = BASES[base]
-    for m in mods:
+    mech = BASES[match["base"]]
+    for sign, m in re.findall(r"([+-])([a-z0-9]+)", match["mods"]):
         if m not in MODIFIERS:
-            raise ValueError(f"unknown mechanism {m!r} in {name!r}; use +{', +'.join(MODIFIERS)}")
-        mech = replace(mech, **MODIFIERS[m])  # type: ignore[arg-type]
-    if mech.placement == "dp-wan" and (mech.temporal or mech.multi_tcp):
-        raise ValueError(f"{name!r}: dp-wan sends no pipeline traffic over the WAN; use pp-wan+... for ablations")
+            raise ValueError(f"unknown mechanism {m!r} in {name!r}; use {mods_help}")
+        on, off = MODIFIERS[m]
+        if mech.placement == "dp-wan" and m in ("greedy", "stagger"):
+            raise ValueError(f"{name!r}: dp-wan keeps whole pipelines inside a DC; {sign}{m} applies to pipeline "
+                             "bases (pp-wan, pp-1tcp, atlas)")
+        mech = replace(mech, **(on if sign == "+" else off))  # type: ignore[arg-type]
+    if mech.stagger and not mech.temporal:
+        raise ValueError(f"{name!r}: +stagger interleaves turns; it needs +temporal")
     return mech

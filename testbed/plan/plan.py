@@ -29,8 +29,13 @@ class LinkPlan:
 
     @property
     def transfer_cap_bps(self) -> float:
-        """What one striped transfer can carry alone: n * W / RTT (before the link's capacity)."""
+        """What one stage boundary's connections carry at most: n * W / RTT (before the link's capacity)."""
         return float("inf") if self.rtt_s <= 0 else self.connections * self.window_bytes / self.rtt_s
+
+    @property
+    def transfer_rate_bps(self) -> float:
+        """The rate a transfer gets alone on the link: min(C, n W / RTT)."""
+        return min(self.capacity_bps, self.transfer_cap_bps)
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,8 @@ class Plan:
     intra: dict[str, IntraDC]
     replica_offset_s: list[float]
     turn_order: list[int]  # replicas in the order they take turns on a WAN link
+    turn_policy: str = "replica"  # which transfer goes first on a link under temporal sharing (turn_key)
+    nccl_sockets: int = 1  # TCP connections per NCCL channel (dp-wan's all-reduce rings)
     scale: float = 1.0  # emulation scale factor k (bytes and rates divided by k); 1 in the simulator
     ideal_wan: bool = False  # lower-bound run: WAN transfers cost what intra-DC ones do
     meta: dict[str, object] = field(default_factory=dict)

@@ -27,6 +27,7 @@ def make_plan(
     temporal: bool = False,
     intra_bw: float = INF,
     offsets: list[float] | None = None,
+    turn_policy: str = "replica",
 ) -> Plan:
     """A plan with equal stages; `dcs[s]` places stage s (all replicas alike)."""
     dcs = dcs or ["a"] * pp
@@ -44,5 +45,5 @@ def make_plan(
         act_bytes=[act_bytes] * pp, grad_bytes=[grad_bytes] * pp, mem_gb=[0.0] * pp,
         actions=build_schedule(schedule, pp, m), links=links,
         intra={n: IntraDC(intra_bw, 0.0) for n in names}, replica_offset_s=offsets or [0.0] * dp,
-        turn_order=list(range(dp)),
+        turn_order=list(range(dp)), turn_policy=turn_policy,
     )

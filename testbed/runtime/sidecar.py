@@ -2,14 +2,16 @@
 
 Each replica's flows on a WAN egress have their own HTB class (small guaranteed rate, ceiling = the
 link). Workers tell the sidecar when a transfer starts and ends. In temporal mode the sidecar ranks
-the replicas with a transfer in flight by the earliest microbatch they carry, then by their turn
-in the plan's order, and gives the first HTB priority 0, the next 1, and so on (7 at most). HTB lends
+the replicas with a transfer in flight by the plan's turn key (testbed/plan/turns.py, the one the
+simulator uses: a replica ranks by its smallest key) and gives the first HTB priority 0, the next 1,
+and so on (7 at most). HTB lends
 spare capacity to the lowest priority number first, so one replica at a time gets the link at full
 rate, and the next fills what it leaves: the simulator's temporal model. It is work-conserving, so
 if the sidecar dies the link keeps carrying everything and training does not hang.
 
 Control protocol (a Unix socket, length-prefixed JSON, see wire.py), fire-and-forget:
-  {"op": "start", "dev": DEV, "replica": R, "mb": I, "id": ID}   {"op": "end", "id": ID}
+  {"op": "start", "dev": DEV, "replica": R, "mb": I, "kind": "a"|"g", "id": ID}   {"op": "end", "id": ID}
+A transfer's issue time is the order its start notice arrived in.
 A malformed message closes that client's connection; the sidecar keeps serving the others.
 
 Usage: python -m testbed.runtime.sidecar CONFIG.json
@@ -22,6 +24,7 @@ import sys
 from collections import defaultdict
 
 from testbed.emu.flowctl import set_class
+from testbed.plan.turns import TURN_KEYS
 from testbed.runtime.ctlserver import serve_frames
 from testbed.runtime.wire import ProtocolError
 
@@ -29,13 +32,12 @@ IDLE_PRIO = 7
 
 
 def priorities(transfers) -> dict[int, int]:
-    """HTB priority per replica with a transfer in flight: by its earliest (microbatch, turn)."""
-    best: dict[int, tuple[int, int, int]] = {}
-    for key in transfers:
-        r = key[2]
+    """HTB priority per replica with a transfer in flight, from (turn key, replica) pairs: by its smallest key."""
+    best: dict[int, tuple] = {}
+    for key, r in transfers:
         if r not in best or key < best[r]:
             best[r] = key
-    return {r: min(i, IDLE_PRIO) for i, r in enumerate(sorted(best, key=best.__getitem__))}
+    return {r: min(i, IDLE_PRIO) for i, r in enumerate(sorted(best, key=lambda r: (best[r], r)))}
 
 
 class Sidecar:
@@ -44,7 +46,9 @@ class Sidecar:
         self.ipr = ipr
         self.idx = {dev: ipr.link_lookup(ifname=dev)[0] for dev in cfg["devs"]}
         self.turn = {int(r): i for i, r in enumerate(cfg["turn_order"])}
-        self.active: dict[str, dict[str, tuple[int, int, int]]] = defaultdict(dict)  # dev -> id -> key
+        self.key = TURN_KEYS[cfg.get("turn_policy", "replica")]
+        self.issued = 0  # start notices so far: the issue order first-come-first-served ranks by
+        self.active: dict[str, dict[str, tuple[tuple, int]]] = defaultdict(dict)  # dev -> id -> (key, replica)
         self.prio: dict[tuple[str, int], int] = {}
         self.changes = 0
 
@@ -55,7 +59,9 @@ class Sidecar:
             dev, r, mb, tid = msg["dev"], int(msg["replica"]), int(msg["mb"]), str(msg["id"])
             if dev not in self.cfg["devs"] or str(r) not in self.cfg["devs"][dev]:
                 raise ProtocolError(f"unknown device or replica: {dev} {r}")
-            self.active[dev][tid] = (mb, self.turn.get(r, r), r)
+            kind = str(msg.get("kind", "a"))
+            self.issued += 1
+            self.active[dev][tid] = (self.key(mb, self.turn.get(r, r), kind, self.issued), r)
             self.apply(dev)
         elif op == "end":
             tid = str(msg["id"])

@@ -39,6 +39,7 @@ class Inbox:
         self.data: dict[tuple, bytearray] = {}
         self.done: dict[tuple, tuple[float, float]] = {}  # key -> (sender's start, last chunk in)
         self.error: BaseException | None = None
+        self.on_complete = None  # called with a key when its last chunk is in (from the reader's thread)
 
     def buffer(self, key: tuple, total: int) -> bytearray:
         with self.cond:
@@ -50,10 +51,13 @@ class Inbox:
         with self.cond:
             n = self.parts.get(key, 0) + 1
             self.parts[key] = n
-            if n == chunks:
-                del self.parts[key]
-                self.done[key] = (t_send, time.monotonic())
-                self.cond.notify_all()
+            if n < chunks:
+                return
+            del self.parts[key]
+            self.done[key] = (t_send, time.monotonic())
+            self.cond.notify_all()
+        if self.on_complete is not None:
+            self.on_complete(key)
 
     def payload(self, key: tuple) -> bytearray:
         with self.cond:
@@ -114,6 +118,11 @@ def _recv_into(sock: socket.socket, view: memoryview) -> None:
         got += k
 
 
+def transfer_id(replica: int, kind: bytes, it: int, mb: int) -> str:
+    """How the sender's start notice and the receiver's end notice name one transfer to the sidecar."""
+    return f"{replica}{kind.decode()}{it}.{mb}"
+
+
 class Striped:
     """n connections to one peer; a message is split into n chunks sent in parallel."""
 
@@ -153,16 +162,14 @@ class Striped:
         t0 = time.monotonic()
         left = [n]
         lock = threading.Lock()
-        tid = f"{replica}{kind.decode()}{it}.{mb}"
-        if sidecar:
-            sidecar.notice({"op": "start", "replica": replica, "mb": mb, "id": tid})
+        if sidecar:  # the receiver ends it (transfer_id): bytes in our socket buffer have not left yet
+            sidecar.notice({"op": "start", "replica": replica, "mb": mb, "kind": kind.decode(),
+                            "id": transfer_id(replica, kind, it, mb)})
 
         def one_done() -> None:
             with lock:
                 left[0] -= 1
                 if left[0] == 0:
-                    if sidecar:
-                        sidecar.notice({"op": "end", "id": tid})
                     on_done(t0, time.monotonic())
 
         for i, (q, size) in enumerate(zip(self.queues, sizes, strict=True)):
@@ -437,6 +444,16 @@ def main(cfg_path: str, ctl_path: str) -> None:
         prev = Striped(accepted["prev"])
     side_next = SidecarClient(*cfg["sidecar_next"]) if cfg.get("sidecar_next") else None
     side_prev = SidecarClient(*cfg["sidecar_prev"]) if cfg.get("sidecar_prev") else None
+
+    def transfer_arrived(key: tuple) -> None:
+        """Tell the link's sidecar a transfer is over once its last byte is here: only then has it left
+        the shaped link (a sender's sendall returns while its socket buffer still holds the tail)."""
+        kind, it, mb = key
+        side = side_prev if kind == b"a" else side_next if kind == b"g" else None
+        if side:
+            side.notice({"op": "end", "id": transfer_id(r, kind, it, mb)})
+
+    inbox.on_complete = transfer_arrived
 
     log: list[list] = []
     log_lock = threading.Lock()

@@ -1,9 +1,12 @@
 """Discrete-event execution of a Plan into a Timeline.
 
 Each (replica, stage) group runs its action list in order; an action starts when the group is free
-and its input has arrived (activation for F, gradient for B). Transfers inside a DC cost
-latency + bytes/bandwidth with no contention; across DCs they are flows on a WAN link (see
-network.py) and arrive one propagation latency after their last byte leaves. After a stage's last
+and its input has arrived (activation for F, gradient for B). The transfers between two groups in one
+direction travel on one set of TCP connections, a FIFO pipe: each transfer starts when the one before
+it has left, and the set shares one n x W/RTT window cap (as NCCL send/recv on one communicator, or
+our workers' striped sockets, queue successive messages). Inside a DC a pipe costs latency +
+bytes/bandwidth with no contention between pipes; across DCs the pipe's head transfer is a flow on a
+WAN link (see network.py) and arrives one propagation latency after its last byte leaves. After a stage's last
 backward on every replica its gradients are all-reduced (ring inside the DC; hierarchical with a
 ring across DCs for dp-wan). The iteration ends when every all-reduce is done.
 """
@@ -11,13 +14,15 @@ ring across DCs for dp-wan). The iteration ends when every all-reduce is done.
 from __future__ import annotations
 
 import heapq
-from collections import defaultdict
+from collections import defaultdict, deque
 
 from testbed.plan.plan import Plan
+from testbed.plan.turns import TURN_KEYS
 from testbed.sim.network import Flow, LinkState
 from testbed.timeline import Timeline
 
 FWD, BWD = "F", "B"
+
 
 
 class Simulation:
@@ -38,6 +43,9 @@ class Simulation:
             k: LinkState(lp.capacity_bps, lp.temporal, self._schedule_flow) for k, lp in plan.links.items()
         }
         self.turn_pos = {r: i for i, r in enumerate(plan.turn_order)}
+        self.turn_key = TURN_KEYS[plan.turn_policy]
+        self.pipes: dict[tuple[int, int], deque] = defaultdict(deque)  # (src, dst) -> queued WAN transfers
+        self.pipe_free: dict[tuple[int, int], float] = {}  # (src, dst) inside a DC -> when its last byte leaves
         self.wan_ar: dict[int, dict] = {}  # stage -> pending cross-DC all-reduce state
         self.events = 0
 
@@ -102,33 +110,48 @@ class Simulation:
 
     # --- transfers ------------------------------------------------------------------------
     def send(self, src: int, dst: int, kind: str, i: int, nbytes: float) -> None:
+        """Queue a transfer on the (src, dst) pipe; it leaves after the transfers queued before it."""
         p = self.p
         r = src // p.pp
         a, b = p.stage_dc[r][src % p.pp], p.stage_dc[r][dst % p.pp]
         if a == b or p.ideal_wan:
             intra = p.intra[a]
-            tx = nbytes / intra.bandwidth_bps
-            arrive = self.now + tx + intra.latency_s
-            self.out.append((src, "send", i, self.now, self.now + tx, nbytes))
+            start = max(self.now, self.pipe_free.get((src, dst), 0.0))
+            end = start + nbytes / intra.bandwidth_bps
+            self.pipe_free[(src, dst)] = end
+            arrive = end + intra.latency_s
+            self.out.append((src, "send", i, self.now, end, nbytes))
             self.out.append((dst, "recv", i, self.now, arrive, nbytes))
             self.push(arrive, self.arrival, dst, kind, i)
             return
-        lp = p.links[(a, b)]
-        flow = Flow(nbytes, lp.transfer_cap_bps, (i, self.turn_pos[r], kind), payload=(src, dst, kind, i, lp))
-        self.links[(a, b)].add(flow, self.now)
+        pipe = self.pipes[(src, dst)]
+        pipe.append((kind, i, nbytes, self.now))
+        if len(pipe) == 1:
+            self._start_head(src, dst, p.links[(a, b)])
+
+    def _start_head(self, src: int, dst: int, lp) -> None:
+        kind, i, nbytes, t_issue = self.pipes[(src, dst)][0]
+        r = src // self.p.pp
+        prio = self.turn_key(i, self.turn_pos[r], kind, t_issue)
+        flow = Flow(nbytes, lp.transfer_cap_bps, prio, payload=(src, dst, kind, i, lp, t_issue))
+        self.links[(lp.src, lp.dst)].add(flow, self.now)
 
     def _flow_done(self, flow: Flow, version: int) -> None:
         if version != flow.version:
             return  # superseded by a rate change
-        src, dst, kind, i, lp = flow.payload
+        src, dst, kind, i, lp, t_issue = flow.payload
         self.links[(lp.src, lp.dst)].remove(flow, self.now)
         if kind == "ar":
             self._wan_allreduce_part_done(src)
             return
         arrive = self.now + lp.latency_s
-        self.out.append((src, "send", i, flow.start, self.now, flow.nbytes))
-        self.out.append((dst, "recv", i, flow.start, arrive, flow.nbytes))
+        self.out.append((src, "send", i, t_issue, self.now, flow.nbytes))
+        self.out.append((dst, "recv", i, t_issue, arrive, flow.nbytes))
         self.push(arrive, self.arrival, dst, kind, i)
+        pipe = self.pipes[(src, dst)]
+        pipe.popleft()
+        if pipe:
+            self._start_head(src, dst, lp)
 
     def arrival(self, g: int, kind: str, i: int) -> None:
         (self.got_act if kind == "a" else self.got_grad)[g][i] = 1
@@ -166,9 +189,12 @@ class Simulation:
         self.wan_ar[s] = {"pending": len(hops), "t0": t0, "tail": tail + 2 * (D - 1) * lat}
         for a, b in hops:
             lp = p.links[(a, b)]
-            conns = len(by_dc[a]) * p.tp  # every GPU of the DC's shard has its own NCCL socket
+            # every GPU of the DC's shard has its own NCCL connection (its sockets); multi-TCP may add more
+            conns = len(by_dc[a]) * p.tp * p.nccl_sockets
+            if p.mech.multi_tcp:
+                conns = max(conns, lp.connections)
             cap = conns * lp.window_bytes / lp.rtt_s if lp.rtt_s > 0 else float("inf")
-            flow = Flow(nbytes, cap, (float("inf"), s), payload=(s, None, "ar", -1, lp))
+            flow = Flow(nbytes, cap, (float("inf"), s), payload=(s, None, "ar", -1, lp, self.now))
             self.links[(a, b)].add(flow, self.now)
 
     def _wan_allreduce_part_done(self, s: int) -> None:

@@ -7,7 +7,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from testbed.analysis.metrics import SUMMARY_HEADER, summary_row
+from testbed.analysis.metrics import SUMMARY_HEADER, add_speedups, summary_row
 from testbed.bubbletea.bubbles import BUBBLES_HEADER, bubble_rows, extract_bubbles
 from testbed.bubbletea.run import REQUESTS_HEADER, request_rows, run_bubbletea
 from testbed.costs.prefill import inference_model, kv_bytes_per_token
@@ -36,10 +36,14 @@ def lower_bound_s(plan) -> float:
 def run_point(exp: Experiment, index: int, sweep: dict, keep_timeline: bool) -> list[RunResult]:
     dp = resolve_dp(exp)
     out = []
+    bounds: dict[tuple, float] = {}  # schedulers that differ only in the network share one lower bound
     for sched in exp.schedulers:
         plan = build_plan(exp, sched, run_id=f"p{index:02d}-{sched}", dp=dp)
         tl, events = simulate(plan)
-        lb = lower_bound_s(plan)
+        key = (tuple(map(tuple, plan.stage_dc)), tuple(map(tuple, plan.actions)))
+        if key not in bounds:
+            bounds[key] = lower_bound_s(plan)
+        lb = bounds[key]
         tl = tl.repeated(exp.iterations)
         bt, reqs, bubbles = None, [], None
         if plan.mech.bubbletea:
@@ -59,6 +63,7 @@ def run_point(exp: Experiment, index: int, sweep: dict, keep_timeline: bool) -> 
             if limit is not None:
                 tl = tl.only_replicas(limit)
         out.append(RunResult(row, tl if keep_timeline else None, events, reqs, rows))
+    add_speedups([r.summary for r in out])
     return out
 
 

@@ -11,7 +11,25 @@ from testbed.spec.workload import Workload
 
 
 class NetworkOptions(Strict):
-    max_tcp_connections: Annotated[int, Field(gt=0, le=1024)] = 128
+    """How transfers use TCP. The NCCL defaults are those of its socket transport: NCCL_SOCKET_NTHREADS=1 and
+    NCCL_NSOCKS_PERTHREAD=1 outside AWS (AWS ENA: 2 and 8), NCCL_NCHANNELS_PER_NET_PEER=2 channels per peer
+    for point-to-point sends (NCCL's src/transport/net_socket.cc and src/graph/paths.cc)."""
+
+    max_tcp_connections: Annotated[int, Field(gt=0, le=1024)] = 128  # multi-TCP's cap per transfer
+    nccl_socket_threads: Annotated[int, Field(gt=0, le=16)] = 1  # NCCL_SOCKET_NTHREADS
+    nccl_sockets_per_thread: Annotated[int, Field(gt=0, le=64)] = 1  # NCCL_NSOCKS_PERTHREAD
+    nccl_channels_per_peer: Annotated[int, Field(gt=0, le=32)] = 2  # NCCL_NCHANNELS_PER_NET_PEER
+    # the order in which transfers take turns on a WAN link under temporal sharing (README: turn orders)
+    turn_order: Literal["replica", "fcfs", "microbatch"] = "replica"
+    # net.ipv4.tcp_slow_start_after_idle: Linux restarts a connection idle for an RTO from its initial window.
+    # Off by default, as deployments that move data across long round trips set it; the simulator does not
+    # model slow start, so turning it on makes emulated runs slower than the simulator predicts (README).
+    tcp_slow_start_after_idle: bool = False
+
+    @property
+    def nccl_sockets(self) -> int:
+        """TCP connections one NCCL channel opens to a peer (NCCL caps it at 64)."""
+        return min(64, self.nccl_socket_threads * self.nccl_sockets_per_thread)
 
 
 class BubbleTeaOptions(Strict):

@@ -24,10 +24,18 @@ def pytest_collection_modifyitems(items):
             item.add_marker(needs_root)
 
 
+# Prefixes of other emulations sharing this machine (e.g. another developer's runs), comma-separated:
+# what carries them is not this test's to account for. Empty in CI.
+FOREIGN = tuple(p for p in os.environ.get("GDTB_TEST_FOREIGN_PREFIXES", "").split(",") if p)
+
+
 def snapshot() -> dict[str, set[str]]:
     """What a run could leave behind: namespaces, root links, root iptables rules, our processes."""
     def out(argv):
         return subprocess.run(argv, capture_output=True, text=True).stdout
+
+    def mine(item: str) -> bool:
+        return not FOREIGN or not any(f in item for f in FOREIGN)
 
     procs = set()
     for d in Path("/proc").iterdir():
@@ -38,12 +46,13 @@ def snapshot() -> dict[str, set[str]]:
                 continue
             if "testbed.emu" in cmd or "mininet:gdtb" in cmd or "iperf3" in cmd:
                 procs.add(f"{d.name} {cmd}")
-    return {
+    snap = {
         "netns": {ln.split()[0] for ln in out(["ip", "netns", "list"]).splitlines() if ln.strip()},
         "links": {ln.split(": ")[1].split("@")[0] for ln in out(["ip", "-o", "link"]).splitlines()},
         "iptables": {ln for ln in out(["iptables-save"]).splitlines() if not ln.startswith(("#", ":"))},
         "procs": procs,
     }
+    return {k: {x for x in v if mine(x)} for k, v in snap.items()}
 
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
