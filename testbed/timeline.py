@@ -7,7 +7,6 @@ An interval is one thing a GPU group (the tp GPUs of one stage of one replica) d
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -75,43 +74,98 @@ def group_gaps(intervals: list[Interval], iteration_s: list[float], busy_kinds: 
     return out
 
 
-@dataclass
 class Timeline:
-    run_id: str
-    source: str  # "sim" | "emu"
-    intervals: list[Interval]
-    iteration_s: list[float]  # duration of each iteration
-    groups: int  # GPU groups (each tp GPUs)
+    """One run's intervals, iteration by iteration.
+
+    A simulated timeline may be computed for one replica of each symmetric class only (`copies`:
+    replica -> the replicas it stands for). `intervals` writes the copies out (every replica, as if each
+    had been simulated); metrics and `only_replicas` work from the representatives without that cost.
+    The simulator's intervals are built lazily: metrics need only their durations.
+    """
+
+    def __init__(self, run_id: str, source: str, intervals: list[Interval] | None, iteration_s: list[float],
+                 groups: int, copies: dict[int, list[int]] | None = None, raw=None) -> None:
+        self.run_id = run_id
+        self.source = source  # "sim" | "emu"
+        self._reps = intervals  # the representatives' intervals (every replica's when copies is None)
+        self._raw = raw  # (plan, reps, executor tuples): representatives' intervals not built yet
+        self._all: list[Interval] | None = None
+        self.iteration_s = iteration_s  # duration of each iteration
+        self.groups = groups  # GPU groups (each tp GPUs), all replicas counted
+        self.copies = copies if copies and any(len(c) > 1 for c in copies.values()) else None
+
+    def rep_intervals(self) -> list[Interval]:
+        """The intervals of the simulated replicas only (one per symmetric class)."""
+        if self._reps is None:
+            plan, reps, raw = self._raw
+            ivs = []
+            for g, kind, mb, t0, t1, nbytes in raw:
+                k, st = divmod(g, plan.pp)
+                r = reps[k]
+                ivs.append(Interval(0, group_name(st, r), plan.stage_dc[r][st], st, r, kind, mb, t0, t1, nbytes))
+            self._reps = sort_intervals(ivs + group_gaps(ivs, [self.iteration_s[0]]))
+            self._raw = None
+        return self._reps
+
+    @property
+    def intervals(self) -> list[Interval]:
+        """Every replica's intervals (symmetric copies take their representative's times)."""
+        if self.copies is None:
+            return self.rep_intervals()
+        if self._all is None:
+            self._all = self._copied(lambda c: True)
+        return self._all
+
+    @intervals.setter
+    def intervals(self, ivs: list[Interval]) -> None:
+        self._reps, self._raw, self._all, self.copies = ivs, None, None, None
+
+    def _copied(self, keep) -> list[Interval]:
+        """Copies in place of their representative; a stable sort keeps each group's own order."""
+        copies = self.copies or {}
+        ivs = [iv._replace(replica=c, gpu=group_name(iv.stage, c)) if c != iv.replica else iv
+               for iv in self.rep_intervals() for c in copies.get(iv.replica, [iv.replica]) if keep(c)]
+        return sorted(ivs, key=lambda iv: (iv.iteration, iv.stage, iv.replica))
 
     @classmethod
-    def from_sim(cls, plan: Plan, raw: list[tuple]) -> Timeline:
-        """Build iteration 0 from the executor's raw tuples, with idle gaps filled in."""
+    def from_sim(cls, plan: Plan, raw: list[tuple], reps: list[int] | None = None,
+                 copies: dict[int, list[int]] | None = None) -> Timeline:
+        """Iteration 0 from the executor's raw tuples (group index k * pp + stage for replica reps[k])."""
+        reps = reps or list(range(plan.dp))
         end = max((t1 for *_, t1, _b in raw), default=0.0)
-        ivs = []
-        for g, kind, mb, t0, t1, nbytes in raw:
-            r, s = divmod(g, plan.pp)
-            ivs.append(Interval(0, group_name(s, r), plan.stage_dc[r][s], s, r, kind, mb, t0, t1, nbytes))
-        return cls(plan.run_id, "sim", sort_intervals(ivs + group_gaps(ivs, [end])), [end], plan.pp * plan.dp)
+        return cls(plan.run_id, "sim", None, [end], plan.pp * plan.dp, copies, (plan, reps, raw))
+
+    def weight(self, replica: int) -> int:
+        return len(self.copies[replica]) if self.copies else 1
+
+    def busy_time(self, kinds: tuple[str, ...]) -> float:
+        """GPU-group seconds spent in `kinds`, over all iterations and every replica."""
+        if self._raw is not None and "idle" not in kinds:
+            plan, reps, raw = self._raw
+            w = [self.weight(r) for r in reps]
+            return sum((t1 - t0) * w[g // plan.pp] for g, kind, _mb, t0, t1, _b in raw if kind in kinds)
+        return sum(iv.dur * self.weight(iv.replica) for iv in self.rep_intervals() if iv.kind in kinds)
 
     def repeated(self, iterations: int) -> Timeline:
         """Iterations are separated by a synchronous optimizer step, so in the simulator each one is
         the first shifted by its start time."""
+        if iterations == 1:
+            return self
         T = self.iteration_s[0]
         ivs = [iv._replace(iteration=k, start_s=iv.start_s + k * T, end_s=iv.end_s + k * T)
-               for k in range(iterations) for iv in self.intervals]
-        return Timeline(self.run_id, self.source, ivs, [T] * iterations, self.groups)
+               for k in range(iterations) for iv in self.rep_intervals()]
+        return Timeline(self.run_id, self.source, ivs, [T] * iterations, self.groups, self.copies)
 
     def steady(self) -> Timeline:
         """Without iteration 0 (connection set-up, TCP slow start) when there is more than one."""
         if len(self.iteration_s) < 2:
             return self
-        return Timeline(self.run_id, self.source, [iv for iv in self.intervals if iv.iteration > 0],
-                        self.iteration_s[1:], self.groups)
+        return Timeline(self.run_id, self.source, [iv for iv in self.rep_intervals() if iv.iteration > 0],
+                        self.iteration_s[1:], self.groups, self.copies)
 
     def only_replicas(self, n: int) -> Timeline:
         """The same timeline restricted to replicas < n (metrics are computed before this)."""
-        return Timeline(self.run_id, self.source, [iv for iv in self.intervals if iv.replica < n],
-                        self.iteration_s, self.groups)
+        return Timeline(self.run_id, self.source, self._copied(lambda c: c < n), self.iteration_s, self.groups)
 
     def with_busy(self, extra: list[Interval]) -> Timeline:
         """Add busy intervals (e.g. prefill) and recompute the idle ones around them."""
@@ -126,7 +180,7 @@ class Timeline:
 
 
 def sort_intervals(ivs: list[Interval]) -> list[Interval]:
-    return sorted(ivs, key=lambda iv: (iv.iteration, iv.stage, iv.replica, iv.start_s, iv.end_s, iv.kind))
+    return sorted(ivs, key=lambda iv: (iv.iteration, iv.stage, iv.replica, iv.start_s, iv.end_s, iv.kind, iv.microbatch))
 
 
 def write_timelines(path: str | Path, timelines: list[Timeline]) -> None:

@@ -25,7 +25,7 @@ def share(tl: Timeline, kinds: tuple[str, ...]) -> float:
     total = sum(tl.iteration_s) * tl.groups
     if total <= 0:
         return 0.0
-    return sum(iv.dur for iv in tl.intervals if iv.kind in kinds) / total
+    return tl.busy_time(kinds) / total
 
 
 def wan_links_used(plan: Plan) -> list[tuple[str, str]]:

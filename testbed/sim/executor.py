@@ -9,6 +9,11 @@ bytes/bandwidth with no contention between pipes; across DCs the pipe's head tra
 WAN link (see network.py) and arrives one propagation latency after its last byte leaves. After a stage's last
 backward on every replica its gradients are all-reduced (ring inside the DC; hierarchical with a
 ring across DCs for dp-wan). The iteration ends when every all-reduce is done.
+
+Replicas that are provably symmetric (the same placement, costs and start time, on links shared side
+by side) run identical timelines: one of each such class is simulated, standing for the others, and its
+flows count once per replica in the link's sharing. Under temporal sharing replicas take turns, so
+every replica is simulated.
 """
 
 from __future__ import annotations
@@ -25,14 +30,28 @@ FWD, BWD = "F", "B"
 
 
 
+def replica_classes(plan: Plan) -> dict[int, list[int]]:
+    """Replica -> the replicas it stands for (itself first). Symmetric replicas share one entry."""
+    if any(lp.temporal for lp in plan.links.values()):
+        return {r: [r] for r in range(plan.dp)}
+    classes: dict[tuple, list[int]] = {}
+    for r in range(plan.dp):
+        key = (tuple(plan.stage_dc[r]), tuple(plan.fwd_s[r]), tuple(plan.bwd_s[r]), plan.replica_offset_s[r])
+        classes.setdefault(key, []).append(r)
+    return {rs[0]: rs for rs in classes.values()}
+
+
 class Simulation:
     def __init__(self, plan: Plan) -> None:
         self.p = plan
         self.heap: list = []
         self.seq = 0
         self.now = 0.0
-        P, dp, m = plan.pp, plan.dp, plan.microbatches
-        n = P * dp
+        self.copies = replica_classes(plan)
+        self.reps = list(self.copies)  # simulated replicas; group g = k * pp + s for replica reps[k]
+        self.weight = [len(self.copies[r]) for r in self.reps]
+        P, m = plan.pp, plan.microbatches
+        n = P * len(self.reps)
         self.ptr = [0] * n
         self.busy = [False] * n
         self.got_act = [bytearray(m) for _ in range(n)]
@@ -49,6 +68,9 @@ class Simulation:
         self.wan_ar: dict[int, dict] = {}  # stage -> pending cross-DC all-reduce state
         self.events = 0
 
+    def replica(self, g: int) -> int:
+        return self.reps[g // self.p.pp]
+
     # --- event plumbing -------------------------------------------------------------------
     def push(self, t: float, fn, *args) -> None:
         self.seq += 1
@@ -59,25 +81,25 @@ class Simulation:
 
     def run(self) -> Timeline:
         p = self.p
-        for r in range(p.dp):
+        for k, r in enumerate(self.reps):
             for s in range(p.pp):
-                self.push(p.replica_offset_s[r], self.try_start, r * p.pp + s)
+                self.push(p.replica_offset_s[r], self.try_start, k * p.pp + s)
         heap, pop = self.heap, heapq.heappop
         while heap:
             t, _, fn, args = pop(heap)
             self.now = t
             fn(*args)
             self.events += 1
-        if any(self.ptr[g] < len(p.actions[g % p.pp]) for g in range(p.pp * p.dp)):
+        if any(self.ptr[g] < len(p.actions[g % p.pp]) for g in range(len(self.ptr))):
             raise RuntimeError(f"{p.run_id}: simulation deadlocked (a schedule waits on input that never comes)")
-        return Timeline.from_sim(p, self.out)
+        return Timeline.from_sim(p, self.out, self.reps, self.copies)
 
     # --- compute --------------------------------------------------------------------------
     def try_start(self, g: int) -> None:
         p = self.p
         if self.busy[g]:
             return
-        s, r = g % p.pp, g // p.pp
+        s, r = g % p.pp, self.reps[g // p.pp]
         acts = p.actions[s]
         k = self.ptr[g]
         if k == len(acts) or self.now < p.replica_offset_s[r]:
@@ -105,14 +127,14 @@ class Simulation:
         elif op == BWD and s > 0:
             self.send(g, g - 1, "g", i, p.act_bytes[s - 1])
         if self.ptr[g] == len(p.actions[s]):
-            self.stage_finished(s)
+            self.stage_finished(s, g)
         self.try_start(g)
 
     # --- transfers ------------------------------------------------------------------------
     def send(self, src: int, dst: int, kind: str, i: int, nbytes: float) -> None:
         """Queue a transfer on the (src, dst) pipe; it leaves after the transfers queued before it."""
         p = self.p
-        r = src // p.pp
+        r = self.replica(src)
         a, b = p.stage_dc[r][src % p.pp], p.stage_dc[r][dst % p.pp]
         if a == b or p.ideal_wan:
             intra = p.intra[a]
@@ -131,9 +153,9 @@ class Simulation:
 
     def _start_head(self, src: int, dst: int, lp) -> None:
         kind, i, nbytes, t_issue = self.pipes[(src, dst)][0]
-        r = src // self.p.pp
-        prio = self.turn_key(i, self.turn_pos[r], kind, t_issue)
-        flow = Flow(nbytes, lp.transfer_cap_bps, prio, payload=(src, dst, kind, i, lp, t_issue))
+        k = src // self.p.pp
+        prio = self.turn_key(i, self.turn_pos[self.reps[k]], kind, t_issue)
+        flow = Flow(nbytes, lp.transfer_cap_bps, prio, payload=(src, dst, kind, i, lp, t_issue), weight=self.weight[k])
         self.links[(lp.src, lp.dst)].add(flow, self.now)
 
     def _flow_done(self, flow: Flow, version: int) -> None:
@@ -158,8 +180,8 @@ class Simulation:
         self.try_start(g)
 
     # --- data-parallel gradient all-reduce ---------------------------------------------------
-    def stage_finished(self, s: int) -> None:
-        self.stage_done[s] += 1
+    def stage_finished(self, s: int, g: int) -> None:
+        self.stage_done[s] += self.weight[g // self.p.pp]
         if self.stage_done[s] < self.p.dp:
             return
         p = self.p
@@ -207,8 +229,8 @@ class Simulation:
         p = self.p
         if t1 <= t0:
             return
-        for r in range(p.dp):
-            self.out.append((r * p.pp + s, "allreduce", -1, t0, t1, p.grad_bytes[s]))
+        for k in range(len(self.reps)):
+            self.out.append((k * p.pp + s, "allreduce", -1, t0, t1, p.grad_bytes[s]))
 
 
 def simulate(plan: Plan) -> tuple[Timeline, int]:

@@ -7,57 +7,67 @@ capacity among active flows in one of two ways:
 - temporal (Atlas): flows take turns in priority order; the first gets min(cap, C), the next gets
   what is left, and so on. With n x W/RTT >= C that is one flow at a time at full rate.
 
-Rates change only when a flow starts or ends; flows whose rate did not change keep their pending
-completion event, so a cap-bound flow costs nothing when others come and go.
+A flow may stand for `weight` identical copies (replicas the executor proved symmetric): it gets
+what each copy would, and counts `weight` times in the sharing.
+
+Rates change only when a flow starts or ends, and only flows whose rate changed get a new completion
+event, so a cap-bound flow costs nothing when others come and go. Under temporal sharing the flows
+are kept in priority order and only the ones that get capacity are visited, so a long queue of
+waiting flows costs nothing per event either.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Flow:
-    nbytes: float
-    cap: float  # bytes/s this flow could carry alone
+    nbytes: float  # bytes of one copy
+    cap: float  # bytes/s one copy could carry alone
     prio: tuple  # lower first under temporal sharing
     payload: object = None
+    weight: int = 1  # identical copies this flow stands for
     remaining: float = field(init=False)
-    rate: float = 0.0
+    rate: float = 0.0  # bytes/s of one copy
     t_last: float = 0.0
     version: int = 0
     start: float = 0.0
+    seq: int = 0  # arrival order on its link: breaks priority ties deterministically
 
     def __post_init__(self) -> None:
         self.remaining = self.nbytes
 
 
 def allocate_spatial(capacity: float, flows: list[Flow]) -> list[float]:
-    """Max-min fair rates with per-flow caps (water-filling); in the order of `flows`."""
+    """Max-min fair rates per copy with per-flow caps (weighted water-filling); in the order of `flows`."""
     order = sorted(range(len(flows)), key=lambda i: flows[i].cap)
     rates = [0.0] * len(flows)
-    left, n = capacity, len(flows)
-    for k, i in enumerate(order):
-        share = left / (n - k)
-        r = min(flows[i].cap, share)
+    left, weight = capacity, sum(f.weight for f in flows)
+    for i in order:
+        f = flows[i]
+        r = min(f.cap, left / weight)
         rates[i] = r
-        left -= r
+        left -= r * f.weight
+        weight -= f.weight
     return rates
 
 
 def allocate_temporal(capacity: float, flows: list[Flow]) -> list[float]:
     """Strict turns: capacity goes to flows in priority order, each up to its cap."""
-    order = sorted(range(len(flows)), key=lambda i: flows[i].prio)
+    order = sorted(range(len(flows)), key=lambda i: (flows[i].prio, flows[i].seq))
     rates = [0.0] * len(flows)
     left = capacity
     for i in order:
-        r = min(flows[i].cap, left)
-        rates[i] = r
-        left -= r
         if left <= 0:
             break
+        f = flows[i]
+        r = min(f.cap, left / f.weight)
+        rates[i] = r
+        left -= r * f.weight
     return rates
 
 
@@ -68,34 +78,81 @@ class LinkState:
         self.capacity = capacity
         self.temporal = temporal
         self.schedule = schedule
-        self.flows: list[Flow] = []
+        self.flows: list[Flow] = []  # spatial: every active flow; temporal: sorted by (prio, seq)
+        self.keys: list[tuple] = []  # temporal: the sort keys of `flows`
+        self.running: list[Flow] = []  # temporal: the flows that get capacity now, in priority order
         self.bytes_total = 0.0
+        self.arrivals = 0
 
     def add(self, flow: Flow, now: float) -> None:
         flow.t_last = now
         flow.start = now
-        self.bytes_total += flow.nbytes
-        self.flows.append(flow)
+        self.arrivals += 1
+        flow.seq = self.arrivals
+        self.bytes_total += flow.nbytes * flow.weight
+        if self.temporal:
+            key = (flow.prio, flow.seq)
+            i = bisect.bisect(self.keys, key)
+            self.keys.insert(i, key)
+            self.flows.insert(i, flow)
+        else:
+            self.flows.append(flow)
         self._reallocate(now)
 
     def remove(self, flow: Flow, now: float) -> None:
-        self.flows.remove(flow)
+        if self.temporal:
+            i = bisect.bisect_left(self.keys, (flow.prio, flow.seq))
+            del self.keys[i]
+            del self.flows[i]
+        else:
+            self.flows.remove(flow)
         flow.remaining = 0.0
+        flow.rate = 0.0
         self._reallocate(now)
 
-    def _reallocate(self, now: float) -> None:
-        flows = self.flows
-        if not flows:
-            return
+    def _set_rate(self, f: Flow, r: float, now: float) -> None:
+        if r == f.rate and f.version:
+            return  # unchanged: its completion event still holds
+        f.rate = r
+        f.version += 1
+        if r > 0:
+            self.schedule(now + (f.remaining / r if math.isfinite(r) else 0.0), f, f.version)
+
+    @staticmethod
+    def _advance(flows: list[Flow], now: float) -> None:
         for f in flows:
             if f.rate:
                 f.remaining = max(0.0, f.remaining - f.rate * (now - f.t_last))
             f.t_last = now
-        rates = (allocate_temporal if self.temporal else allocate_spatial)(self.capacity, flows)
-        for f, r in zip(flows, rates, strict=True):
-            if r == f.rate and f.version:
-                continue  # unchanged: its completion event still holds
-            f.rate = r
-            f.version += 1
-            if r > 0:
-                self.schedule(now + (f.remaining / r if math.isfinite(r) else 0.0), f, f.version)
+
+    def _reallocate(self, now: float) -> None:
+        if self.temporal:
+            self._reallocate_turns(now)
+            return
+        flows = self.flows
+        if not flows:
+            return
+        self._advance(flows, now)
+        for f, r in zip(flows, allocate_spatial(self.capacity, flows), strict=True):
+            self._set_rate(f, r, now)
+
+    def _reallocate_turns(self, now: float) -> None:
+        """Visit flows in priority order until the capacity is used up; the flows that ran before and no
+        longer get capacity are paused."""
+        self._advance(self.running, now)
+        running: list[Flow] = []
+        left = self.capacity
+        for f in self.flows:
+            if left <= 0:
+                break
+            if not f.rate:
+                f.t_last = now
+            r = min(f.cap, left / f.weight)
+            self._set_rate(f, r, now)
+            running.append(f)
+            left -= r * f.weight
+        kept = set(map(id, running))
+        for f in self.running:
+            if id(f) not in kept and f.rate:
+                self._set_rate(f, 0.0, now)
+        self.running = running
