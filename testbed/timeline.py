@@ -180,7 +180,8 @@ class Timeline:
 
 
 def sort_intervals(ivs: list[Interval]) -> list[Interval]:
-    return sorted(ivs, key=lambda iv: (iv.iteration, iv.stage, iv.replica, iv.start_s, iv.end_s, iv.kind, iv.microbatch))
+    return sorted(ivs, key=lambda iv: (iv.iteration, iv.stage, iv.replica, iv.start_s, iv.end_s, iv.kind,
+                                       iv.microbatch))
 
 
 def write_timelines(path: str | Path, timelines: list[Timeline]) -> None:
