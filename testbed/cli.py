@@ -338,7 +338,7 @@ def clean_cmd(
     console.print("clean" if not removed else f"removed {len(removed)} item(s)")
 
 
-def _training_run(points: list, out: Path) -> None:
+def _training_run(points: list, out: Path, capture: bool = False) -> None:
     import signal
 
     from rich.progress import Progress
@@ -357,7 +357,7 @@ def _training_run(points: list, out: Path) -> None:
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task(f"{exp0.name}: emulated iterations", total=total)
         for i, (exp, point) in enumerate(points):
-            res, val, loss, flow = run_point(exp, i, point, lambda: bar.advance(task))
+            res, val, loss, flow = run_point(exp, i, point, lambda: bar.advance(task), capture)
             results += res
             validation += val
             losses += loss
@@ -370,8 +370,10 @@ def _training_run(points: list, out: Path) -> None:
         paths.append(out / "loss.csv")
         write_csv(paths[-1], LOSS_HEADER, losses)
     if flows:
+        from testbed.analysis import flows as captured
+
         paths.append(out / "flows.csv")
-        write_csv(paths[-1], FLOWS_HEADER, flows)
+        write_csv(paths[-1], captured.FLOWS_HEADER if capture else FLOWS_HEADER, flows)
     print_summary([r.summary for r in results], f"{exp0.name}: emulated and simulated")
     t = Table(title="simulator vs emulator (relative error of the simulator's prediction)")
     for c in VALIDATION_HEADER:
@@ -397,6 +399,8 @@ def experiment_run(
     backend: Annotated[str | None, typer.Option(help="netns | docker | mininet | containernet")] = None,
     set_: SetOpt = None,
     sweep: SweepOpt = None,
+    capture: Annotated[bool, typer.Option(help="Capture WAN packet headers for the whole run into flows.csv")]
+    = False,
 ) -> None:
     """Bring the topology up, run the experiment on it, tear it down (also on error and Ctrl-C)."""
     import signal
@@ -411,7 +415,7 @@ def experiment_run(
     points = load_experiment(experiment, sets, sweep)
     exp0 = points[0][0]
     if exp0.multitcp is None:
-        return _training_run(points, out)
+        return _training_run(points, out, capture)
     require_root()
     from testbed.emu.multitcp import HEADER, run_point
 

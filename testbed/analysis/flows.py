@@ -94,25 +94,51 @@ def flow_rows(run_id: str, rows: Iterable[tuple[FlowKey, int, float, int]], labe
     return out
 
 
-def top_shares(bytes_by_replica: dict[int, dict[str, float]], pending: dict[int, set[str]],
-               min_bytes: float = 0.0) -> list[float]:
-    """For every 1 ms bin in which two or more replicas have a transfer pending and the link carried
-    at least min_bytes: the share of the link's bytes carried by the replica that carried most."""
-    out = []
-    for b, who in sorted(pending.items()):
-        if len(who) < 2:
+def pending_bins(transfers: Iterable[tuple[str, object, float, float]]) -> dict[int, frozenset]:
+    """1 ms bins fully inside each transfer (replica, transfer id, start_s, end_s) -> the set of
+    (replica, transfer id) pending there."""
+    out: dict[int, set] = defaultdict(set)
+    for r, tid, a, b in transfers:
+        for k in range(math.ceil(a / BIN_S), math.floor(b / BIN_S)):
+            out[k].add((r, tid))
+    return {k: frozenset(v) for k, v in out.items()}
+
+
+def contention(pending: dict[int, frozenset]) -> list[list[int]]:
+    """Maximal runs of consecutive bins in which two or more replicas have a transfer pending and the set
+    of pending transfers does not change: whoever should hold the link stays the same within one."""
+    out: list[list[int]] = []
+    prev = None
+    for b in sorted(pending):
+        who = pending[b]
+        if len({r for r, _ in who}) < 2:
+            prev = None
             continue
-        per = bytes_by_replica.get(b, {})
-        total = sum(per.values())
-        if total > 0 and total >= min_bytes:
-            out.append(max(per.values()) / total)
+        if prev is not None and out and out[-1][-1] == b - 1 and who == prev:
+            out[-1].append(b)
+        else:
+            out.append([b])
+        prev = who
     return out
 
 
-def pending_bins(intervals: Iterable[tuple[str, float, float]]) -> dict[int, set[str]]:
-    """1 ms bins fully inside each (replica, start_s, end_s) interval -> the replicas pending there."""
-    out: dict[int, set[str]] = defaultdict(set)
-    for r, a, b in intervals:
-        for k in range(math.ceil(a / BIN_S), math.floor(b / BIN_S)):
-            out[k].add(r)
-    return dict(out)
+def leader_shares(bytes_by_replica: dict[int, dict[str, float]], pending: dict[int, frozenset]) -> list[float]:
+    """In each run of contention (see `contention`) the leader is the replica that carried most of the run's
+    bytes; returns, for every bin of every run that carried bytes, the leader's share of the bin. Taking
+    turns keeps it near 1 in every bin; sharing, even a FIFO that alternates bursts of each replica, hands
+    many bins to the other replica."""
+    out = []
+    for run in contention(pending):
+        tot: dict[str, float] = defaultdict(float)
+        for b in run:
+            for r, v in bytes_by_replica.get(b, {}).items():
+                tot[r] += v
+        if not tot:
+            continue
+        lead = max(tot, key=tot.__getitem__)
+        for b in run:
+            per = bytes_by_replica.get(b, {})
+            total = sum(per.values())
+            if total > 0:
+                out.append(per.get(lead, 0.0) / total)
+    return out
