@@ -122,11 +122,13 @@ def contention(pending: dict[int, frozenset]) -> list[list[int]]:
     return out
 
 
-def leader_shares(bytes_by_replica: dict[int, dict[str, float]], pending: dict[int, frozenset]) -> list[float]:
+def leader_shares(bytes_by_replica: dict[int, dict[str, float]], pending: dict[int, frozenset],
+                  min_bytes: float = 0.0) -> list[float]:
     """In each run of contention (see `contention`) the leader is the replica that carried most of the run's
     bytes; returns, for every bin of every run that carried bytes, the leader's share of the bin. Taking
     turns keeps it near 1 in every bin; sharing, even a FIFO that alternates bursts of each replica, hands
-    many bins to the other replica."""
+    many bins to the other replica. `min_bytes`: only bins in which the link carried at least this much
+    (a busy link: both replicas had packets queued, so priority, not supply, decided who sent)."""
     out = []
     for run in contention(pending):
         tot: dict[str, float] = defaultdict(float)
@@ -139,6 +141,6 @@ def leader_shares(bytes_by_replica: dict[int, dict[str, float]], pending: dict[i
         for b in run:
             per = bytes_by_replica.get(b, {})
             total = sum(per.values())
-            if total > 0:
+            if total > 0 and total >= min_bytes:
                 out.append(per.get(lead, 0.0) / total)
     return out
