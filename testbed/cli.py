@@ -521,7 +521,8 @@ def _launch(emu, built: bool, argv: list[str], nproc: int, master_port: int, con
         t0 = time.monotonic()
         res = run_job(emu, argv, nproc=nproc, master_port=master_port, connections=conns, out_dir=out, cwd=cwd,
                       echo=lambda line: print(line, flush=True), capture=cap,
-                      on_failure=lambda m: err_console.print(f"[red]launch:[/red] {m}", highlight=False))
+                      on_failure=lambda m: err_console.print(f"[red]launch:[/red] {m}", highlight=False,
+                                                             soft_wrap=True))
         cap = None
     finally:
         if cap is not None:
