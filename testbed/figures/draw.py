@@ -19,11 +19,14 @@ def draw_all(folder: Path, out: Path) -> list[Path]:
     ffile = folder / "flows.csv"
     captured = ffile.exists() and "t_ms" in pd.read_csv(ffile, nrows=0).columns  # a packet capture's flows
     if captured:
-        from testbed.figures.launch import captured_flows
+        from testbed.figures.launch import captured_flows, contention_window
 
         flows = pd.read_csv(ffile)
         for run_id, d in flows.groupby("run_id", sort=False):
             paths.append(captured_flows(d, out / f"wan_flows_{run_id}.png"))
+            win = contention_window(d)
+            if win is not None:  # milliseconds are invisible over a whole run: a 200 ms zoom as well
+                paths.append(captured_flows(d, out / f"wan_flows_{run_id}_zoom.png", window_ms=win))
     sfile = folder / "summary.csv"
     if not sfile.exists():
         return paths

@@ -27,9 +27,28 @@ def loss_vs_wall(runs: dict[str, list[dict]], target: float, path: Path) -> Path
     return path
 
 
-def captured_flows(flows: pd.DataFrame, path: Path, max_panels: int = 4, by: str = "replica") -> Path:
+def contention_window(flows: pd.DataFrame, span_ms: int = 200, by: str = "replica") -> tuple[int, int] | None:
+    """The span_ms window of the busiest direction with the most milliseconds in which two or more
+    replicas carried bytes: where taking turns, or not, shows."""
+    d = flows[~flows[by].astype(str).isin(["", "nan"])]
+    if d.empty:
+        return None
+    link, towards = d.groupby(["link", "towards"]).bytes.sum().idxmax()
+    d = d[(d.link == link) & (d.towards == towards)]
+    per = d.groupby("t_ms")[by].nunique()
+    both = (per >= 2).astype(int).reindex(range(int(per.index.min()), int(per.index.max()) + 1), fill_value=0)
+    if both.sum() == 0:
+        return None
+    end = int(both.rolling(span_ms, min_periods=1).sum().idxmax())
+    return end - span_ms + 1, end + 1
+
+
+def captured_flows(flows: pd.DataFrame, path: Path, max_panels: int = 4, by: str = "replica",
+                   window_ms: tuple[int, int] | None = None) -> Path:
     """Throughput per replica on the busiest WAN directions, 1 ms bins, stacked: under temporal sharing
-    one colour fills the link at a time; under fair sharing the colours share it."""
+    one colour fills the link at a time; under fair sharing the colours share it. `window_ms`: zoom."""
+    if window_ms is not None:
+        flows = flows[(flows.t_ms >= window_ms[0]) & (flows.t_ms < window_ms[1])]
     d = flows.assign(key=flows[by].fillna("other").astype(str).replace({"": "other", "nan": "other"}))
     busiest = d.groupby(["link", "towards"]).bytes.sum().sort_values(ascending=False).index[:max_panels]
     fig, axes = plt.subplots(len(busiest), 1, figsize=(9, 1.9 * len(busiest) + 0.8), dpi=120, sharex=True,
