@@ -156,3 +156,18 @@ def test_time_to_target_is_the_first_evaluation_at_or_below_it():
             {"step": "10", "wall_s": "9.0", "eval_loss": "1.9"}, {"step": "15", "wall_s": "13.0", "eval_loss": "1.5"}]
     assert time_to_target(rows, 2.0) == (9.0, 10) and time_to_target(rows, 1.0) is None
     assert convergence_row("ddp", rows, 2.0)[:6] == ("ddp", 2.0, 9.0, 10, 1.5, 15)
+
+
+def test_flow_figures_zoom_on_contention(tmp_path):
+    import pandas as pd
+
+    from testbed.figures.launch import captured_flows, contention_window
+
+    rows = [("r", "a-b", "b", t, "s", 1, "d", 2, "a", "b", r, "", 100.0, 1)
+            for t in range(900) for r in (("0", "1") if t >= 600 else (str(t // 300),))]
+    from testbed.analysis.flows import FLOWS_HEADER
+
+    flows = pd.DataFrame(rows, columns=FLOWS_HEADER)
+    lo, hi = contention_window(flows, span_ms=200)
+    assert hi - lo == 200 and lo >= 600  # inside the stretch where both replicas share every ms
+    assert captured_flows(flows, tmp_path / "f.png", window_ms=(lo, hi)).stat().st_size > 0
