@@ -18,6 +18,7 @@ have mnexec    || need+=(mininet)
 have brctl     || need+=(bridge-utils)
 have ethtool   || need+=(ethtool)
 have pkill     || need+=(procps)
+ldconfig -p 2>/dev/null | grep -q "libpcap.so" || need+=(libpcap0.8)  # scapy compiles capture filters with it
 if [ $docker -eq 1 ]; then
   have dockerd     || need+=(docker.io)
   have debootstrap || need+=(debootstrap)

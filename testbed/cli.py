@@ -275,6 +275,38 @@ def topology_exec(
     os.execvp(argv[0], argv)
 
 
+@topology_app.command("capture")
+@friendly
+def topology_capture(
+    prefix: PrefixOpt = "gdtb0",
+    seconds: Annotated[float, typer.Option(help="How long to capture (bounded; Ctrl-C stops it early)")] = 10.0,
+    max_packets: Annotated[int, typer.Option(help="Stop after this many packets per WAN link")] = 2_000_000,
+    out: Annotated[Path, typer.Option(help="Where flows.csv goes")] = Path("results/capture/flows.csv"),
+) -> None:
+    """Capture packet headers on every WAN link of a topology that is up; write flows.csv (bytes per flow
+    per millisecond, each address mapped to its DC and host)."""
+    import signal
+
+    from testbed.analysis.flows import FLOWS_HEADER
+    from testbed.emu.attach import attach
+    from testbed.emu.capture import Capture, host_flows
+    from testbed.results import write_csv
+
+    emu = attach(prefix)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    cap = Capture(emu, seconds=seconds + 5, max_packets=max_packets).start()
+    try:
+        with console.status(f"capturing on {len(emu.addr.wans)} WAN link(s) for {seconds:g} s (Ctrl-C stops)"):
+            time.sleep(seconds)
+    except KeyboardInterrupt:
+        pass
+    res = cap.stop()
+    rows = host_flows(emu, res)
+    write_csv(out, FLOWS_HEADER, rows)
+    console.print(res.summary())
+    console.print(f"wrote {out} ({len(rows)} rows)")
+
+
 @topology_app.command("down")
 @friendly
 def topology_down(prefix: PrefixOpt = "gdtb0") -> None:
@@ -306,7 +338,7 @@ def clean_cmd(
     console.print("clean" if not removed else f"removed {len(removed)} item(s)")
 
 
-def _training_run(points: list, out: Path) -> None:
+def _training_run(points: list, out: Path, capture: bool = False) -> None:
     import signal
 
     from rich.progress import Progress
@@ -325,7 +357,7 @@ def _training_run(points: list, out: Path) -> None:
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task(f"{exp0.name}: emulated iterations", total=total)
         for i, (exp, point) in enumerate(points):
-            res, val, loss, flow = run_point(exp, i, point, lambda: bar.advance(task))
+            res, val, loss, flow = run_point(exp, i, point, lambda: bar.advance(task), capture)
             results += res
             validation += val
             losses += loss
@@ -338,8 +370,10 @@ def _training_run(points: list, out: Path) -> None:
         paths.append(out / "loss.csv")
         write_csv(paths[-1], LOSS_HEADER, losses)
     if flows:
+        from testbed.analysis import flows as captured
+
         paths.append(out / "flows.csv")
-        write_csv(paths[-1], FLOWS_HEADER, flows)
+        write_csv(paths[-1], captured.FLOWS_HEADER if capture else FLOWS_HEADER, flows)
     print_summary([r.summary for r in results], f"{exp0.name}: emulated and simulated")
     t = Table(title="simulator vs emulator (relative error of the simulator's prediction)")
     for c in VALIDATION_HEADER:
@@ -365,6 +399,8 @@ def experiment_run(
     backend: Annotated[str | None, typer.Option(help="netns | docker | mininet | containernet")] = None,
     set_: SetOpt = None,
     sweep: SweepOpt = None,
+    capture: Annotated[bool, typer.Option(help="Capture WAN packet headers for the whole run into flows.csv")]
+    = False,
 ) -> None:
     """Bring the topology up, run the experiment on it, tear it down (also on error and Ctrl-C)."""
     import signal
@@ -379,7 +415,7 @@ def experiment_run(
     points = load_experiment(experiment, sets, sweep)
     exp0 = points[0][0]
     if exp0.multitcp is None:
-        return _training_run(points, out)
+        return _training_run(points, out, capture)
     require_root()
     from testbed.emu.multitcp import HEADER, run_point
 
@@ -400,3 +436,107 @@ def experiment_run(
                   f"{sim_row['throughput_mbps']:.1f}")
     console.print(t)
     console.print(f"wrote {out / 'summary.csv'}")
+
+
+@app.command("launch", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@friendly
+def launch_cmd(
+    ctx: typer.Context,
+    spec: Annotated[Path, typer.Argument(help="Topology or experiment YAML")],
+    backend: Annotated[str | None, typer.Option(help="netns | docker | containernet (default: the spec's, or netns)")]
+    = None,
+    nproc_per_host: Annotated[int, typer.Option(help="Ranks per emulated host")] = 1,
+    prefix: Annotated[str | None, typer.Option(help="Prefix of the WAN to use or build (default: spec's or gdtb0)")]
+    = None,
+    scale: Annotated[float | None, typer.Option(help="Divide link rates and windows by K when building the WAN")]
+    = None,
+    master_port: Annotated[int, typer.Option(help="MASTER_PORT on the first host")] = 29500,
+    sharing: Annotated[str, typer.Option(help="fair | temporal: replicas take turns on the WAN (fixed order)")]
+    = "fair",
+    capture: Annotated[bool, typer.Option(help="Capture WAN packet headers into flows.csv")] = False,
+    capture_seconds: Annotated[float, typer.Option(help="Upper bound of the capture")] = 600.0,
+    out: Annotated[Path, typer.Option(help="Folder for the job (TESTBED_OUT), ranks.csv, launch.log, flows.csv")]
+    = Path("results/launch"),
+    set_: SetOpt = None,
+) -> None:
+    """Run your torch.distributed script on every emulated host with torchrun's environment:
+    `testbed launch topologies/3dc.yaml -- python train.py ARGS`."""
+    import os
+    import signal
+
+    from testbed.emu.kernel import require_root
+    from testbed.launch.wan import bring_up, connections, load_spec
+
+    if not ctx.args:
+        raise SpecError("command", "nothing to launch", "add the command after --, e.g. -- python train.py")
+    if sharing not in ("fair", "temporal"):
+        raise SpecError("--sharing", f"{sharing!r} is not a sharing mode", "use fair or temporal")
+    if nproc_per_host < 1:
+        raise SpecError("--nproc-per-host", f"{nproc_per_host} is not a process count", "use 1 or more")
+    sp = load_spec(spec, set_, backend, prefix, scale)
+    require_root()
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    cwd, out = os.getcwd(), out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    code = 0
+    with console.status(f"bringing up {sp.topology.name} ({sp.backend}, prefix {sp.prefix})"):
+        emu, built = bring_up(sp, [cwd, str(out)])
+    try:
+        code = _launch(emu, built, ctx.args, nproc_per_host, master_port, connections(emu, sp.max_connections), sharing,
+                       capture, capture_seconds, out, cwd)
+    except KeyboardInterrupt:
+        err_console.print("interrupted: every rank stopped", highlight=False)
+        code = 130
+    finally:
+        if built:
+            from testbed.emu.build import down
+
+            down(emu)
+    raise typer.Exit(code)
+
+
+def _launch(emu, built: bool, argv: list[str], nproc: int, master_port: int, conns: int, sharing: str, capture: bool,
+            capture_s: float, out: Path, cwd: str) -> int:
+    from testbed.analysis.flows import FLOWS_HEADER
+    from testbed.launch import sharing as atlas
+    from testbed.launch.ranks import nccl_striping
+    from testbed.launch.run import run_job
+    from testbed.results import write_csv
+
+    nt, ns = nccl_striping(conns)
+    console.print(f"{emu.topo.name} on {emu.backend.name} (prefix {emu.prefix}, k={emu.scale:g}"
+                  f"{', built for this launch' if built else ', already up'}): {len(emu.addr.hosts) * nproc} ranks, "
+                  f"{sharing} sharing; NCCL sockets {nt} x {ns} (plan: {conns} connection(s) per transfer)",
+                  highlight=False)
+    classes: dict = {}
+    cap = None
+    try:
+        ranges = atlas.pin_ports(emu)
+        if sharing == "temporal":
+            classes = atlas.temporal_classes(emu, ranges)
+        if capture:
+            from testbed.emu.capture import Capture
+
+            cap = Capture(emu, seconds=capture_s).start()
+        t0 = time.monotonic()
+        res = run_job(emu, argv, nproc=nproc, master_port=master_port, connections=conns, out_dir=out, cwd=cwd,
+                      echo=lambda line: print(line, flush=True), capture=cap,
+                      on_failure=lambda m: err_console.print(f"[red]launch:[/red] {m}", highlight=False,
+                                                             soft_wrap=True))
+        cap = None
+    finally:
+        if cap is not None:
+            cap.stop()
+        if classes:
+            atlas.remove_classes(emu, classes)
+    write_csv(out / "ranks.csv", ("rank", "host", "dc", "replica", "exit_code", "wall_s", "stopped_by_launch"),
+              [(e.slot.rank, e.slot.host, e.slot.dc, e.slot.replica, e.code, round(e.wall_s, 3), int(e.stopped))
+               for e in res.exits])
+    paths = [out / "ranks.csv", out / "launch.log"]
+    if res.flows:
+        write_csv(out / "flows.csv", FLOWS_HEADER, res.flows)
+        paths.append(out / "flows.csv")
+        console.print(res.capture_summary, highlight=False)
+    verdict = "[green]every rank exited 0[/green]" if res.code == 0 else f"[red]exit status {res.code}[/red]"
+    console.print(f"{verdict} after {time.monotonic() - t0:.1f} s; wrote {', '.join(str(p) for p in paths)}")
+    return res.code

@@ -30,6 +30,6 @@ def attach(prefix: str) -> Emulation:
     roles.update({h.ns: "host" for h in addr.hosts})
     roles.update({ns: "gateway" for ns, _ in addr.gateways.values()})
     roles.update({w.ns: "wan" for w in addr.wans})
-    for ns in st["namespaces"]:
-        be.nodes[ns] = Node(ns, roles.get(ns, "?"), ns=ns)
+    for ns in st["namespaces"]:  # a docker node's container has its namespace's name
+        be.nodes[ns] = Node(ns, roles.get(ns, "?"), ns=ns, extra={"container": ns} if be.name == "docker" else {})
     return Emulation(prefix, topo, be, addr, st["scale"], st["delay"], st.get("notes", []))

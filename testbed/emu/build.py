@@ -102,15 +102,19 @@ def window_notes(topo: Topology, scale: float) -> list[str]:
 
 
 def up(topo: Topology, *, backend: str = "netns", prefix: str = "gdtb0", scale: float = 1.0,
-       delay: str = "auto", lan_gpus_per_host: int = 1, slow_start_after_idle: bool = False) -> Emulation:
-    """Build the topology. On any failure (or Ctrl-C) everything built so far is removed."""
+       delay: str = "auto", lan_gpus_per_host: int = 1, slow_start_after_idle: bool = False,
+       mounts: list[str] | None = None) -> Emulation:
+    """Build the topology. On any failure (or Ctrl-C) everything built so far is removed. `mounts`: host
+    folders the container backends bind-mount at the same path in every host container."""
     require_root()
     addr = address_plan(topo, prefix)
     if state.load(prefix) is not None:
         raise EmuError(f"a topology with prefix {prefix} is already up; `testbed topology down --prefix {prefix}` "
                        f"or pick another --prefix")
     method = delay_method(delay)
-    emu = Emulation(prefix, topo, make_backend(backend, prefix), addr, scale, method, window_notes(topo, scale),
+    be = make_backend(backend, prefix)
+    be.mounts = list(mounts or [])
+    emu = Emulation(prefix, topo, be, addr, scale, method, window_notes(topo, scale),
                     lan_gpus_per_host=lan_gpus_per_host, slow_start_after_idle=slow_start_after_idle)
     emu.save()
     try:

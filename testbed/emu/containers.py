@@ -164,6 +164,19 @@ def remove_containers(prefix: str | None) -> list[str]:
     return removed
 
 
+def missing_mounts(emu, paths: list[str]) -> list[str]:
+    """Which of `paths` some host container of `emu` does not bind-mount at the same path."""
+    c = client()
+    missing: list[str] = []
+    for node in emu.backend.nodes.values():
+        if node.role != "host" or "container" not in node.extra:
+            continue
+        have = {m.get("Destination") for m in c.containers.get(node.extra["container"]).attrs.get("Mounts", [])}
+        missing += [p for p in paths if p not in missing
+                    and not any(d and (p == d or p.startswith(d.rstrip("/") + "/")) for d in have)]
+    return missing
+
+
 def attach_netns(name: str, pid: int) -> None:
     """Name a container's network namespace (/run/netns/NAME), so tc, ip, iptables and netlink reach it
     as they reach the netns backend's nodes."""

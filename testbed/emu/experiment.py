@@ -89,9 +89,11 @@ def check_emulable(exp: Experiment) -> None:
         raise NotYetError("emulated training runs on the mininet backend: use netns, docker or containernet")
 
 
-def run_point(exp: Experiment, index: int, sweep: dict, progress=None
+def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: bool = False
               ) -> tuple[list[RunResult], list[tuple], list[tuple], list[tuple]]:
-    """Emulated runs (and, for modeled compute, the simulator's rows and the validation) of one point."""
+    """Emulated runs (and, for modeled compute, the simulator's rows and the validation) of one point.
+    The flows are HTB class counters (FLOWS_HEADER), or with `capture` a packet capture's flows.csv rows
+    (testbed.analysis.flows.FLOWS_HEADER)."""
     em = exp.emulation
     scale = em.scale or auto_scale(exp.topology)
     same = exp.model_copy(update={"topology": as_emulated(exp.topology, scale)})
@@ -115,7 +117,8 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None
             bt_res, jobs, T = None, None, 0.0
             if plan.mech.bubbletea:
                 bt_res, jobs, T = prefill_plan(plan, simulate(plan)[0], exp)
-            run = run_training(plan, emu, exp.iterations, progress, em.compute, torch_cfg, jobs)
+            run = run_training(plan, emu, exp.iterations, progress, em.compute, torch_cfg, jobs, capture=capture)
+            flows += run.captured
             for k, loss in enumerate(run.losses):
                 losses.append((plan.run_id, sched, k, round(loss, 6)))
             for it, t, link, dev, r, sent in run.flows:

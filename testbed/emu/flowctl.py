@@ -20,7 +20,12 @@ from testbed.emu.shaping import BURST
 if TYPE_CHECKING:  # the sidecar imports this module inside the atlas image, which has no pydantic
     from testbed.emu.build import Emulation
 
-BURST_BYTES = 128 * 1024
+BURST_BYTES = 128 * 1024  # a class's burst at its ceiling (cburst): the link's own, for full-rate turns
+# A class's burst at its guaranteed rate: about two jumbo frames. HTB serves a class within its own
+# rate before any class that borrows, whatever their priorities; with the link's 128 KiB, a replica
+# idle for half a second had saved enough to send 128 KiB (5 ms of a 200 Mbit/s link) during
+# another's turn at the start of every transfer.
+RATE_BURST_BYTES = 18 * 1024
 QUANTUM = 64 * 1024  # at least one 9000-byte packet per round whatever the class's rate
 MIN_RATE_BPS = 8_000  # HTB needs a positive rate; a "paused" class gets this trickle and borrows nothing
 
@@ -79,7 +84,8 @@ class FlowControl:
         ceil = max(int(ceil_bps or rate_bps), rate)
         self.emu.backend.run(self.wan, ["tc", "class", "add", "dev", self.dev, "parent", "1:1", "classid",
                                         f"1:{minor:x}", "htb", "rate", f"{rate}bit", "ceil", f"{ceil}bit",
-                                        "burst", BURST, "cburst", BURST, "prio", str(prio), "quantum", str(QUANTUM)])
+                                        "burst", str(RATE_BURST_BYTES), "cburst", BURST, "prio", str(prio),
+                                        "quantum", str(QUANTUM)])
         self.emu.backend.run(self.wan, ["tc", "qdisc", "add", "dev", self.dev, "parent", f"1:{minor:x}",
                                         "bfifo", "limit", str(4 * 2**20)])
         self.add_filter(minor, ports=ports, sports=sports)
@@ -136,4 +142,4 @@ def set_class(ipr, idx: int, minor: int, rate_bps: float, ceil_bps: float | None
     rate = max(int(rate_bps), MIN_RATE_BPS)
     ceil = max(int(ceil_bps or rate_bps), rate)
     ipr.tc("change-class", "htb", idx, handle=f"1:{minor:x}", parent="1:1", rate=f"{rate}bit", ceil=f"{ceil}bit",
-           burst=BURST_BYTES, cburst=BURST_BYTES, prio=prio, quantum=QUANTUM)
+           burst=RATE_BURST_BYTES, cburst=BURST_BYTES, prio=prio, quantum=QUANTUM)

@@ -126,6 +126,7 @@ def start_sidecars(plan: Plan, emu: Emulation, hops: dict) -> list[subprocess.Po
         w = emu.addr.wan(a, b)
         cfg = {"devs": devs, "turn_order": plan.turn_order, "turn_policy": plan.turn_policy,
                "socket": sidecar_socket(emu, a, b),
+               "drain_s": 3 * lp.latency_s,  # an end takes effect once the tail has crossed (sidecar.py)
                "link_bps": lp.capacity_bps * 8 / plan.scale, "min_rate_bps": max(lp.capacity_bps * 8 / plan.scale / 100,
                                                                                   8000)}
         path = rdir / f"sidecar-{w.ns}.json"
@@ -248,11 +249,35 @@ class TrainingRun:
     losses: list[float] = field(default_factory=list)  # per iteration, torch compute only
     prefill_ran: list[list] = field(default_factory=list)  # [request, worker, iteration, start, end]
     flows: list[tuple] = field(default_factory=list)  # (iteration, t_s on the timeline, link, towards, replica, bytes)
+    captured: list[tuple] = field(default_factory=list)  # flows.csv rows of a packet capture (run's timeline clock)
+    capture_summary: str = ""
+
+
+def capture_rows(plan: Plan, emu: Emulation, cfgs: dict, res, starts: list[float], durations: list[float]
+                 ) -> list[tuple]:
+    """flows.csv rows of a training run's capture, on the run's timeline clock (each iteration's bins
+    shifted as its intervals are; bins in the barrier gaps between iterations are left out). A flow
+    is labelled by the worker port at either end: replica r, worker s<stage>r<replica>."""
+    from testbed.analysis.flows import Endpoint, flow_rows
+
+    ends = {(c["ip"], c["port"]): Endpoint(plan.stage_dc[r][s], str(r), group_name(s, r)) for (s, r), c in cfgs.items()}
+    dc_of = {h.ip: Endpoint(h.dc) for h in emu.addr.hosts}
+    shifted = []
+    for key, b, nbytes, pkts in res.rows:
+        t = b * 1e-3
+        for k, (t0, d) in enumerate(zip(starts, durations, strict=True)):
+            if t0 <= t < t0 + d:
+                shifted.append((key, b + round((sum(durations[:k]) - t0) * 1e3), nbytes, pkts))
+                break
+    return flow_rows(plan.run_id, shifted, lambda ip, port: ends.get((ip, port)) or dc_of.get(ip, Endpoint()), 0)
 
 
 def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, compute: str = "modeled",
-                 torch_cfg: dict[int, dict] | None = None, prefill_jobs: dict | None = None) -> TrainingRun:
-    """Run `iterations` iterations of `plan` on `emu`; return the emulated timeline (barrier gaps removed)."""
+                 torch_cfg: dict[int, dict] | None = None, prefill_jobs: dict | None = None,
+                 capture: bool = False) -> TrainingRun:
+    """Run `iterations` iterations of `plan` on `emu`; return the emulated timeline (barrier gaps removed).
+    `capture`: packet headers on every WAN link for the whole run (testbed/emu/capture.py) instead of the
+    HTB class counters of one iteration."""
     cfgs = worker_configs(plan, emu)
     for (s, _r), cfg in cfgs.items():
         cfg["compute"], cfg["dp"] = compute, plan.dp
@@ -266,6 +291,7 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
     service, service_results = None, None
     prefill_ran: list = []
     degraded = ""
+    cap = None
     try:
         if plan.mech.temporal:  # per-replica classes change how a FIFO link shares: only where turns need them
             classify_replicas(plan, emu, hops)
@@ -287,7 +313,11 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
         durations: list[float] = []
         losses: list[float] = []
         starts: list[float] = []
-        sampler = FlowSampler(emu, hops)
+        sampler = FlowSampler(emu, {} if capture else hops)
+        if capture:
+            from testbed.emu.capture import Capture
+
+            cap = Capture(emu, seconds=ITERATION_TIMEOUT * iterations).start()
         for it in range(iterations):
             t_start = time.monotonic() + 0.05
             starts.append(t_start)
@@ -314,6 +344,7 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
             except subprocess.TimeoutExpired:
                 p.kill()
     finally:
+        cap_res = cap.stop() if cap is not None else None
         for p in procs:
             if p.poll() is None:
                 p.kill()
@@ -332,6 +363,8 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
     ivs = intervals + group_gaps(intervals, durations)
     run = TrainingRun(Timeline(plan.run_id, "emu", sort_intervals(ivs), durations, plan.pp * plan.dp), degraded,
                       losses, prefill_ran)
+    if cap_res is not None:
+        run.captured, run.capture_summary = capture_rows(plan, emu, cfgs, cap_res, starts, durations), cap_res.summary()
     k = min(1, iterations - 1)
     for t, link, dev, r, sent in sampler.samples:
         if t >= starts[k]:

@@ -16,6 +16,17 @@ def draw_all(folder: Path, out: Path) -> list[Path]:
         paths.append(training.backends(pd.read_csv(folder / "backends.csv"), out / "backends.png"))
         for sub in sorted(p for p in folder.iterdir() if (p / "summary.csv").exists()):
             paths += draw_all(sub, out / sub.name)
+    ffile = folder / "flows.csv"
+    captured = ffile.exists() and "t_ms" in pd.read_csv(ffile, nrows=0).columns  # a packet capture's flows
+    if captured:
+        from testbed.figures.launch import captured_flows, contention_window
+
+        flows = pd.read_csv(ffile)
+        for run_id, d in flows.groupby("run_id", sort=False):
+            paths.append(captured_flows(d, out / f"wan_flows_{run_id}.png"))
+            win = contention_window(d)
+            if win is not None:  # milliseconds are invisible over a whole run: a 200 ms zoom as well
+                paths.append(captured_flows(d, out / f"wan_flows_{run_id}_zoom.png", window_ms=win))
     sfile = folder / "summary.csv"
     if not sfile.exists():
         return paths
@@ -44,8 +55,7 @@ def draw_all(folder: Path, out: Path) -> list[Path]:
             paths.append(training.ttft_cdf(first, out / "ttft_cdf.png"))
     if "emu" in set(summary.source):
         paths.append(training.sim_vs_emu(summary, out / "sim_vs_emu.png"))
-    ffile = folder / "flows.csv"
-    if ffile.exists():
+    if ffile.exists() and not captured:
         flows = pd.read_csv(ffile)
         for run_id in flows.run_id.unique():
             paths.append(training.wan_flows(flows, run_id, out / f"wan_flows_{run_id}.png"))

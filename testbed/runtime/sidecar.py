@@ -9,6 +9,13 @@ spare capacity to the lowest priority number first, so one replica at a time get
 rate, and the next fills what it leaves: the simulator's temporal model. It is work-conserving, so
 if the sidecar dies the link keeps carrying everything and training does not hang.
 
+A worker says "end" when its last byte went into its sockets, not when it left the WAN: the tail of the
+transfer is still in the socket buffers, the delay line and the HTB queue. Dropping its priority then
+handed the link to the next replica while the tail was queued, which a packet capture showed as
+replicas sharing each millisecond. So an end takes effect `drain_s` later (the link's one-way latency
+plus a round trip, from the config). A finished transfer that keeps its priority for a while costs
+nothing: HTB only lends to classes with packets queued.
+
 Control protocol (a Unix socket, length-prefixed JSON, see wire.py), fire-and-forget:
   {"op": "start", "dev": DEV, "replica": R, "mb": I, "kind": "a"|"g", "id": ID}   {"op": "end", "id": ID}
 A transfer's issue time is the order its start notice arrived in.
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from collections import defaultdict
 
 from testbed.emu.flowctl import set_class
@@ -51,6 +59,8 @@ class Sidecar:
         self.active: dict[str, dict[str, tuple[tuple, int]]] = defaultdict(dict)  # dev -> id -> (key, replica)
         self.prio: dict[tuple[str, int], int] = {}
         self.changes = 0
+        self.drain_s = float(cfg.get("drain_s", 0.0))
+        self.lock = threading.Lock()  # notices arrive on the server's loop, deferred ends on timers
 
     def handle(self, msg: dict) -> None:
         """Apply one notice; a malformed one raises (the server closes that connection)."""
@@ -60,17 +70,27 @@ class Sidecar:
             if dev not in self.cfg["devs"] or str(r) not in self.cfg["devs"][dev]:
                 raise ProtocolError(f"unknown device or replica: {dev} {r}")
             kind = str(msg.get("kind", "a"))
-            self.issued += 1
-            self.active[dev][tid] = (self.key(mb, self.turn.get(r, r), kind, self.issued), r)
-            self.apply(dev)
+            with self.lock:
+                self.issued += 1
+                self.active[dev][tid] = (self.key(mb, self.turn.get(r, r), kind, self.issued), r)
+                self.apply(dev)
         elif op == "end":
             tid = str(msg["id"])
+            if self.drain_s > 0:
+                t = threading.Timer(self.drain_s, self.end, args=(tid,))
+                t.daemon = True
+                t.start()
+            else:
+                self.end(tid)
+        else:
+            raise ProtocolError(f"unknown op {op!r}")
+
+    def end(self, tid: str) -> None:
+        with self.lock:
             for dev, act in self.active.items():
                 if act.pop(tid, None) is not None:
                     self.apply(dev)
                     break
-        else:
-            raise ProtocolError(f"unknown op {op!r}")
 
     def apply(self, dev: str) -> None:
         want = priorities(self.active[dev].values())

@@ -25,6 +25,7 @@ class Backend(ABC):
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
         self.nodes: dict[str, Node] = {}
+        self.mounts: list[str] = []  # host folders a container backend mounts in host containers (testbed launch)
 
     @abstractmethod
     def add_node(self, name: str, role: str) -> Node: ...

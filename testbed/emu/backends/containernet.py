@@ -74,8 +74,9 @@ class ContainernetBackend(MininetBackend):
         rdir = str(state.run_dir(self.prefix))
         caps = ["net_admin"]  # Containernet adds it to every container anyway; it needs it for its own set-up
         gpus = containers.gpu_request(self.gpus, self.host_count()) if role == "host" else []
+        mounts = [f"{m}:{m}:rw" for m in self.mounts] if role == "host" else []  # a launched job's files
         d = self.net.addDocker(name, ip=None, dimage=containers.image(role), network_mode="none",
-                               volumes=[f"{rdir}:{rdir}:rw"], cap_add=caps, device_requests=gpus)
+                               volumes=[f"{rdir}:{rdir}:rw", *mounts], cap_add=caps, device_requests=gpus)
         node = Node(name, role, pid=d.pid, extra={"container": f"mn.{name}"})
         self.nodes[name], self.mn[name] = node, d
         return node

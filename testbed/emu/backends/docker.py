@@ -42,8 +42,10 @@ class DockerBackend(NetnsBackend):
         }
         if role in ("gateway", "wan"):
             kw["cap_add"] = ["NET_ADMIN"]  # the delay line's NFQUEUE socket and the sidecar's tc changes
-        elif self.gpus:
-            kw["device_requests"] = containers.gpu_request(self.gpus, self.host_count())
+        else:
+            kw["volumes"].update({m: {"bind": m, "mode": "rw"} for m in self.mounts})  # a launched job's files
+            if self.gpus:
+                kw["device_requests"] = containers.gpu_request(self.gpus, self.host_count())
         return kw
 
     def add_node(self, name: str, role: str) -> Node:

@@ -1,0 +1,89 @@
+"""The emulated WAN a launch runs on: one already up under the prefix, or one built for the launch
+(and torn down after it). A launch accepts a topology YAML or an experiment YAML (its topology and
+its `emulation:` settings)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from testbed.emu import state
+from testbed.emu.build import Emulation
+from testbed.emu.sh import EmuError
+from testbed.errors import SpecError
+from testbed.spec.experiment import Experiment, NetworkOptions
+from testbed.spec.topology import Topology
+
+
+@dataclass
+class LaunchSpec:
+    topology: Topology
+    backend: str
+    prefix: str
+    scale: float  # 0: auto
+    delay: str
+    max_connections: int
+
+
+def load_spec(path: Path, sets: list[str] | None, backend: str | None, prefix: str | None,
+              scale: float | None) -> LaunchSpec:
+    """A topology YAML (it has `dcs:`) or an experiment YAML (it has `topology:`)."""
+    from testbed.spec.load import _read_yaml, load_experiment, load_topology
+
+    data = _read_yaml(path)
+    if "dcs" in data:
+        topo, em, max_conns = load_topology(path, sets), None, NetworkOptions().max_tcp_connections
+    elif "topology" in data:
+        exp: Experiment = load_experiment(path, sets)[0][0]
+        topo, em, max_conns = exp.topology, exp.emulation, exp.network.max_tcp_connections
+    else:
+        raise SpecError(str(path), "neither a topology (no `dcs:`) nor an experiment (no `topology:`)",
+                        "pass a topology or an experiment YAML")
+    from testbed.emu.names import DEFAULT_PREFIX, check_prefix
+
+    be = backend or (em.backend if em else "netns")
+    if be == "mininet":
+        raise SpecError("--backend", "launch runs on netns, docker or containernet", "pick one of those")
+    return LaunchSpec(topo, be, check_prefix(prefix or (em.prefix if em else DEFAULT_PREFIX)),
+                      scale if scale is not None else (em.scale if em else 0.0), em.delay if em else "auto", max_conns)
+
+
+def bring_up(spec: LaunchSpec, mounts: list[str]) -> tuple[Emulation, bool]:
+    """(the WAN, whether this launch built it). A WAN already up under the prefix is used as it is, if it
+    is the same topology on the same backend."""
+    from testbed.emu.build import up
+    from testbed.emu.scale import auto_scale
+
+    st = state.load(spec.prefix)
+    if st is None:
+        k = spec.scale or auto_scale(spec.topology)
+        return up(spec.topology, backend=spec.backend, prefix=spec.prefix, scale=k, delay=spec.delay,
+                  mounts=mounts), True
+    from testbed.emu.attach import attach
+
+    emu = attach(spec.prefix)
+    if emu.topo != spec.topology or emu.backend.name != spec.backend:
+        raise EmuError(f"{spec.prefix} is up with topology {emu.topo.name} on {emu.backend.name}, not this one; "
+                       f"`testbed topology down --prefix {spec.prefix}` or pick another --prefix")
+    if emu.backend.name == "docker":
+        from testbed.emu.containers import missing_mounts
+
+        missing = missing_mounts(emu, mounts)
+        if missing:
+            raise EmuError(f"the containers of {spec.prefix} do not mount {missing[0]}; let `testbed launch` build the "
+                           f"WAN (it mounts the working and output folders), or run from a mounted folder")
+    return emu, False
+
+
+def connections(emu: Emulation, max_connections: int) -> int:
+    """The plan's connection count (Atlas's multi-TCP: the fewest connections whose windows cover a link's
+    bandwidth-delay product), on the network as emulated; the most any link needs, since NCCL's socket
+    settings are one per process."""
+    from testbed.costs.tcp import connections_for
+
+    n = 1
+    for link in emu.topo.links:
+        a, b = link.between
+        n = max(n, connections_for(link.gbps * 1e9 / 8 / emu.scale, emu.window_bytes(a, b), 2 * link.latency_ms / 1e3,
+                                   max_connections))
+    return n
