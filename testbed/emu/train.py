@@ -126,7 +126,7 @@ def start_sidecars(plan: Plan, emu: Emulation, hops: dict) -> list[subprocess.Po
         w = emu.addr.wan(a, b)
         cfg = {"devs": devs, "turn_order": plan.turn_order, "turn_policy": plan.turn_policy,
                "socket": sidecar_socket(emu, a, b),
-               "drain_s": 3 * lp.latency_s,  # an end takes effect once the tail has crossed (sidecar.py)
+               "drain_s": 0.0,  # the receiver sends the end, once the tail has crossed (sidecar.py)
                "link_bps": lp.capacity_bps * 8 / plan.scale, "min_rate_bps": max(lp.capacity_bps * 8 / plan.scale / 100,
                                                                                   8000)}
         path = rdir / f"sidecar-{w.ns}.json"

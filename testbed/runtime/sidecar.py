@@ -9,12 +9,11 @@ spare capacity to the lowest priority number first, so one replica at a time get
 rate, and the next fills what it leaves: the simulator's temporal model. It is work-conserving, so
 if the sidecar dies the link keeps carrying everything and training does not hang.
 
-A worker says "end" when its last byte went into its sockets, not when it left the WAN: the tail of the
-transfer is still in the socket buffers, the delay line and the HTB queue. Dropping its priority then
-handed the link to the next replica while the tail was queued, which a packet capture showed as
-replicas sharing each millisecond. So an end takes effect `drain_s` later (the link's one-way latency
-plus a round trip, from the config). A finished transfer that keeps its priority for a while costs
-nothing: HTB only lends to classes with packets queued.
+The receiving worker says "end" once a transfer's last byte has arrived: only then has its tail left the
+socket buffers, the delay line and the HTB queue (a sender's "end" at its last sendall handed the link
+to the next replica while the tail was still queued, which a packet capture showed as replicas sharing
+each millisecond). An end may take effect `drain_s` later still (0 by default); a finished transfer that
+keeps its priority for a while costs nothing, as HTB only lends to classes with packets queued.
 
 Control protocol (a Unix socket, length-prefixed JSON, see wire.py), fire-and-forget:
   {"op": "start", "dev": DEV, "replica": R, "mb": I, "kind": "a"|"g", "id": ID}   {"op": "end", "id": ID}
