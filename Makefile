@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 TESTBED := $(BIN)/testbed
 RESULTS := results
 
-.PHONY: all venv sysdeps test unit integration lint experiment sim-paper sim-bubbletea emu-multitcp emu-training \
+.PHONY: all venv sysdeps test unit integration lint experiment sim-paper sim-bubbletea claims emu-multitcp emu-training \
         figures bench base-image docker-setup wheels images testbed-image emu-docker emu-docker-if-ready \
         topology-3dc topology-down clean distclean
 
@@ -50,6 +50,12 @@ sim-bubbletea: venv
 	    --set bubbletea.rate_scale=400; \
 	else echo "no Azure trace in $(AZURE): BubbleTea runs on the synthetic trace (same statistics)"; \
 	  $(TESTBED) sim experiments/bubbletea-3dc.yaml --out $(RESULTS)/bubbletea-3dc --set bubbletea.trace=synthetic; fi
+
+# Every published claim we can express (experiments/claims/*.yaml), against the simulator: claims.csv + claims.png.
+claims: venv
+	@if [ -f $(AZURE)/AzureLLMInferenceTrace_conv.csv ]; then $(TESTBED) claims --out $(RESULTS)/claims; \
+	else echo "no Azure trace in $(AZURE): the BubbleTea claims run on the synthetic trace"; \
+	  $(TESTBED) claims --out $(RESULTS)/claims --set bubbletea.trace=synthetic; fi
 
 # The emulated parts need root; without it they are skipped with a message and the simulations still run.
 # They use their own prefix, so a topology the user has up (make topology-3dc: gdtb0) is left alone.

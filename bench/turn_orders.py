@@ -34,7 +34,7 @@ def experiment(schedule: str, dp: int, order: str, gbps: float, microbatches: in
 
 def main() -> None:
     quick = "--quick" in sys.argv
-    orders = list(TURN_KEYS)
+    orders = [*TURN_KEYS, "auto"]
     dps = [2, 8] if quick else [4, 8, 16, 32, 64]
     capacities = [100] if quick else [50, 100, 200, 400]
     per_replica = [16] if quick else [16, 48]  # microbatches per replica

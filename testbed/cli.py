@@ -140,6 +140,26 @@ def plan(
     console.print(f"{len(rows)} candidates; wrote {out}")
 
 
+@app.command()
+@friendly
+def claims(
+    cards: Annotated[list[Path] | None, typer.Argument(help="Claim cards (default: experiments/claims/*.yaml)")] = None,
+    out: Annotated[Path, typer.Option(help="Output folder")] = Path("results/claims"),
+    set_: SetOpt = None,
+    jobs: Annotated[int | None, typer.Option(help="Processes for points (default: CPU count)")] = None,
+) -> None:
+    """Check every published claim we can express: claims.csv (published, ours, verdict) and claims.png."""
+    from testbed.claims import run_claims
+
+    paths = cards or sorted(Path("experiments/claims").glob("*.yaml"))
+    if not paths:
+        raise SpecError("cards", "no claim cards given and none in experiments/claims", "name card files")
+    t0 = time.perf_counter()
+    written = run_claims(paths, out, jobs, progress=lambda msg: console.print(msg, highlight=False),
+                         extra=set_)
+    console.print(f"wrote {', '.join(map(str, written))} in {time.perf_counter() - t0:.0f} s")
+
+
 def _raise_interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 

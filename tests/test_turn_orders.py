@@ -6,7 +6,7 @@ import pytest
 
 from testbed.plan.turns import TURN_KEYS
 from testbed.sim.executor import simulate
-from tests.conftest import make_plan
+from tests.conftest import ROOT, make_plan
 
 A, C = 1e9, 1e9  # one transfer takes A / C = 1 s at full rate
 
@@ -53,3 +53,14 @@ def test_orders_differ_when_replicas_contend():
                                  temporal=True, turn_policy=p))[0] for p in TURN_KEYS}
     ends = {p: sorted(iv.end_s for iv in tl.intervals if iv.kind == "recv") for p, tl in its.items()}
     assert len({tuple(round(x, 9) for x in e) for e in ends.values()}) > 1
+
+
+def test_auto_order_lets_one_replica_at_a_time_have_a_link_the_job_saturates():
+    from testbed.plan.build import build_plan
+    from testbed.spec.load import load_experiment
+
+    for gbps, expect in ((0.001, "replica"), (50000, "microbatch")):
+        exp = load_experiment(ROOT / "experiments" / "tiny-3dc.yaml", sets=[f"topology.links.*.gbps={gbps}"])[0][0]
+        plan = build_plan(exp, "pp-wan+temporal")  # stages split over the DCs: the pipeline crosses the WAN
+        assert (plan.wan_load() >= 1) == (expect == "replica")
+        assert plan.turn_policy == expect

@@ -44,21 +44,7 @@ def wan_links_used(plan: Plan) -> list[tuple[str, str]]:
 
 def wan_min_s(plan: Plan) -> float:
     """Time the busiest WAN link direction needs just to carry one iteration's bytes at capacity."""
-    load: dict[tuple[str, str], float] = {}
-    if plan.mech.placement == "dp-wan":
-        ring = plan.dc_ring()
-        D = len(ring)
-        if D > 1:
-            for h in zip(ring, ring[1:] + ring[:1], strict=True):
-                load[h] = sum(2 * (D - 1) / D * g for g in plan.grad_bytes)
-    else:
-        for r in range(plan.dp):
-            row = plan.stage_dc[r]
-            for s in range(plan.pp - 1):
-                if row[s] != row[s + 1]:
-                    for h in ((row[s], row[s + 1]), (row[s + 1], row[s])):
-                        load[h] = load.get(h, 0.0) + plan.act_bytes[s] * plan.microbatches
-    return max((b / plan.links[h].capacity_bps for h, b in load.items()), default=0.0)
+    return plan.wan_busiest_s()
 
 
 def summary_row(plan: Plan, tl: Timeline, lower_bound_s: float, sweep: dict,

@@ -163,7 +163,7 @@ def build_plan(
     offsets = [0.0] * dp
     if mech.stagger:
         offsets = stagger_offsets(stage_dc[0], [c.act_bytes for c in ref], links, dp)
-    return Plan(
+    plan = Plan(
         run_id=run_id,
         scheduler=scheduler,
         mech=mech,
@@ -188,6 +188,16 @@ def build_plan(
         intra={d.name: IntraDC(w.tp * d.intra_gbps * 1e9 / 8, d.intra_latency_us / 1e6) for d in topo.dcs},
         replica_offset_s=offsets,
         turn_order=list(range(dp)),
-        turn_policy=exp.network.turn_order,
         nccl_sockets=exp.network.nccl_sockets,
     )
+    plan.turn_policy = turn_policy(exp.network.turn_order, plan)
+    return plan
+
+
+def turn_policy(order: str, plan: Plan) -> str:
+    """`auto`: when the WAN bounds the iteration (Plan.wan_load >= 1) one replica at a time gets the link
+    (replica order), which keeps the link busy while the others compute; otherwise the earliest
+    microbatch goes first, which keeps the pipelines in step (bench/turn_orders.py compares them)."""
+    if order != "auto":
+        return order
+    return "replica" if plan.wan_load() >= 1 else "microbatch"

@@ -53,8 +53,9 @@ _NAME = re.compile(r"^(?P<base>" + "|".join(map(re.escape, sorted(BASES, key=len
 
 
 def is_baseline(name: str) -> bool:
-    """A scheduler that is not Atlas: the comparisons' baselines (any base but atlas, any mechanisms)."""
-    return not name.startswith("atlas")
+    """A scheduler that is not Atlas: neither the atlas base nor taking turns on the WAN (Atlas's own
+    mechanism); multi-TCP (NCCL's socket settings), the warm-up and greedy placement are allowed."""
+    return not name.startswith("atlas") and not parse_scheduler(name).temporal
 
 
 def parse_scheduler(name: str) -> Mechanisms:

@@ -98,3 +98,29 @@ class Plan:
 
     def link(self, src: str, dst: str) -> LinkPlan:
         return self.links[(src, dst)]
+
+    def wan_busiest_s(self) -> float:
+        """Time the busiest WAN link direction needs just to carry one iteration's bytes at capacity
+        (pipeline neighbours' activations and gradients, or dp-wan's ring all-reduce)."""
+        load: dict[tuple[str, str], float] = {}
+        if self.mech.placement == "dp-wan":
+            ring = self.dc_ring()
+            D = len(ring)
+            if D > 1:
+                for h in zip(ring, ring[1:] + ring[:1], strict=True):
+                    load[h] = sum(2 * (D - 1) / D * g for g in self.grad_bytes)
+        else:
+            for r in range(self.dp):
+                row = self.stage_dc[r]
+                for s in range(self.pp - 1):
+                    if row[s] != row[s + 1]:
+                        for h in ((row[s], row[s + 1]), (row[s + 1], row[s])):
+                            load[h] = load.get(h, 0.0) + self.act_bytes[s] * self.microbatches
+        return max((b / self.links[h].capacity_bps for h, b in load.items()), default=0.0)
+
+    def wan_load(self) -> float:
+        """The busiest WAN direction's transfer time over the busiest stage's compute time: above 1 the
+        WAN, not the GPUs, bounds the iteration."""
+        compute = self.microbatches * max(f + b for row_f, row_b in zip(self.fwd_s, self.bwd_s, strict=True)
+                                          for f, b in zip(row_f, row_b, strict=True))
+        return self.wan_busiest_s() / compute if compute > 0 else float("inf")

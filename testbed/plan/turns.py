@@ -28,5 +28,5 @@ def by_replica(microbatch: int, turn: int, kind: str, issued: float) -> tuple:
     return (turn, microbatch, kind)
 
 
-# the first is the default (network.turn_order); bench/turn_orders.py compares them
+# network.turn_order picks one, or `auto` (plan/build.py turn_policy); bench/turn_orders.py compares them
 TURN_KEYS: dict[str, TurnKey] = {"replica": by_replica, "fcfs": first_come, "microbatch": by_microbatch}

@@ -20,7 +20,7 @@ class NetworkOptions(Strict):
     nccl_sockets_per_thread: Annotated[int, Field(gt=0, le=64)] = 1  # NCCL_NSOCKS_PERTHREAD
     nccl_channels_per_peer: Annotated[int, Field(gt=0, le=32)] = 2  # NCCL_NCHANNELS_PER_NET_PEER
     # the order in which transfers take turns on a WAN link under temporal sharing (README: turn orders)
-    turn_order: Literal["replica", "fcfs", "microbatch"] = "replica"
+    turn_order: Literal["auto", "replica", "fcfs", "microbatch"] = "auto"
     # net.ipv4.tcp_slow_start_after_idle: Linux restarts a connection idle for an RTO from its initial window.
     # Off by default, as deployments that move data across long round trips set it; the simulator does not
     # model slow start, so turning it on makes emulated runs slower than the simulator predicts (README).

@@ -1,0 +1,255 @@
+"""Claim cards: a published number, the setting we assume where its source is silent, and the range we
+accept, checked by the simulator (`testbed claims`, `make claims`).
+
+A card (experiments/claims/*.yaml) names an experiment, a search space over any of its dotted keys
+(every combination, or a seeded random sample of them), and a metric computed per point:
+
+- `speedup`: the baseline's iteration time over the scheduler's (`baseline: best` is the fastest
+  baseline at that point: any scheduler that is neither Atlas nor takes turns, see mechanisms.is_baseline);
+- `value`: one summary column of the scheduler;
+- `gain`: the scheduler's column over the baseline's, minus one.
+
+Points may be filtered (`where: ["train_slowdown < 0.02"]`). An "up to" claim (`aggregate: max`) is
+met by the best point; `first` takes the first point. The verdict is `reproduced` when ours falls in
+`accept`, `different regime` when the card says its setting cannot be the source's (`regime:
+different`, with the reason in its assumptions), and `not reproduced` otherwise.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+import random
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import Field, model_validator
+
+from testbed.errors import SpecError
+from testbed.plan.mechanisms import is_baseline
+from testbed.spec.load import _read_yaml, experiment_data, set_dotted, validate
+from testbed.spec.topology import Strict
+
+CLAIMS_HEADER = ("claim", "source", "published", "ours", "unit", "accept", "verdict", "where", "baseline",
+                 "points", "settings", "assumptions")
+POINTS_HEADER = ("claim", "point", "value", "scheduler_s", "baseline", "baseline_s", "kept")
+OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq}
+
+
+class Metric(Strict):
+    kind: Literal["speedup", "value", "gain"]
+    scheduler: str
+    baseline: str = "best"  # a scheduler of the experiment, or `best`
+    column: str = "iteration_s"
+
+
+class ClaimCard(Strict):
+    name: str
+    claim: str  # the published sentence, quoted
+    source: str  # paper, venue, year
+    published: float
+    unit: Literal["x", "fraction", "relative"]  # x: a ratio; fraction: 0..1; relative: a gain (0.63 = +63 %)
+    accept: tuple[float, float]  # the range we accept as reproducing it
+    regime: Literal["same", "different"] = "same"
+    assumptions: Annotated[list[str], Field(min_length=1)]  # what we assume where the source is silent
+    experiment: str  # path relative to the card
+    set: list[str] = []  # dotted overrides, as --set
+    space: dict[str, list[Any]] = {}  # dotted key -> values searched (as --sweep)
+    samples: Annotated[int, Field(gt=0)] | None = None  # a seeded random sample of the space's points
+    # give each DC just enough free GPUs for its share of the job's stages, so that every scheduler's
+    # pipeline must span every DC (a job that fits in one DC would not be trained across DCs)
+    span_dcs: bool = False
+    seed: int = 0
+    metric: Metric
+    where: list[str] = []  # "column op number" on the scheduler's row
+    aggregate: Literal["max", "min", "first"] = "max"
+
+    @model_validator(mode="after")
+    def _accept(self) -> ClaimCard:
+        if self.accept[0] > self.accept[1]:
+            raise ValueError("accept: the low end is above the high end; write [low, high]")
+        for w in self.where:
+            _parse_where(w)
+        return self
+
+
+def _parse_where(text: str) -> tuple[str, Any, float]:
+    parts = text.split()
+    if len(parts) != 3 or parts[1] not in OPS:
+        raise ValueError(f"where: {text!r} is not `column op number`; use one of {', '.join(OPS)}")
+    try:
+        return parts[0], OPS[parts[1]], float(parts[2])
+    except ValueError:
+        raise ValueError(f"where: {text!r}: {parts[2]!r} is not a number") from None
+
+
+def load_card(path: str | Path) -> ClaimCard:
+    return validate(ClaimCard, _read_yaml(Path(path)), f"{Path(path).name}")
+
+
+def card_points(card: ClaimCard, path: Path, extra: list[str] | None = None) -> list[tuple[dict, dict]]:
+    """(experiment data, point) for every point the card searches, in a fixed order."""
+    from testbed.spec.load import parse_value, split_assignment
+
+    base = experiment_data((path.parent / card.experiment).resolve())
+    base.pop("sweep", None)
+    keys = list(card.space)
+    combos = list(itertools.product(*(card.space[k] for k in keys)))
+    if card.samples is not None and card.samples < len(combos):
+        combos = sorted(random.Random(card.seed).sample(combos, card.samples), key=combos.index)
+    out = []
+    for combo in combos:
+        d = yaml.safe_load(yaml.safe_dump(base))  # a deep copy
+        for k, v in zip(keys, combo, strict=True):
+            if k == "topology" and isinstance(v, str):  # a topology file, relative to the card
+                d["topology"] = _read_yaml((path.parent / v).resolve())
+            else:
+                set_dotted(d, k, v)
+        for s in [*card.set, *(extra or [])]:  # after the space: a card's settings hold at every point
+            k, v = split_assignment(s)
+            set_dotted(d, k, parse_value(v))
+        if card.span_dcs:
+            w, dcs = d["workload"], d["topology"]["dcs"]
+            share = -(-int(w["pp"]) // len(dcs))  # stages per DC, rounded up
+            for dc in dcs:
+                dc["gpus"] = share * int(w["tp"]) * int(w["dp"])
+        out.append((d, {k: Path(v).stem if k == "topology" else v for k, v in zip(keys, combo, strict=True)}))
+    return out
+
+
+def point_value(card: ClaimCard, rows: list[dict]) -> tuple[float | None, dict | None, dict | None, bool]:
+    """The metric at one point: (value, scheduler row, baseline row, kept by `where`)."""
+    by = {r["scheduler"]: r for r in rows if r.get("iteration_s") not in ("", None)}
+    m = card.metric
+    if m.scheduler not in by:
+        raise SpecError(f"{card.name}.metric.scheduler", f"{m.scheduler!r} is not among the experiment's schedulers",
+                        "add it to the experiment's schedulers or fix the name")
+    row = by[m.scheduler]
+    base = None
+    if m.kind != "value":
+        if m.baseline == "best":
+            cands = [r for s, r in by.items() if is_baseline(s)]
+            if not cands:
+                raise SpecError(f"{card.name}.metric.baseline", "the experiment has no baseline scheduler",
+                                "add pp-wan (or another non-Atlas scheduler) to its schedulers")
+            base = min(cands, key=lambda r: (float(r["iteration_s"]), r["scheduler"]))
+        elif m.baseline in by:
+            base = by[m.baseline]
+        else:
+            raise SpecError(f"{card.name}.metric.baseline", f"{m.baseline!r} is not among the experiment's schedulers",
+                            "use one of them, or best")
+    if m.kind == "speedup":
+        value = float(base[m.column]) / float(row[m.column])
+    elif m.kind == "gain":
+        value = float(row[m.column]) / float(base[m.column]) - 1
+    else:
+        value = float(row[m.column])
+    kept = True
+    for w in card.where:
+        col, op, num = _parse_where(w)
+        v = row.get(col, "")
+        kept = kept and v not in ("", None) and op(float(v), num)
+    return value, row, base, kept
+
+
+def verdict(card: ClaimCard, ours: float | None) -> str:
+    if ours is None:
+        return "not reproduced"
+    if card.regime == "different":
+        return "different regime"
+    lo, hi = card.accept
+    return "reproduced" if lo <= ours <= hi else "not reproduced"
+
+
+_CACHE: dict[str, list[dict]] = {}  # experiment data (as YAML) -> its summary rows: cards share points
+
+
+def _run_points(points: list, jobs: int | None) -> list[list[dict]]:
+    from testbed.sim.run import run_experiment
+
+    keys = [yaml.safe_dump(exp.model_dump(mode="json"), sort_keys=True) for exp, _ in points]
+    todo = [(p, k) for p, k in zip(points, keys, strict=True) if k not in _CACHE]
+    if todo:
+        by_point: dict[str, list[dict]] = {}
+        for r in run_experiment([p for p, _ in todo], jobs):
+            by_point.setdefault(r.summary["run_id"].split("-", 1)[0], []).append(r.summary)
+        for i, (_, k) in enumerate(todo):
+            _CACHE[k] = by_point[f"p{i:02d}"]
+    return [_CACHE[k] for k in keys]
+
+
+def run_card(path: Path, jobs: int | None = None, extra: list[str] | None = None) -> tuple[tuple, list[tuple]]:
+    """Simulate every point of one card; return its claims.csv row and its points' rows."""
+    from testbed.spec.experiment import Experiment
+
+    card = load_card(path)
+    points, infeasible = [], 0
+    for d, point in card_points(card, path, extra):
+        d["timeline"] = "none"
+        exp = validate(Experiment, d, card.name)
+        if feasible(exp):
+            points.append((exp, point))
+        else:
+            infeasible += 1
+    if not points:
+        raise SpecError(f"{card.name}.space", "no point of the space fits (every plan is rejected)",
+                        "widen the space or change the card's settings")
+    by_point = {";".join(f"{k}={v}" for k, v in point.items()): rows
+                for (_, point), rows in zip(points, _run_points(points, jobs), strict=True)}
+    rows, best = [], None
+    for sweep, summaries in by_point.items():
+        value, row, base, kept = point_value(card, summaries)
+        rows.append((card.name, sweep, _num(value), row["iteration_s"], base["scheduler"] if base else "",
+                     base["iteration_s"] if base else "", int(kept)))
+        if kept and value is not None and (best is None or _better(card.aggregate, value, best[0])):
+            best = (value, sweep, base["scheduler"] if base else "")
+    ours = best[0] if best else None
+    settings = "; ".join([*card.set, *(f"{k} in {v}" for k, v in card.space.items())]
+                         + ([f"{card.samples} sampled points (seed {card.seed})"] if card.samples else []))
+    row = (card.name, card.source, card.published, _num(ours), card.unit, f"{card.accept[0]:g}-{card.accept[1]:g}",
+           verdict(card, ours), best[1] if best else "no point met the card's conditions", best[2] if best else "",
+           f"{len(by_point)} (+{infeasible} that do not fit)" if infeasible else len(by_point), settings,
+           " | ".join(card.assumptions))
+    return row, rows
+
+
+def feasible(exp) -> bool:
+    """Every scheduler of the point can be planned (the job fits its GPUs' memory and the DCs)."""
+    from testbed.plan.build import build_plan
+
+    try:
+        for sched in exp.schedulers:
+            build_plan(exp, sched)
+    except SpecError:
+        return False
+    return True
+
+
+def _better(aggregate: str, a: float, b: float) -> bool:
+    return a > b if aggregate == "max" else a < b if aggregate == "min" else False
+
+
+def _num(x: float | None) -> object:
+    return "" if x is None else round(x, 6)
+
+
+def run_claims(cards: list[Path], out: Path, jobs: int | None = None, progress=None,
+               extra: list[str] | None = None) -> list[Path]:
+    """Every card (`extra`: --set overrides for every point); writes claims.csv, claims_points.csv and
+    claims.png into `out`."""
+    from testbed.figures.claims import claims_figure
+    from testbed.results import write_csv
+
+    rows, points = [], []
+    for path in cards:
+        row, pts = run_card(path, jobs, extra)
+        rows.append(row)
+        points += pts
+        if progress:
+            progress(f"{row[0]}: ours {row[3]} vs published {row[2]} ({row[6]})")
+    paths = [out / "claims.csv", out / "claims_points.csv", out / "claims.png"]
+    write_csv(paths[0], CLAIMS_HEADER, rows)
+    write_csv(paths[1], POINTS_HEADER, points)
+    claims_figure([dict(zip(CLAIMS_HEADER, r, strict=True)) for r in rows], paths[2])
+    return paths

@@ -1,0 +1,91 @@
+"""Claim cards: metrics, filters, verdicts, and a tiny card run end to end through the simulator."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from testbed.claims import ClaimCard, card_points, load_card, point_value, run_claims, verdict
+from testbed.errors import SpecError
+from tests.conftest import ROOT
+
+CARD = {"name": "c", "claim": "x", "source": "s", "published": 2.0, "unit": "x", "accept": [1.5, 3.0],
+        "assumptions": ["a"], "experiment": "../tiny-3dc.yaml",
+        "metric": {"kind": "speedup", "scheduler": "atlas", "baseline": "best"}}
+ROWS = [{"scheduler": "pp-wan", "iteration_s": 4.0, "gpu_util": 0.2, "train_slowdown": ""},
+        {"scheduler": "pp-wan+mtcp", "iteration_s": 3.0, "gpu_util": 0.3, "train_slowdown": ""},
+        {"scheduler": "pp-wan+temporal", "iteration_s": 1.0, "gpu_util": 0.9, "train_slowdown": ""},
+        {"scheduler": "atlas", "iteration_s": 1.5, "gpu_util": 0.6, "train_slowdown": 0.01}]
+
+
+def card(**kw) -> ClaimCard:
+    return ClaimCard.model_validate({**CARD, **kw})
+
+
+def test_best_baseline_is_the_fastest_scheduler_that_neither_is_atlas_nor_takes_turns():
+    value, row, base, kept = point_value(card(), ROWS)
+    assert base["scheduler"] == "pp-wan+mtcp" and value == pytest.approx(2.0) and kept
+
+
+def test_gain_value_and_where():
+    value, *_ , kept = point_value(card(metric={"kind": "gain", "scheduler": "atlas", "baseline": "pp-wan",
+                                                "column": "gpu_util"}, where=["train_slowdown < 0.02"]), ROWS)
+    assert value == pytest.approx(2.0) and kept
+    *_, kept = point_value(card(where=["train_slowdown < 0.005"]), ROWS)
+    assert not kept
+    value, *_ = point_value(card(metric={"kind": "value", "scheduler": "atlas", "column": "gpu_util"}), ROWS)
+    assert value == 0.6
+
+
+def test_verdicts():
+    assert verdict(card(), 2.5) == "reproduced"
+    assert verdict(card(), 1.0) == "not reproduced"
+    assert verdict(card(), None) == "not reproduced"
+    assert verdict(card(regime="different"), 2.5) == "different regime"
+
+
+def test_bad_cards_name_the_field():
+    with pytest.raises(ValueError, match="accept"):
+        card(accept=[3, 1])
+    with pytest.raises(ValueError, match="where"):
+        card(where=["gpu_util ~ 3"])
+    with pytest.raises(SpecError, match="metric.scheduler"):
+        point_value(card(metric={"kind": "speedup", "scheduler": "nope"}), ROWS)
+
+
+def test_space_sampling_is_seeded_and_span_dcs_sizes_the_dcs(tmp_path):
+    path = tmp_path / "experiments" / "claims" / "c.yaml"
+    path.parent.mkdir(parents=True)
+    (tmp_path / "experiments" / "tiny-3dc.yaml").write_text((ROOT / "experiments" / "tiny-3dc.yaml").read_text()
+                                                            .replace("../topologies", str(ROOT / "topologies")))
+    c = card(space={"topology.links.*.latency_ms": [1, 2, 3, 4, 5], "workload.pp": [3, 6]}, samples=4, seed=3,
+             span_dcs=True)
+    a, b = card_points(c, path), card_points(c, path)
+    assert [p for _, p in a] == [p for _, p in b] and len(a) == 4
+    for d, p in a:
+        assert {dc["gpus"] for dc in d["topology"]["dcs"]} == {-(-p["workload.pp"] // 3) * 1 * 2}  # tp 1, dp 2
+
+
+def test_a_card_runs_end_to_end(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(f"""
+name: tiny
+claim: tiny claim
+source: nobody
+published: 1.2
+unit: x
+accept: [1.0, 100]
+assumptions: [tiny]
+experiment: {ROOT / "experiments" / "tiny-3dc.yaml"}
+set: ["schedulers=[pp-wan,pp-wan+mtcp,atlas]"]
+space: {{topology.links.*.latency_ms: [5, 40]}}
+metric: {{kind: speedup, scheduler: atlas, baseline: best}}
+""")
+    assert load_card(path).name == "tiny"
+    paths = run_claims([path], tmp_path / "out", jobs=1)
+    rows = list(csv.DictReader(paths[0].read_text().splitlines()))
+    assert len(rows) == 1 and rows[0]["verdict"] in ("reproduced", "not reproduced") and rows[0]["ours"]
+    points = list(csv.DictReader(paths[1].read_text().splitlines()))
+    assert len(points) == 2 and {p["baseline"] for p in points} <= {"pp-wan", "pp-wan+mtcp"}
+    assert paths[2].stat().st_size > 0
