@@ -59,6 +59,9 @@ SUMMARY = CsvFile("summary.csv", "`testbed sim`, `testbed experiment run`",
     ("bubble_frac", "share", "share of GPU time idle (neither computing, all-reducing nor prefilling)"),
     ("lower_bound_s", "s", "iteration time of the same placement with a WAN as good as the DC fabric"),
     ("wan_min_s", "s", "time the busiest WAN direction needs just to carry one iteration's bytes at capacity"),
+    ("best_baseline", "", "per source and sweep point: the fastest scheduler that is not Atlas (mechanisms "
+                          "included); empty where the point has none"),
+    ("speedup_vs_best", "x", "best_baseline's iteration time / this row's (above 1: faster than every baseline)"),
     ("train_slowdown", "share", "BubbleTea: iteration time with prefill / without - 1 (0 = training not delayed)"),
     ("ttft_p50_ms", "ms", "BubbleTea: median time to first token (bubble-served and fallback requests)"),
     ("ttft_p99_ms", "ms", "BubbleTea: 99th-percentile time to first token"),
@@ -165,6 +168,35 @@ FLOWS = CsvFile("flows.csv", "`testbed experiment run` (schedulers with the Atla
     ("link_gbps", "Gbit/s", "the link's real-world capacity (drawn as a line on the flow figure)"),
 ))
 
+CAPTURE = CsvFile("flows.csv (capture)", "`experiment run --capture`, `testbed launch --capture`, "
+                  "`topology capture`", "bytes per TCP flow per millisecond on each WAN direction, from packet "
+                  "headers", _cols(
+    ("run_id", "", "the run (`capture` for `topology capture`)"),
+    ("link", "", "WAN link, `<dc>-<dc>`"),
+    ("towards", "", "the direction: traffic towards this DC"),
+    ("t_ms", "ms", "1 ms bin, from the first captured packet"),
+    ("src", "", "source address"),
+    ("sport", "", "source port"),
+    ("dst", "", "destination address"),
+    ("dport", "", "destination port"),
+    ("src_dc", "", "DC of the source host"),
+    ("dst_dc", "", "DC of the destination host"),
+    ("replica", "", "pipeline replica of the flow (our workers) or host index (launched jobs), from its receiver"),
+    ("rank", "", "worker `s<stage>r<replica>` or torch ranks (`2|3` for a shared host)"),
+    ("bytes", "bytes", "emulated bytes on the wire in the bin, each packet spread over its serialisation time"),
+    ("packets", "", "packets whose timestamp falls in the bin"),
+))
+
+RANKS = CsvFile("ranks.csv", "`testbed launch`", "one row per launched rank", _cols(
+    ("rank", "", "torch.distributed rank"),
+    ("host", "", "emulated host, `<dc>-h<j>`"),
+    ("dc", "", "its DC"),
+    ("replica", "", "the host's index in its DC"),
+    ("exit_code", "", "the rank's exit status"),
+    ("wall_s", "s", "wall-clock time from start to exit"),
+    ("stopped_by_launch", "", "1 if the launch stopped it because another rank failed"),
+))
+
 LINKS = CsvFile("links.csv", "`testbed topology check`, `topology up --check`, `experiment run --check`",
                 "one row per WAN link: configured vs measured", _cols(
     ("link", "", "`<dc>-<dc>`"),
@@ -208,14 +240,15 @@ BACKENDS = CsvFile("backends.csv", "`bench/backend_compare.py`", "one emulated e
     ("ratio", "", "other / base"),
 ))
 
-FILES: tuple[CsvFile, ...] = (SUMMARY, MULTITCP, TIMELINE, REQUESTS, BUBBLES, VALIDATION, LOSS, FLOWS, LINKS,
-                              PLAN, BACKENDS)
+FILES: tuple[CsvFile, ...] = (SUMMARY, MULTITCP, TIMELINE, REQUESTS, BUBBLES, VALIDATION, LOSS, FLOWS, CAPTURE,
+                              LINKS, PLAN, RANKS, BACKENDS)
 _BY_NAME = {c.name: c for f in FILES for c in f.columns}
 _BY_NAME.update({c.name: c for c in SUMMARY.columns})  # summary.csv's meaning wins for shared names
 
 # Units for names the registry does not know (another helper's new column, a sweep key), by suffix.
 _SUFFIX_UNITS = (("_ms", "ms"), ("_s", "s"), ("_gbps", "Gbit/s"), ("_mbps", "Mbit/s"), ("_mb", "MiB"),
                  ("_kib", "KiB"), ("_bytes", "bytes"), ("_frac", "share"), ("_util", "share"))
+_OTHER_UNITS = {"speedup": "x"}  # values figures compute (figures/sweep.py), not CSV columns
 
 
 def column(name: str) -> Column | None:
@@ -226,6 +259,8 @@ def unit(name: str) -> str:
     c = _BY_NAME.get(name)
     if c is not None:
         return c.unit
+    if name in _OTHER_UNITS:
+        return _OTHER_UNITS[name]
     leaf = name.rsplit(".", 1)[-1]
     return next((u for suf, u in _SUFFIX_UNITS if leaf.endswith(suf) or leaf == suf[1:]), "")
 
@@ -260,7 +295,7 @@ _LABELS = {
     "prefill_tokens_per_s": "prefill throughput", "served_in_bubbles": "requests served in bubbles",
     "request_rate": "offered request rate", "wan_latency_ms": "one-way WAN latency", "wan_gbps": "WAN capacity",
     "throughput_mbps": "throughput", "tcp_connections": "TCP connections per stage pair",
-    "speedup": "Atlas's speedup (iteration time / Atlas's)",
+    "speedup": "Atlas's speedup: iteration time / Atlas's", "speedup_vs_best": "speedup over the best baseline",
     # sweep keys users write most
     "topology.links.*.latency_ms": "one-way WAN latency (every link)", "topology.links.*.gbps":
     "WAN capacity (every link)", "topology.tcp_window_mb": "TCP window cap", "bubbletea.rate_scale":

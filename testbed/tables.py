@@ -29,7 +29,7 @@ SERVING = ("prefill_util", "served_in_bubbles", "ttft_p50_ms", "ttft_p99_ms", "s
            "request_rate")
 HIDDEN = ("run_id", "sweep", "train_util", "tokens_per_s", "wan_min_s", "prefill_tokens_per_s", "requests",
           "fallback")  # in the CSV; shown with --columns
-SIGNED = ("rel_error", "train_slowdown", "speedup_vs_best")
+SIGNED = ("rel_error", "train_slowdown")
 
 
 @dataclass

@@ -87,7 +87,8 @@ def _swept(df: pd.DataFrame, keys: list[str], x: str, facets: list[str], out: Pa
     for m in LINE_METRICS:
         if m in df and pd.to_numeric(df[m], errors="coerce").notna().any():
             p = out / f"{m}_vs_{short[x]}.png"
-            paths.append(sweep.line_figure(df, m, x, facets, p, f"{_title(df)}: {reg.words(m)}{by}"))
+            paths.append(sweep.line_figure(df, m, x, facets, p, f"{_title(df)}: {reg.words(m)}{by}",
+                                           ref=1.0 if reg.unit(m) == "x" else None))
     sp = sweep.speedup_values(df, [x, *facets])
     if sp is not None:
         others = df.scheduler != "atlas"

@@ -156,9 +156,14 @@ def _scale_axes(axes, df: pd.DataFrame, x: str, metric: str, numeric: bool, cats
         ax0.set_yscale("log")
         ax0.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: tick(v)))
         few = y.max() / y.min() < 100  # label 2 and 5 between the decades only when there are few decades
-        ax0.yaxis.set_minor_formatter(FuncFormatter(lambda v, _p: tick(v) if few and tick(v)[0] in "25" else ""))
+        ax0.yaxis.set_minor_formatter(FuncFormatter(lambda v, _p: tick(v) if few and leading(v) in (2, 5) else ""))
     elif (y >= 0).all():
         ax0.set_ylim(bottom=0, top=y.max() * 1.08 if y.max() > 0 else 1)
+
+
+def leading(v: float) -> int:
+    """The leading digit of a positive number (0.2 -> 2, 50 -> 5)."""
+    return round(v / 10 ** math.floor(math.log10(v))) if v > 0 else 0
 
 
 def tick(v: float) -> str:
