@@ -58,24 +58,26 @@ claims: venv
 	  $(TESTBED) claims --out $(RESULTS)/claims --set bubbletea.trace=synthetic; fi
 
 # The emulated parts need root; without it they are skipped with a message and the simulations still run.
-# They use their own prefix, so a topology the user has up (make topology-3dc: gdtb0) is left alone.
-EMU := --set emulation.prefix=gdtb1
+# Each run holds its emulation prefix while it runs: PREFIX=gdtbN picks one, else every run takes the first
+# free gdtb<N>. Nothing is cleaned first: a run never removes a prefix it did not start (testbed clean does,
+# when asked, and leaves live runs alone).
+PREFIX ?=
+EMU := $(if $(PREFIX),--prefix $(PREFIX))
+REPORT = $(TESTBED) report $(RESULTS)/$(1) --figures $(RESULTS)/figures/$(1)
 emu-multitcp: venv sysdeps
 	@if [ "$$(id -u)" -ne 0 ]; then echo "skipping the emulated multi-TCP experiment: it needs root (sudo make experiment)"; \
-	 else $(TESTBED) clean --prefix gdtb1 && $(TESTBED) experiment run experiments/multitcp.yaml $(EMU) \
-	   --out $(RESULTS)/multitcp \
-	   && $(TESTBED) figures $(RESULTS)/multitcp --out $(RESULTS)/figures/multitcp; fi
+	 else $(TESTBED) experiment run experiments/multitcp.yaml $(EMU) --out $(RESULTS)/multitcp \
+	   && $(call REPORT,multitcp); fi
 
 emu-training: venv sysdeps
 	@if [ "$$(id -u)" -ne 0 ]; then echo "skipping the emulated training run: it needs root (sudo make experiment)"; \
-	 else $(TESTBED) clean --prefix gdtb1 && \
-	   $(TESTBED) experiment run experiments/emu-bubbletea.yaml $(EMU) --out $(RESULTS)/emu-bubbletea && \
-	   $(TESTBED) figures $(RESULTS)/emu-bubbletea --out $(RESULTS)/figures/emu-bubbletea && \
+	 else $(TESTBED) experiment run experiments/emu-bubbletea.yaml $(EMU) --check --out $(RESULTS)/emu-bubbletea && \
+	   $(call REPORT,emu-bubbletea) && \
 	   $(TESTBED) experiment run experiments/emu-3dc.yaml $(EMU) --out $(RESULTS)/emu-3dc && \
-	   $(TESTBED) figures $(RESULTS)/emu-3dc --out $(RESULTS)/figures/emu-3dc && \
+	   $(call REPORT,emu-3dc) && \
 	   if $(BIN)/python -c 'import torch' 2>/dev/null; then \
 	     $(TESTBED) experiment run experiments/emu-torch.yaml $(EMU) --out $(RESULTS)/emu-torch && \
-	     $(TESTBED) figures $(RESULTS)/emu-torch --out $(RESULTS)/figures/emu-torch; \
+	     $(call REPORT,emu-torch); \
 	   else echo "torch not installed: skipping experiments/emu-torch.yaml"; fi; fi
 
 # The backend comparison joins `make experiment` where the role images are built (sudo make docker-setup).
@@ -86,9 +88,11 @@ emu-docker-if-ready:
 	(sudo make docker-setup)"; fi
 
 experiment: venv sysdeps sim-paper sim-bubbletea emu-multitcp emu-training emu-docker-if-ready
-	$(TESTBED) figures $(RESULTS)/paper-3dc --out $(RESULTS)/figures/paper-3dc
-	$(TESTBED) figures $(RESULTS)/bubbletea-3dc --out $(RESULTS)/figures/bubbletea-3dc
-	@echo "figures in $(RESULTS)/figures/"
+	$(call REPORT,paper-3dc)
+	$(call REPORT,bubbletea-3dc)
+	@if [ -f $(RESULTS)/bubbletea-3dc-code/summary.csv ]; then $(call REPORT,bubbletea-3dc-code); fi
+	$(TESTBED) report --index $(RESULTS)
+	@echo "open $(RESULTS)/index.html: one report per experiment (figures also in $(RESULTS)/figures/)"
 
 # Images. BASE is any Python 3.11 on Debian bookworm: a registry's python:3.11-slim-bookworm by default,
 # or the one `make base-image` builds from Debian packages (machines with no registry, like CI).
@@ -125,21 +129,24 @@ testbed-image: wheels
 
 # The same 3-DC training experiment on the docker and netns backends, side by side (backends.csv).
 emu-docker: venv sysdeps
-	$(TESTBED) clean --prefix gdtb1
-	$(BIN)/python bench/backend_compare.py experiments/emu-docker.yaml --out $(RESULTS)/emu-docker
-	$(TESTBED) figures $(RESULTS)/emu-docker --out $(RESULTS)/figures/emu-docker
+	$(BIN)/python bench/backend_compare.py experiments/emu-docker.yaml $(EMU) --out $(RESULTS)/emu-docker
+	$(call REPORT,emu-docker)
 
 # Up + checked; stays up for `testbed topology exec useast-h0 -- ...`; `make topology-down` removes it.
+# TOPO_PREFIX names it (default gdtb0, the topology commands' default).
+TOPO_PREFIX ?= gdtb0
 topology-3dc: venv sysdeps
-	$(TESTBED) topology down --prefix gdtb0 >/dev/null
-	$(TESTBED) topology up topologies/3dc.yaml --check --out $(RESULTS)/topology-3dc/links.csv
+	$(TESTBED) topology down --prefix $(TOPO_PREFIX) >/dev/null
+	$(TESTBED) topology up topologies/3dc.yaml --prefix $(TOPO_PREFIX) --check --out $(RESULTS)/topology-3dc/links.csv
+	$(call REPORT,topology-3dc)
 
 topology-down: venv
-	$(TESTBED) topology down --prefix gdtb0
+	$(TESTBED) topology down --prefix $(TOPO_PREFIX)
 
 figures: venv
 	@for d in $(RESULTS)/*/; do n=$$(basename $$d); [ -f $$d/summary.csv ] && \
-	  $(TESTBED) figures $$d --out $(RESULTS)/figures/$$n || true; done
+	  $(TESTBED) report $$d --figures $(RESULTS)/figures/$$n || true; done
+	$(TESTBED) report --index $(RESULTS)
 
 bench: venv
 	$(BIN)/python bench/sim_scale.py

@@ -23,9 +23,9 @@ METRICS = ("iteration_s", "gpu_util", "bubble_frac", "served_in_bubbles")  # tra
 HEADER = ("scheduler", "metric", "base_backend", "base", "other_backend", "other", "ratio")
 
 
-def run(exp: str, backend: str, out: Path, prefix: str) -> pd.DataFrame:
+def run(exp: str, backend: str, out: Path, prefix: str | None) -> pd.DataFrame:
     testbed = str(Path(sys.executable).with_name("testbed"))
-    subprocess.run([testbed, "experiment", "run", exp, "--backend", backend, "--set", f"emulation.prefix={prefix}",
+    subprocess.run([testbed, "experiment", "run", exp, "--backend", backend, *(["--prefix", prefix] if prefix else []),
                     "--out", str(out)], check=True, stdout=subprocess.DEVNULL)
     df = pd.read_csv(out / "summary.csv")
     return df[df["source"] == "emu"].set_index("scheduler")
@@ -47,7 +47,7 @@ def main() -> None:
     ap.add_argument("experiment")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--backends", default="netns,docker", help="BASE,OTHER[,OTHER...]")
-    ap.add_argument("--prefix", default="gdtb1")
+    ap.add_argument("--prefix", default=None, help="emulation prefix (default: a free one per run)")
     args = ap.parse_args()
     names = args.backends.split(",")
     if len(names) < 2:

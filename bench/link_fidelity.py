@@ -1,7 +1,7 @@
 """Emulated WAN fidelity: configured vs measured RTT and TCP throughput for 10, 100 and 200 Mbit/s
 at 5, 25 and 50 ms one-way delay, and the delay line's CPU share while the link is full.
 
-Needs root. Run: sudo .venv/bin/python bench/link_fidelity.py [--seconds 4]
+Needs root. Run: sudo .venv/bin/python bench/link_fidelity.py [--seconds 4] [--prefix gdtbN]
 Throughput is 4 parallel streams with a 16 MiB window (never window-bound), so it measures the link.
 """
 
@@ -36,12 +36,13 @@ def delayline_cpu(prefix: str) -> tuple[float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--prefix", default=None, help="emulation prefix (default: the first free gdtb<N>)")
     args = ap.parse_args()
     print(f"{'Mbit/s':>7}{'one-way ms':>11}{'RTT cfg':>9}{'RTT min':>9}{'RTT avg':>9}{'RTT p99':>9}"
           f"{'measured':>10}{'ratio':>7}{'delay CPU':>11}  method", flush=True)
     for mbps in (10, 100, 200):
         for lat in (5, 25, 50):
-            emu = up(topology(mbps, lat), prefix="gdtbfid", scale=1)
+            emu = up(topology(mbps, lat), prefix=args.prefix, scale=1)
             try:
                 rtt = ping(emu, "east-h0", emu.addr.host("west-h0").ip, 40)
                 c0, w0 = delayline_cpu(emu.prefix)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the Debian packages the emulator needs, only what is missing, only as root.
+# Install the Debian packages the emulator (and the report test's browser) needs, only what is missing, as root.
 # Usage: scripts/sysdeps.sh [--check] [--docker]
 #   --check: report what is missing and exit 1 if anything is
 #   --docker: also the container backends' packages (Docker engine, debootstrap for the base image)
@@ -19,6 +19,7 @@ have brctl     || need+=(bridge-utils)
 have ethtool   || need+=(ethtool)
 have pkill     || need+=(procps)
 ldconfig -p 2>/dev/null | grep -q "libpcap.so" || need+=(libpcap0.8)  # scapy compiles capture filters with it
+have chromium  || need+=(chromium)   # headless: the report.html test renders the page (tests/test_report.py)
 if [ $docker -eq 1 ]; then
   have dockerd     || need+=(docker.io)
   have debootstrap || need+=(debootstrap)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import time
 from pathlib import Path
@@ -16,7 +17,8 @@ from testbed.emu.sh import EmuError
 from testbed.errors import NotYetError, SpecError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
-console = Console(width=None if sys.stdout.isatty() else 160)
+# A terminal's own width; elsewhere $COLUMNS, else 160 (rich's 80 would split most tables in a log).
+console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit() else 160)
 err_console = Console(stderr=True)
 
 
@@ -44,16 +46,32 @@ SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a fiel
 SweepOpt = Annotated[list[str] | None, typer.Option("--sweep", help="Sweep a field: dotted.key=v1,v2,...")]
 
 
-def print_summary(rows: list[dict], title: str) -> None:
-    t = Table(title=title)
-    cols = ["run_id", "source", "scheduler", "gpus", "tp", "pp", "dp", "wan_latency_ms", "tcp_connections",
-            "iteration_s", "lower_bound_s", "tokens_per_s", "gpu_util", "bubble_frac", "best_baseline",
-            "speedup_vs_best"]
-    for c in cols:
-        t.add_column(c, justify="left" if c in ("run_id", "scheduler") else "right")
-    for r in rows:
-        t.add_row(*[f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in cols])
-    console.print(t)
+ColumnsOpt = Annotated[str | None, typer.Option(
+    "--columns", help="Columns to print, comma-separated (a swept key by its short name), or `all`")]
+
+
+def print_table(path: Path, title: str, columns: list[str] | None = None) -> None:
+    """A results CSV as the console shows every table: sweep-aware, fitted to the width in blocks."""
+    from testbed.tables import read_view, rich_tables
+
+    for t in rich_tables(read_view(path, columns, title), console.width):
+        console.print(t)
+
+
+def print_summary(folder: Path, title: str, columns: list[str] | None = None) -> None:
+    print_table(folder / "summary.csv", title, columns)
+
+
+def print_notes(notes: list[str]) -> None:
+    for n in notes:
+        console.print(f"[yellow]note:[/yellow] {n}", highlight=False, soft_wrap=True)
+
+
+def point_text(point: dict) -> str:
+    from testbed.analysis.sweep import short_names
+
+    short = short_names(list(point))
+    return ", ".join(f"{short[k]}={v}" for k, v in point.items()) or "the only point"
 
 
 @app.command()
@@ -66,16 +84,25 @@ def sim(
     jobs: Annotated[int | None, typer.Option(help="Processes for sweep points (default: CPU count)")] = None,
 ) -> None:
     """Simulate every scheduler of an experiment (and every sweep point); write summary/timeline/trace."""
+    from testbed.progress import Progress
+    from testbed.results import write_spec
     from testbed.sim.run import run_experiment, write_outputs
-    from testbed.spec.load import load_experiment
+    from testbed.spec.load import load_experiment, resolved_spec
 
     points = load_experiment(experiment, set_, sweep)
-    t0 = time.perf_counter()
-    with console.status(f"simulating {len(points)} point(s) x {len(points[0][0].schedulers)} scheduler(s)"):
-        results = run_experiment(points, jobs)
-    paths = write_outputs(out, results)
-    print_summary([r.summary for r in results], f"{points[0][0].name}: simulated")
-    console.print(f"wrote {', '.join(str(p) for p in paths)} in {time.perf_counter() - t0:.1f} s")
+    exp0 = points[0][0]
+    what = f"{exp0.name}: simulating {len(points)} point(s) x {len(exp0.schedulers)} scheduler(s)"
+    with Progress(console, len(points), what) as prog:
+        def done(i: int, res: list) -> None:
+            its = ", ".join(f"{r.summary['scheduler']} {float(r.summary['iteration_s']):.4g} s" for r in res)
+            prog.step(f"point {i} ({point_text(points[i][1])}) done: {its}")
+
+        results = run_experiment(points, jobs, on_point=done)
+        prog.line(f"writing {out}")
+        paths = write_outputs(out, results)
+        paths.append(write_spec(out, resolved_spec(experiment, set_, sweep), sys.argv[1:]))
+    print_summary(out, f"{exp0.name}: simulated")
+    console.print(f"wrote {', '.join(str(p) for p in paths)} in {prog.elapsed:.1f} s")
 
 
 @app.command()
@@ -84,17 +111,63 @@ def figures(
     folder: Annotated[Path, typer.Argument(help="A results folder with summary.csv (and timeline.csv)")],
     out: Annotated[Path | None, typer.Option(help="Where PNGs go (default: FOLDER/figures)")] = None,
 ) -> None:
-    """Draw every figure the CSVs in FOLDER support."""
+    """Draw every figure the CSVs in FOLDER support (and say why any other is not drawn)."""
     from testbed.figures.draw import draw_all
 
-    paths = draw_all(folder, out or folder / "figures")
+    notes: list[str] = []
+    paths = draw_all(folder, out or folder / "figures", notes)
     for p in paths:
         console.print(f"wrote {p}")
+    print_notes(notes)
     if not paths:
         err_console.print(f"no figures: {folder} has no summary.csv with data")
         raise typer.Exit(1)
 
 
+RESULT_CSVS = ("summary.csv", "validation.csv", "links.csv", "plan.csv", "backends.csv")
+
+
+@app.command()
+@friendly
+def show(
+    folder: Annotated[Path, typer.Argument(help="A results folder (or one of its CSVs)")],
+    columns: ColumnsOpt = None,
+) -> None:
+    """Print a results folder's tables as the run printed them: summary (swept keys, serving metrics for
+    +bubbletea), then validation.csv, links.csv, plan.csv, backends.csv where present."""
+    files = [folder] if folder.is_file() else [folder / f for f in RESULT_CSVS if (folder / f).exists()]
+    if not files:
+        raise SpecError(str(folder), f"no {', '.join(RESULT_CSVS)} here", "give a folder a run wrote (--out)")
+    cols = [c.strip() for c in columns.split(",") if c.strip()] if columns else None
+    for i, f in enumerate(files):
+        print_table(f, f"{f.parent.name}/{f.name}", cols if i == 0 else None)
+
+
+@app.command()
+@friendly
+def report(
+    folders: Annotated[list[Path] | None, typer.Argument(help="Results folders")] = None,
+    figures: Annotated[Path | None, typer.Option(help="Where PNGs go (default: FOLDER/figures); one FOLDER")] = None,
+    index: Annotated[Path | None, typer.Option(help="Write DIR/index.html, a link to every report.html under DIR")
+                     ] = None,
+) -> None:
+    """Write FOLDER/report.html: the spec, the tables, every figure embedded, Gantt charts, trace links."""
+    from testbed.report import has_results, write_index, write_report
+
+    folders = folders or []
+    if not folders and index is None:
+        raise SpecError("report", "nothing to do", "give a results FOLDER, or --index DIR")
+    if figures is not None and len(folders) > 1:
+        raise SpecError("--figures", "one figures folder for several results folders", "give one FOLDER")
+    for folder in folders:
+        if not has_results(folder):
+            raise SpecError(str(folder), "no summary.csv, links.csv, plan.csv or backends.csv here",
+                            "give a folder a run wrote (--out)")
+        notes: list[str] = []
+        console.print(f"wrote {write_report(folder, figures, notes)}")
+        print_notes(notes)
+    if index is not None:
+        console.print(f"wrote {write_index(index)}")
 
 
 @app.command()
@@ -169,17 +242,6 @@ app.add_typer(topology_app, name="topology")
 PrefixOpt = Annotated[str, typer.Option(help="Name prefix of everything this topology creates (gdtb<id>)")]
 
 
-def _links_table(rows: list[dict], title: str) -> Table:
-    from testbed.emu.check import LINKS_HEADER
-
-    t = Table(title=title)
-    for c in LINKS_HEADER:
-        t.add_column(c.replace("measured_", "meas_").replace("configured_", "cfg_"), justify="right")
-    for r in rows:
-        t.add_row(*[str(r[c]) for c in LINKS_HEADER])
-    return t
-
-
 def _run_check(emu, streams: int, seconds: float, out: Path) -> None:
     from testbed.emu.check import LINKS_HEADER, check_links
     from testbed.results import write_csv
@@ -187,7 +249,7 @@ def _run_check(emu, streams: int, seconds: float, out: Path) -> None:
     with console.status("measuring every WAN pair (ping, iperf3 with 1 and n streams)"):
         rows = check_links(emu, streams=streams, seconds=seconds)
     write_csv(out, LINKS_HEADER, ([r[c] for c in LINKS_HEADER] for r in rows))
-    console.print(_links_table(rows, f"{emu.prefix}: configured vs measured"))
+    print_table(out, f"{emu.prefix}: configured vs measured")
     console.print(f"wrote {out}")
 
 
@@ -327,13 +389,18 @@ def topology_capture(
     console.print(f"wrote {out} ({len(rows)} rows)")
 
 
+ForceOpt = Annotated[bool, typer.Option(help="Also remove a prefix another live process is using")]
+
+
 @topology_app.command("down")
 @friendly
-def topology_down(prefix: PrefixOpt = "gdtb0") -> None:
-    """Tear the topology down: processes, namespaces, links, rules, state."""
+def topology_down(prefix: PrefixOpt = "gdtb0", force: ForceOpt = False) -> None:
+    """Tear the topology down: processes, namespaces, links, rules, state (refused while another live
+    process owns the prefix, e.g. a running experiment, unless --force)."""
     from testbed.emu.clean import clean
+    from testbed.emu.names import check_prefix
 
-    removed = clean(prefix)
+    removed = clean(check_prefix(prefix), force=force)
     console.print(f"removed {len(removed)} item(s)" if removed else f"nothing of {prefix} was up")
 
 
@@ -342,13 +409,19 @@ def topology_down(prefix: PrefixOpt = "gdtb0") -> None:
 def clean_cmd(
     prefix: Annotated[str | None, typer.Option(help="Only this prefix (default: every gdtb* prefix)")] = None,
     images: Annotated[bool, typer.Option(help="Also remove the testbed's Docker images (kept otherwise)")] = False,
+    force: ForceOpt = False,
 ) -> None:
-    """Remove leftovers of any earlier run (like `mn -c`, but only what carries the testbed's prefix)."""
+    """Remove leftovers of any earlier run (like `mn -c`, but only what carries the testbed's prefix).
+    A prefix whose owner is another live process (a running experiment) is kept unless --force."""
     from testbed.emu.clean import clean
     from testbed.emu.kernel import require_root
+    from testbed.emu.names import check_prefix
 
     require_root()
-    removed = clean(prefix)
+    kept: list[str] = []
+    removed = clean(check_prefix(prefix) if prefix else None, force=force, kept=kept)
+    for k in kept:
+        console.print(f"[yellow]kept[/yellow] {k} (--force removes it)", highlight=False)
     if images:
         from testbed.emu.containers import remove_images
 
@@ -358,31 +431,51 @@ def clean_cmd(
     console.print("clean" if not removed else f"removed {len(removed)} item(s)")
 
 
-def _training_run(points: list, out: Path, capture: bool = False) -> None:
-    import signal
+def _links_check(rows: list[dict]):
+    """on_up hook: measure every WAN pair of the first point's network, before training (for links.csv)."""
+    def measure(emu) -> None:
+        from testbed.emu.check import check_links
 
-    from rich.progress import Progress
+        if not rows:
+            rows.extend(check_links(emu, streams=8, seconds=2.0, pings=20))
 
+    return measure
+
+
+def _training_run(points: list, out: Path, check: bool, spec: dict, capture: bool = False) -> None:
     from testbed.emu.experiment import FLOWS_HEADER, LOSS_HEADER, VALIDATION_HEADER, check_emulable, run_point
-    from testbed.emu.kernel import require_root
-    from testbed.results import write_csv
+    from testbed.progress import Progress
+    from testbed.results import write_csv, write_spec
     from testbed.sim.run import write_outputs
 
     exp0 = points[0][0]
     check_emulable(exp0)
-    require_root()
-    signal.signal(signal.SIGTERM, _raise_interrupt)
     results, validation, losses, flows = [], [], [], []
-    total = len(points) * len(exp0.schedulers) * exp0.iterations
-    with Progress(console=console, transient=True) as bar:
-        task = bar.add_task(f"{exp0.name}: emulated iterations", total=total)
+    links: list[dict] = []
+    n_s, n_i = len(exp0.schedulers), exp0.iterations
+    total = len(points) * n_s * n_i
+    with Progress(console, total, f"{exp0.name} on prefix {exp0.emulation.prefix}: emulated iterations") as prog:
+        def step() -> None:  # points, then schedulers, then iterations: the step count says which one ended
+            k = prog.done
+            p, sc, it = k // (n_s * n_i), k // n_i % n_s, k % n_i
+            where = f"point {p} ({point_text(points[p][1])}), {exp0.schedulers[sc]}"
+            prog.step(f"{where}: iteration {it + 1}/{n_i} done")
+
         for i, (exp, point) in enumerate(points):
-            res, val, loss, flow = run_point(exp, i, point, lambda: bar.advance(task), capture)
+            if check and i == 0:
+                prog.line("measuring every WAN pair (links.csv)")
+            res, val, loss, flow = run_point(exp, i, point, step, capture,
+                                             on_up=_links_check(links) if check else None)
             results += res
             validation += val
             losses += loss
             flows += flow
-    paths = write_outputs(out, results)
+    paths = [*write_outputs(out, results), write_spec(out, spec, sys.argv[1:])]
+    if links:
+        from testbed.emu.check import LINKS_HEADER
+
+        paths.append(out / "links.csv")
+        write_csv(paths[-1], LINKS_HEADER, ([r[c] for c in LINKS_HEADER] for r in links))
     if validation:
         paths.append(out / "validation.csv")
         write_csv(paths[-1], VALIDATION_HEADER, validation)
@@ -394,14 +487,11 @@ def _training_run(points: list, out: Path, capture: bool = False) -> None:
 
         paths.append(out / "flows.csv")
         write_csv(paths[-1], captured.FLOWS_HEADER if capture else FLOWS_HEADER, flows)
-    print_summary([r.summary for r in results], f"{exp0.name}: emulated and simulated")
-    t = Table(title="simulator vs emulator (relative error of the simulator's prediction)")
-    for c in VALIDATION_HEADER:
-        t.add_column(c)
-    for v in validation:
-        t.add_row(*[f"{x:.3f}" if isinstance(x, float) else str(x) for x in v])
+    print_summary(out, f"{exp0.name}: emulated and simulated")
     if validation:
-        console.print(t)
+        print_table(out / "validation.csv", "simulator vs emulator (rel_error: (sim - emu) / emu)")
+    if links:
+        print_table(out / "links.csv", "the emulated WAN: configured vs measured")
     for run_id, _sched, k, loss in losses:
         console.print(f"{run_id}: iteration {k} loss {loss:.4f}")
     console.print(f"wrote {', '.join(str(p) for p in paths)}")
@@ -417,45 +507,53 @@ def experiment_run(
     experiment: Annotated[Path, typer.Argument(help="Experiment YAML")],
     out: Annotated[Path, typer.Option(help="Output folder")] = Path("results/experiment"),
     backend: Annotated[str | None, typer.Option(help="netns | docker | mininet | containernet")] = None,
+    prefix: Annotated[str | None, typer.Option(help="Emulation prefix gdtb<id> (default: the experiment's "
+                                                    "emulation.prefix, else the first free gdtb<N>)")] = None,
+    check: Annotated[bool, typer.Option(help="Measure every WAN pair before training (links.csv)")] = False,
     set_: SetOpt = None,
     sweep: SweepOpt = None,
     capture: Annotated[bool, typer.Option(help="Capture WAN packet headers for the whole run into flows.csv")]
     = False,
 ) -> None:
-    """Bring the topology up, run the experiment on it, tear it down (also on error and Ctrl-C)."""
+    """Bring the topology up, run the experiment on it, tear it down (also on error and Ctrl-C). The prefix
+    is held for the whole run: no other run can take it, and `testbed clean` leaves it alone."""
     import signal
 
-    from rich.progress import Progress
-
+    from testbed.emu import owner
     from testbed.emu.kernel import require_root
-    from testbed.results import write_csv
-    from testbed.spec.load import load_experiment
+    from testbed.emu.names import check_prefix
+    from testbed.results import write_csv, write_spec
+    from testbed.spec.load import load_experiment, resolved_spec
 
     sets = list(set_ or []) + ([f"emulation.backend={backend}"] if backend else [])
-    points = load_experiment(experiment, sets, sweep)
-    exp0 = points[0][0]
-    if exp0.multitcp is None:
-        return _training_run(points, out, capture)
+    if prefix is not None:
+        sets.append(f"emulation.prefix={check_prefix(prefix)}")
+    points = load_experiment(experiment, sets, sweep)  # every point validated before anything is built
     require_root()
-    from testbed.emu.multitcp import HEADER, run_point
-
     signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill` tears down like Ctrl-C does
-    rows: list[dict] = []
-    total = len(points) * len(exp0.multitcp.connections) * len(exp0.multitcp.links or [0])
-    with Progress(console=console, transient=True) as bar:
-        task = bar.add_task(exp0.name, total=total)
-        for i, (exp, point) in enumerate(points):
-            rows += run_point(exp, i, point, lambda d: bar.update(task, description=d, advance=1))
+    asked = points[0][0].emulation.prefix
+    with owner.owned(check_prefix(asked) if asked else None) as held:
+        if not asked:
+            console.print(f"emulation prefix: {held} (free; --prefix picks one)")
+        sets.append(f"emulation.prefix={held}")
+        points = [(exp.model_copy(update={"emulation": exp.emulation.model_copy(update={"prefix": held})}), pt)
+                  for exp, pt in points]
+        spec = resolved_spec(experiment, sets, sweep)  # written next to the results, once they exist
+        exp0 = points[0][0]
+        if exp0.multitcp is None:
+            return _training_run(points, out, check, spec, capture)
+        from testbed.emu.multitcp import HEADER, run_point
+        from testbed.progress import Progress
+
+        rows: list[dict] = []
+        total = len(points) * len(exp0.multitcp.connections) * len(exp0.multitcp.links or [0])
+        with Progress(console, total, f"{exp0.name} on prefix {held}") as prog:
+            for i, (exp, point) in enumerate(points):
+                rows += run_point(exp, i, point, lambda d: prog.step(f"measuring {d}"))
     write_csv(out / "summary.csv", HEADER, ([r[c] for c in HEADER] for r in rows))
-    t = Table(title=f"{exp0.name}: throughput (Mbit/s) vs TCP connections")
-    for c in ("link", "wan_latency_ms", "tcp_connections", "window_kib", "wan_mbps", "emu", "sim"):
-        t.add_column(c, justify="right")
-    for emu_row, sim_row in zip(rows[::2], rows[1::2], strict=True):
-        t.add_row(emu_row["link"], str(emu_row["wan_latency_ms"]), str(emu_row["tcp_connections"]),
-                  str(emu_row["window_kib"]), str(emu_row["wan_mbps"]), f"{emu_row['throughput_mbps']:.1f}",
-                  f"{sim_row['throughput_mbps']:.1f}")
-    console.print(t)
-    console.print(f"wrote {out / 'summary.csv'}")
+    spec_path = write_spec(out, spec, sys.argv[1:])
+    print_summary(out, f"{exp0.name}: throughput (Mbit/s) vs TCP connections, emulated and modelled")
+    console.print(f"wrote {out / 'summary.csv'}, {spec_path}")
 
 
 @app.command("launch", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -43,6 +43,19 @@ def write_json(path: str | Path, obj: object) -> None:
         json.dump(obj, f, separators=(",", ":"), sort_keys=False)
 
 
+def write_spec(folder: str | Path, spec: dict, argv: Sequence[str]) -> Path:
+    """spec.yaml: the experiment as run and the command that ran it, next to its results."""
+    import shlex
+
+    import yaml
+
+    path = Path(folder) / "spec.yaml"
+    with atomic_open(path) as f:
+        f.write(f"# {shlex.join(['testbed', *argv])}\n")
+        yaml.safe_dump(spec, f, sort_keys=False, default_flow_style=None, width=110)
+    return path
+
+
 def csv_text(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")

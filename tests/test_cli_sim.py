@@ -46,7 +46,8 @@ def test_figures_from_csv(tmp_path):
     r = run_cli("figures", str(out))
     assert r.returncode == 0, r.stderr
     pngs = {p.name for p in (out / "figures").glob("*.png")}
-    assert {"iteration_vs_latency.png", "speedup_vs_latency.png", "gpu_util.png"} <= pngs
+    assert {"iteration_s_vs_latency_ms.png", "speedup_vs_latency_ms.png", "gpu_util_vs_latency_ms.png"} <= pngs
+    assert "gpu_util.png" not in pngs and "gpu_util.png (bars per scheduler) skipped" in r.stdout
     assert any(n.startswith("gantt_") for n in pngs)
     assert all((out / "figures" / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in pngs)
 

@@ -13,7 +13,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
-from testbed.emu import state
+from testbed.emu import owner, state
 from testbed.emu.backends import Backend, Node, make_backend
 from testbed.emu.kernel import delay_method, require_root
 from testbed.emu.names import AddressPlan, address_plan, host_name
@@ -47,6 +47,7 @@ class Emulation:
     lan_gpus_per_host: int = 1  # GPUs whose NICs one emulated host stands for (a training run sets tp)
     # TCP's congestion-window restart after an idle RTO (net.ipv4.tcp_slow_start_after_idle), set on every host
     slow_start_after_idle: bool = False
+    claimed: bool = False  # `up` made this process the prefix's owner, so `down` gives it back
 
     def node(self, name: str) -> Node:
         return self.backend.nodes[name]
@@ -101,21 +102,35 @@ def window_notes(topo: Topology, scale: float) -> list[str]:
     return notes
 
 
-def up(topo: Topology, *, backend: str = "netns", prefix: str = "gdtb0", scale: float = 1.0,
+def up(topo: Topology, *, backend: str = "netns", prefix: str | None = "gdtb0", scale: float = 1.0,
        delay: str = "auto", lan_gpus_per_host: int = 1, slow_start_after_idle: bool = False,
        mounts: list[str] | None = None) -> Emulation:
-    """Build the topology. On any failure (or Ctrl-C) everything built so far is removed. `mounts`: host
-    folders the container backends bind-mount at the same path in every host container."""
+    """Build the topology (prefix None: the first free gdtb<N>). On any failure (or Ctrl-C) everything
+    built so far is removed. `mounts`: host folders the container backends bind-mount at the same path in
+    every host container."""
     require_root()
+    if prefix is None:
+        from testbed.emu.clean import our_namespaces
+
+        prefix, claimed = owner.pick_free(set(our_namespaces())), True
+    else:
+        address_plan(topo, prefix)  # a bad prefix or topology fails before anything is claimed
+        if state.load(prefix) is not None:
+            raise EmuError(f"a topology with prefix {prefix} is already up; `testbed topology down --prefix "
+                           f"{prefix}` or pick another --prefix")
+        claimed = owner.claim(prefix)  # refuses a prefix another live run holds
     addr = address_plan(topo, prefix)
-    if state.load(prefix) is not None:
-        raise EmuError(f"a topology with prefix {prefix} is already up; `testbed topology down --prefix {prefix}` "
-                       f"or pick another --prefix")
-    method = delay_method(delay)
-    be = make_backend(backend, prefix)
-    be.mounts = list(mounts or [])
-    emu = Emulation(prefix, topo, be, addr, scale, method, window_notes(topo, scale),
-                    lan_gpus_per_host=lan_gpus_per_host, slow_start_after_idle=slow_start_after_idle)
+    try:
+        method = delay_method(delay)
+        be = make_backend(backend, prefix)
+        be.mounts = list(mounts or [])
+        emu = Emulation(prefix, topo, be, addr, scale, method, window_notes(topo, scale),
+                        lan_gpus_per_host=lan_gpus_per_host, slow_start_after_idle=slow_start_after_idle,
+                        claimed=claimed)
+    except BaseException:
+        if claimed:
+            owner.release(prefix)
+        raise
     emu.save()
     try:
         _build(emu)
@@ -207,6 +222,8 @@ def down(emu: Emulation) -> None:
             p.wait()
     emu.backend.teardown()
     state.forget(emu.prefix)
+    if emu.claimed:
+        owner.release(emu.prefix)
 
 
 def host_names(emu: Emulation) -> list[str]:

@@ -148,16 +148,20 @@ def _is_ours(ct, prefix: str | None) -> bool:
     return bool(OURS_RE.match(name)) and (prefix is None or name.startswith(f"{prefix}-"))
 
 
-def remove_containers(prefix: str | None) -> list[str]:
-    """Force-remove every container of our prefix (or of any testbed prefix); best effort when no engine
-    runs (then there is nothing to remove either)."""
+def _prefix_of(ct) -> str:
+    return ct.labels.get(LABEL) or ct.name.removeprefix("mn.").split("-", 1)[0]
+
+
+def remove_containers(prefix: str | None, keep: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """Force-remove every container of our prefix (or of any testbed prefix but those in `keep`); best
+    effort when no engine runs (then there is nothing to remove either)."""
     try:
         c = client()
     except EmuError:
         return []
     removed = []
     for ct in c.containers.list(all=True):
-        if _is_ours(ct, prefix):
+        if _is_ours(ct, prefix) and _prefix_of(ct) not in keep:
             with contextlib.suppress(Exception):
                 ct.remove(force=True)
                 removed.append(f"container {ct.name}")

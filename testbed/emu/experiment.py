@@ -71,7 +71,8 @@ def emulated_requests(res, ran: list, durations: list[float], T: float, slo_s: f
 
 
 LOSS_HEADER = ("run_id", "scheduler", "iteration", "loss")
-FLOWS_HEADER = ("run_id", "scheduler", "link", "towards", "replica", "iteration", "t_s", "wire_bytes", "scale")
+FLOWS_HEADER = ("run_id", "scheduler", "link", "towards", "replica", "iteration", "t_s", "wire_bytes", "scale",
+                "link_gbps")
 VALIDATION_HEADER = ("run_id", "scheduler", "metric", "sim", "emu", "rel_error", "degraded")  # (sim - emu) / emu
 
 
@@ -89,11 +90,12 @@ def check_emulable(exp: Experiment) -> None:
         raise NotYetError("emulated training runs on the mininet backend: use netns, docker or containernet")
 
 
-def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: bool = False
+def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: bool = False, on_up=None
               ) -> tuple[list[RunResult], list[tuple], list[tuple], list[tuple]]:
     """Emulated runs (and, for modeled compute, the simulator's rows and the validation) of one point.
     The flows are HTB class counters (FLOWS_HEADER), or with `capture` a packet capture's flows.csv rows
-    (testbed.analysis.flows.FLOWS_HEADER)."""
+    (testbed.analysis.flows.FLOWS_HEADER). `on_up(emu)` runs once the network is up, before any training
+    (e.g. to measure the links)."""
     em = exp.emulation
     scale = em.scale or auto_scale(exp.topology)
     same = exp.model_copy(update={"topology": as_emulated(exp.topology, scale)})
@@ -105,6 +107,8 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
     emu = up(exp.topology, backend=em.backend, prefix=em.prefix, scale=scale, delay=em.delay,
              lan_gpus_per_host=exp.workload.tp, slow_start_after_idle=exp.network.tcp_slow_start_after_idle)
     try:
+        if on_up is not None:
+            on_up(emu)
         for sched in exp.schedulers:
             plan = build_plan(same, sched, run_id=f"p{index:02d}-{sched}", dp=dp)
             plan.scale = scale
@@ -122,7 +126,8 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
             for k, loss in enumerate(run.losses):
                 losses.append((plan.run_id, sched, k, round(loss, 6)))
             for it, t, link, dev, r, sent in run.flows:
-                flows.append((plan.run_id, sched, link, dev, r, it, fmt(t, 6), sent, scale))
+                gbps = next((lk.gbps for lk in exp.topology.links if "-".join(lk.between) == link), "")
+                flows.append((plan.run_id, sched, link, dev, r, it, fmt(t, 6), sent, scale, gbps))
             note = run.degraded
             tl_emu = run.timeline.steady()
             lb = lower_bound_s(plan)
@@ -142,7 +147,8 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
             else:
                 row_sim = summary_row(plan, tl_sim.repeated(len(tl_emu.iteration_s)), lb, sweep)
             row_emu = results[-1].summary
-            results.insert(-1, RunResult(row_sim, tl_sim.repeated(exp.iterations), events))
+            tl_pred = bt_res.timeline if bt_res is not None else tl_sim.repeated(exp.iterations)  # with its prefill
+            results.insert(-1, RunResult(row_sim, tl_pred, events))
             for m in VALIDATED:
                 a, b = float(row_sim[m]), float(row_emu[m])
                 validation.append((plan.run_id, sched, m, a, b, round((a - b) / b, 6) if b else "", note))

@@ -44,9 +44,10 @@ def contention_window(flows: pd.DataFrame, span_ms: int = 200, by: str = "replic
 
 
 def captured_flows(flows: pd.DataFrame, path: Path, max_panels: int = 4, by: str = "replica",
-                   window_ms: tuple[int, int] | None = None) -> Path:
+                   window_ms: tuple[int, int] | None = None, capacity_mbps: dict[str, float] | None = None) -> Path:
     """Throughput per replica on the busiest WAN directions, 1 ms bins, stacked: under temporal sharing
-    one colour fills the link at a time; under fair sharing the colours share it. `window_ms`: zoom."""
+    one colour fills the link at a time; under fair sharing the colours share it. `window_ms`: zoom;
+    `capacity_mbps`: each link's emulated capacity, drawn as a dashed line."""
     if window_ms is not None:
         flows = flows[(flows.t_ms >= window_ms[0]) & (flows.t_ms < window_ms[1])]
     d = flows.assign(key=flows[by].fillna("other").astype(str).replace({"": "other", "nan": "other"}))
@@ -62,6 +63,8 @@ def captured_flows(flows: pd.DataFrame, path: Path, max_panels: int = 4, by: str
         ax.stackplot(mbps.index, *[mbps[k] if k in mbps else 0 * mbps.index for k in keys], step="post", lw=0,
                      colors=[SERIES_COLOURS[i % len(SERIES_COLOURS)] for i in range(len(keys))],
                      labels=[f"{by} {k}" for k in keys])
+        if capacity_mbps and link in capacity_mbps:
+            ax.axhline(capacity_mbps[link], color="k", ls="--", lw=1, label="link capacity")
         ax.set_ylabel("Mbit/s")
         ax.set_title(f"{link}, towards {towards}", fontsize=8)
         ax.grid(True, alpha=0.3)

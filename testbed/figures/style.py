@@ -32,10 +32,12 @@ def labelled_bars(ax, xs, vals, width: float, digits: int, **bar_kw) -> None:
         ax.text(x, v, f"{v:.{digits}f}", ha="center", va="bottom", fontsize=7)
 
 
-def save(fig, path) -> None:
+def save(fig, path, tight: bool = True) -> None:
+    """Write the PNG atomically (figures made with layout="constrained" pass tight=False)."""
     from testbed.results import atomic_open
 
-    fig.tight_layout()
+    if tight:
+        fig.tight_layout()
     with atomic_open(path, "wb") as f:
         fig.savefig(f, format="png")
     plt.close(fig)

@@ -44,7 +44,7 @@ def load_spec(path: Path, sets: list[str] | None, backend: str | None, prefix: s
     be = backend or (em.backend if em else "netns")
     if be == "mininet":
         raise SpecError("--backend", "launch runs on netns, docker or containernet", "pick one of those")
-    return LaunchSpec(topo, be, check_prefix(prefix or (em.prefix if em else DEFAULT_PREFIX)),
+    return LaunchSpec(topo, be, check_prefix(prefix or (em.prefix if em else None) or DEFAULT_PREFIX),
                       scale if scale is not None else (em.scale if em else 0.0), em.delay if em else "auto", max_conns)
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -71,17 +72,28 @@ def _run_point_args(args: tuple) -> list[RunResult]:
     return run_point(*args)
 
 
-def run_experiment(points: list[tuple[Experiment, dict]], jobs: int | None = None) -> list[RunResult]:
-    """Sweep points run in a process pool; results come back in sweep order (deterministic)."""
+def run_experiment(points: list[tuple[Experiment, dict]], jobs: int | None = None,
+                   on_point: Callable[[int, list[RunResult]], None] | None = None) -> list[RunResult]:
+    """Sweep points run in a process pool; results come back in sweep order (deterministic). `on_point`
+    hears of each point as it finishes (in the order they finish)."""
     mode = points[0][0].timeline
     args = [(exp, i, sweep, mode == "all" or (mode == "first-point" and i == 0))
             for i, (exp, sweep) in enumerate(points)]
     jobs = jobs or min(len(args), os.cpu_count() or 1)
+    results: list[list[RunResult]] = [[] for _ in args]
     if jobs <= 1 or len(args) == 1:
-        results = [_run_point_args(a) for a in args]
+        for i, a in enumerate(args):
+            results[i] = _run_point_args(a)
+            if on_point:
+                on_point(i, results[i])
     else:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            results = list(pool.map(_run_point_args, args))
+            futures = {pool.submit(_run_point_args, a): i for i, a in enumerate(args)}
+            for f in as_completed(futures):
+                i = futures[f]
+                results[i] = f.result()
+                if on_point:
+                    on_point(i, results[i])
     return [r for point in results for r in point]
 
 

@@ -55,7 +55,7 @@ class EmulationOptions(Strict):
     backend: Literal["netns", "docker", "mininet", "containernet"] = "netns"
     scale: Annotated[float, Field(ge=0)] = 0.0  # 0 = auto (fastest link at 200 Mbit/s)
     delay: Literal["auto", "netem", "nfqueue", "none"] = "auto"
-    prefix: str = "gdtb0"
+    prefix: str | None = None  # None: the first free gdtb<N> (testbed/emu/owner.py)
     compute: Literal["modeled", "torch"] = "modeled"  # torch: a real GPT stage per worker (CPU here)
     lr: Annotated[float, Field(gt=0)] = 3e-3  # torch compute's AdamW learning rate
 

@@ -147,6 +147,23 @@ def expand_sweep(data: dict[str, Any], sweeps: list[str] | None = None) -> list[
     return points
 
 
+def resolved_spec(path: str | Path, sets: list[str] | None = None, sweeps: list[str] | None = None) -> dict:
+    """The experiment as run, defaults filled in and the sweep included (what results/<x>/spec.yaml records)."""
+    data = experiment_data(path)
+    for s in sets or []:
+        k, v = split_assignment(s)
+        set_dotted(data, k, parse_value(v))
+    sweep = dict(data.get("sweep") or {})
+    for s in sweeps or []:
+        k, v = split_assignment(s)
+        sweep[k] = [parse_value(x) for x in v.split(",") if x.strip()]
+    data["sweep"] = sweep
+    try:
+        return validate(Experiment, data).model_dump(mode="json")
+    except SpecError:  # only the swept points need to be valid
+        return data
+
+
 def load_experiment(
     path: str | Path, sets: list[str] | None = None, sweeps: list[str] | None = None
 ) -> list[tuple[Experiment, dict]]:

@@ -1,0 +1,335 @@
+"""What every column of every CSV the testbed writes means, and its unit: one registry.
+
+Tables and figures take their axis labels and number formats from here; `docs/outputs.md` shows it
+(`python -m testbed.columns --write docs/outputs.md` regenerates that section, and a test checks it
+is current and that every header the code writes is listed). A column missing here still prints and
+plots, by its own name.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    unit: str  # "" for names and counts; "share" for 0-1 fractions (printed as %)
+    meaning: str
+
+
+@dataclass(frozen=True)
+class CsvFile:
+    name: str
+    written_by: str
+    about: str
+    columns: tuple[Column, ...]
+
+
+def _cols(*specs: tuple[str, str, str]) -> tuple[Column, ...]:
+    return tuple(Column(*s) for s in specs)
+
+
+_RUN = ("run_id", "", "one simulated or emulated run: `p<sweep point>-<scheduler>` (multitcp: `-<link>-n<conns>`)")
+_SOURCE = ("source", "", "`sim` (the simulator) or `emu` (measured on the emulated WAN)")
+
+SUMMARY = CsvFile("summary.csv", "`testbed sim`, `testbed experiment run`",
+                  "one row per sweep point, scheduler and source", _cols(
+    _RUN, _SOURCE,
+    ("scheduler", "", "what was run: a base design (`dp-wan`, `pp-wan`, `atlas`) with `+mechanism`s"),
+    ("model", "", "the trained model (model zoo name)"),
+    ("dcs", "", "DCs the plan uses, `|`-separated, in pipeline order"),
+    ("gpus", "GPUs", "GPUs of the training job (tp x pp x dp)"),
+    ("tp", "", "tensor-parallel degree (inside a node)"),
+    ("pp", "", "pipeline stages"),
+    ("dp", "", "data-parallel replicas"),
+    ("microbatches", "", "microbatches per replica per iteration"),
+    ("wan_latency_ms", "ms", "mean one-way latency of the WAN links the plan's traffic crosses"),
+    ("wan_gbps", "Gbit/s", "smallest real-world capacity among those links"),
+    ("tcp_connections", "", "TCP connections per stage pair and direction on the WAN (Atlas's multi-TCP)"),
+    ("iteration_s", "s", "time of one training iteration (mean over the steady iterations)"),
+    ("tokens_per_s", "tokens/s", "training throughput: global batch x sequence length / iteration_s"),
+    ("tokens_per_s_per_gpu", "tokens/s", "tokens_per_s / gpus"),
+    ("gpu_util", "share", "share of GPU time computing: training forward/backward plus BubbleTea prefill"),
+    ("train_util", "share", "share of GPU time in training forward/backward only"),
+    ("prefill_util", "share", "share of GPU time in BubbleTea prefill"),
+    ("bubble_frac", "share", "share of GPU time idle (neither computing, all-reducing nor prefilling)"),
+    ("lower_bound_s", "s", "iteration time of the same placement with a WAN as good as the DC fabric"),
+    ("wan_min_s", "s", "time the busiest WAN direction needs just to carry one iteration's bytes at capacity"),
+    ("best_baseline", "", "per source and sweep point: the fastest scheduler that is not Atlas (mechanisms "
+                          "included); empty where the point has none"),
+    ("speedup_vs_best", "x", "best_baseline's iteration time / this row's (above 1: faster than every baseline)"),
+    ("train_slowdown", "share", "BubbleTea: iteration time with prefill / without - 1 (0 = training not delayed)"),
+    ("ttft_p50_ms", "ms", "BubbleTea: median time to first token (bubble-served and fallback requests)"),
+    ("ttft_p99_ms", "ms", "BubbleTea: 99th-percentile time to first token"),
+    ("slo_attainment", "share", "BubbleTea: share of requests whose TTFT met the SLO (`bubbletea.ttft_slo_ms`)"),
+    ("prefill_tokens_per_s", "tokens/s", "BubbleTea: prompt tokens prefilled inside bubbles per second"),
+    ("served_in_bubbles", "share", "BubbleTea: share of requests prefilled inside bubbles (the rest: fallback pool)"),
+    ("requests", "", "BubbleTea: requests offered during the run"),
+    ("request_rate", "requests/s", "BubbleTea: offered request rate"),
+    ("fallback", "", "BubbleTea: requests served by the fallback pool"),
+    ("scale", "", "emulation scale k: link rates, windows and bytes were divided by k (1 in the simulator)"),
+    ("sweep", "", "this row's sweep point: `key=value` pairs, `;`-separated (empty without a sweep)"),
+    ("degraded", "", "why an emulated run is not what was asked (e.g. the Atlas sidecar died), else empty"),
+))
+
+MULTITCP = CsvFile("summary.csv (multitcp)", "`testbed experiment run` with a `multitcp:` section",
+                   "one WAN link, one row per connection count and source", _cols(
+    _RUN, _SOURCE,
+    ("experiment", "", "experiment name"),
+    ("link", "", "the WAN link, `<dc>-<dc>`"),
+    ("wan_latency_ms", "ms", "configured one-way latency of the link"),
+    ("wan_mbps", "Mbit/s", "emulated (scaled) link capacity"),
+    ("tcp_connections", "", "parallel TCP connections (iperf3 streams)"),
+    ("window_kib", "KiB", "emulated TCP window cap per connection"),
+    ("throughput_mbps", "Mbit/s", "received throughput: measured (`emu`) or the simulator's model (`sim`)"),
+    ("rtt_avg_ms", "ms", "mean ping RTT on the link (`sim`: twice the one-way latency)"),
+    ("scale", "", "emulation scale k"),
+    ("delay_method", "", "how latency was emulated: `netem`, `nfqueue` (our delay line) or `none`"),
+    ("sweep", "", "this row's sweep point (see summary.csv)"),
+))
+
+TIMELINE = CsvFile("timeline.csv", "`testbed sim`, `testbed experiment run`",
+                   "one row per interval per GPU group (the tp GPUs of one stage of one replica)", _cols(
+    _RUN, _SOURCE,
+    ("iteration", "", "training iteration, from 0 (emulated runs leave out iteration 0: set-up, slow start)"),
+    ("gpu", "", "GPU group, `s<stage>r<replica>`"),
+    ("dc", "", "DC of the group"),
+    ("stage", "", "pipeline stage"),
+    ("replica", "", "data-parallel replica"),
+    ("kind", "", "`fwd`, `bwd`, `send`, `recv`, `allreduce`, `prefill` (BubbleTea) or `idle` (a bubble)"),
+    ("microbatch", "", "microbatch of a fwd/bwd/send/recv (-1 otherwise)"),
+    ("start_s", "s", "start, on the run's clock (iteration k starts after iterations 0..k-1)"),
+    ("end_s", "s", "end (a recv ends when the last byte has arrived)"),
+    ("bytes", "bytes", "real-world bytes of a transfer (0 for compute)"),
+))
+
+REQUESTS = CsvFile("requests.csv", "`+bubbletea` schedulers", "one row per prefill request", _cols(
+    _RUN, _SOURCE,
+    ("request_id", "", "request, in trace order"),
+    ("arrival_s", "s", "arrival on the run's clock"),
+    ("prompt_tokens", "tokens", "prompt length"),
+    ("gpu", "", "GPU group that prefilled it, or `fallback`"),
+    ("dc", "", "DC that prefilled it"),
+    ("start_s", "s", "prefill start (first chunk)"),
+    ("end_s", "s", "prefill end (last chunk): the first token"),
+    ("ttft_s", "s", "time to first token: end_s - arrival_s"),
+    ("chunks", "", "bubbles the prompt's prefill was split over"),
+    ("in_bubble", "", "1 if prefilled inside bubbles, 0 if by the fallback pool"),
+    ("home_dc", "", "DC whose decode pool receives the KV cache"),
+    ("kv_bytes", "bytes", "KV-cache size shipped to the decode pool"),
+    ("kv_ready_s", "s", "when the KV cache is in the decode pool"),
+))
+
+BUBBLES = CsvFile("bubbles.csv", "`testbed sim`", "one row per idle interval of a GPU group", _cols(
+    _RUN, _SOURCE,
+    ("gpu", "", "GPU group, `s<stage>r<replica>`"),
+    ("dc", "", "its DC"),
+    ("stage", "", "pipeline stage"),
+    ("replica", "", "data-parallel replica"),
+    ("iteration", "", "training iteration"),
+    ("start_s", "s", "start of the bubble"),
+    ("end_s", "s", "end of the bubble"),
+    ("dur_s", "s", "its length"),
+))
+
+VALIDATION = CsvFile("validation.csv", "`testbed experiment run` (modeled compute)",
+                     "the simulator's prediction vs the emulated measurement, per metric", _cols(
+    _RUN,
+    ("scheduler", "", "scheduler"),
+    ("metric", "", "a summary.csv column (`iteration_s`, `gpu_util`, `bubble_frac`)"),
+    ("sim", "", "the simulator's value (the metric's unit)"),
+    ("emu", "", "the emulated value (the metric's unit)"),
+    ("rel_error", "share", "(sim - emu) / emu"),
+    ("degraded", "", "as in summary.csv"),
+))
+
+LOSS = CsvFile("loss.csv", "`testbed experiment run` with `emulation.compute: torch`", "training loss", _cols(
+    _RUN,
+    ("scheduler", "", "scheduler"),
+    ("iteration", "", "iteration"),
+    ("loss", "", "mean cross-entropy of the last stage's microbatches"),
+))
+
+FLOWS = CsvFile("flows.csv", "`testbed experiment run` (schedulers with the Atlas sidecar)",
+                "HTB class byte counters per replica and WAN direction, sampled every 20 ms", _cols(
+    _RUN,
+    ("scheduler", "", "scheduler"),
+    ("link", "", "WAN link, `<dc>-<dc>`"),
+    ("towards", "", "the direction: traffic towards this DC"),
+    ("replica", "", "data-parallel replica"),
+    ("iteration", "", "iteration sampled (the first steady one)"),
+    ("t_s", "s", "sample time on the run's clock"),
+    ("wire_bytes", "bytes", "bytes the class has sent so far (emulated, i.e. real-world / scale)"),
+    ("scale", "", "emulation scale k (real-world rate = wire rate x k)"),
+    ("link_gbps", "Gbit/s", "the link's real-world capacity (drawn as a line on the flow figure)"),
+))
+
+CAPTURE = CsvFile("flows.csv (capture)", "`experiment run --capture`, `testbed launch --capture`, "
+                  "`topology capture`", "bytes per TCP flow per millisecond on each WAN direction, from packet "
+                  "headers", _cols(
+    ("run_id", "", "the run (`capture` for `topology capture`)"),
+    ("link", "", "WAN link, `<dc>-<dc>`"),
+    ("towards", "", "the direction: traffic towards this DC"),
+    ("t_ms", "ms", "1 ms bin, from the first captured packet"),
+    ("src", "", "source address"),
+    ("sport", "", "source port"),
+    ("dst", "", "destination address"),
+    ("dport", "", "destination port"),
+    ("src_dc", "", "DC of the source host"),
+    ("dst_dc", "", "DC of the destination host"),
+    ("replica", "", "pipeline replica of the flow (our workers) or host index (launched jobs), from its receiver"),
+    ("rank", "", "worker `s<stage>r<replica>` or torch ranks (`2|3` for a shared host)"),
+    ("bytes", "bytes", "emulated bytes on the wire in the bin, each packet spread over its serialisation time"),
+    ("packets", "", "packets whose timestamp falls in the bin"),
+))
+
+RANKS = CsvFile("ranks.csv", "`testbed launch`", "one row per launched rank", _cols(
+    ("rank", "", "torch.distributed rank"),
+    ("host", "", "emulated host, `<dc>-h<j>`"),
+    ("dc", "", "its DC"),
+    ("replica", "", "the host's index in its DC"),
+    ("exit_code", "", "the rank's exit status"),
+    ("wall_s", "s", "wall-clock time from start to exit"),
+    ("stopped_by_launch", "", "1 if the launch stopped it because another rank failed"),
+))
+
+LINKS = CsvFile("links.csv", "`testbed topology check`, `topology up --check`, `experiment run --check`",
+                "one row per WAN link: configured vs measured", _cols(
+    ("link", "", "`<dc>-<dc>`"),
+    ("configured_mbps", "Mbit/s", "emulated (scaled) capacity"),
+    ("measured_mbps_1", "Mbit/s", "iperf3 throughput with one TCP connection"),
+    ("measured_mbps_n", "Mbit/s", "iperf3 throughput with `streams` connections"),
+    ("streams", "", "connections of the n-stream measurement"),
+    ("model_mbps_1", "Mbit/s", "the simulator's one-connection rate: min(capacity, window / RTT)"),
+    ("configured_rtt_ms", "ms", "twice the configured one-way latency"),
+    ("rtt_min_ms", "ms", "ping RTT, minimum"),
+    ("rtt_avg_ms", "ms", "ping RTT, mean"),
+    ("rtt_p99_ms", "ms", "ping RTT, 99th percentile"),
+    ("delay_method", "", "`netem`, `nfqueue` (our delay line) or `none`"),
+    ("scale", "", "emulation scale k"),
+    ("window_kib", "KiB", "emulated TCP window cap per connection"),
+))
+
+PLAN = CsvFile("plan.csv", "`testbed plan`", "one row per candidate DC chain", _cols(
+    ("order", "", "the DCs in pipeline order"),
+    ("stages", "", "pipeline stages per DC, in that order"),
+    ("dp", "", "data-parallel replicas"),
+    ("gpus", "GPUs", "GPUs used"),
+    ("iteration_s", "s", "simulated iteration time (0 when not simulated)"),
+    ("lower_bound_s", "s", "the same placement with an ideal WAN (0 when not simulated)"),
+    ("tokens_per_s", "tokens/s", "simulated training throughput"),
+    ("tokens_per_s_per_gpu", "tokens/s", "tokens_per_s / gpus"),
+    ("estimate_s", "s", "analytic iteration time that ranks candidates before the best are simulated: "
+                        "max(1F1B compute bound (microbatches + pp - 1) x (fwd + bwd of the slowest stage), "
+                        "busiest WAN hop's activation bytes / min(capacity, dp x window / RTT)) "
+                        "+ 2 x the sum of the WAN hops' one-way latencies"),
+    ("status", "", "`best`, `simulated`, `estimated`, or `rejected: <why>`"),
+))
+
+BACKENDS = CsvFile("backends.csv", "`bench/backend_compare.py`", "one emulated experiment on several backends", _cols(
+    ("scheduler", "", "scheduler"),
+    ("metric", "", "a summary.csv column"),
+    ("base_backend", "", "the reference backend (the first of `--backends`)"),
+    ("base", "", "its value (the metric's unit)"),
+    ("other_backend", "", "the compared backend"),
+    ("other", "", "its value"),
+    ("ratio", "", "other / base"),
+))
+
+FILES: tuple[CsvFile, ...] = (SUMMARY, MULTITCP, TIMELINE, REQUESTS, BUBBLES, VALIDATION, LOSS, FLOWS, CAPTURE,
+                              LINKS, PLAN, RANKS, BACKENDS)
+_BY_NAME = {c.name: c for f in FILES for c in f.columns}
+_BY_NAME.update({c.name: c for c in SUMMARY.columns})  # summary.csv's meaning wins for shared names
+
+# Units for names the registry does not know (another helper's new column, a sweep key), by suffix.
+_SUFFIX_UNITS = (("_ms", "ms"), ("_s", "s"), ("_gbps", "Gbit/s"), ("_mbps", "Mbit/s"), ("_mb", "MiB"),
+                 ("_kib", "KiB"), ("_bytes", "bytes"), ("_frac", "share"), ("_util", "share"))
+_OTHER_UNITS = {"speedup": "x"}  # values figures compute (figures/sweep.py), not CSV columns
+
+
+def column(name: str) -> Column | None:
+    return _BY_NAME.get(name)
+
+
+def unit(name: str) -> str:
+    c = _BY_NAME.get(name)
+    if c is not None:
+        return c.unit
+    if name in _OTHER_UNITS:
+        return _OTHER_UNITS[name]
+    leaf = name.rsplit(".", 1)[-1]
+    return next((u for suf, u in _SUFFIX_UNITS if leaf.endswith(suf) or leaf == suf[1:]), "")
+
+
+def words(name: str) -> str:
+    """The name in words, without its unit (`iteration_s` -> `iteration time`)."""
+    w = _LABELS.get(name)
+    if w is None:
+        leaf = name.rsplit(".", 1)[-1]
+        w = leaf
+        for suf, _u in _SUFFIX_UNITS:
+            if leaf.endswith(suf):
+                w = leaf[: -len(suf)]
+                break
+        w = w.replace("_", " ")
+    return w
+
+
+def label(name: str) -> str:
+    """An axis label: the name in words, with its unit (`iteration_s` -> `iteration time (s)`)."""
+    w = words(name)
+    u = unit(name)
+    return f"{w} ({u if u != 'share' else '%'})" if u and u not in ("GPUs",) else w
+
+
+_LABELS = {
+    "iteration_s": "iteration time", "tokens_per_s": "training throughput", "tokens_per_s_per_gpu":
+    "training throughput per GPU", "gpu_util": "GPU utilization (training + prefill)", "train_util":
+    "GPU utilization (training)", "prefill_util": "prefill share of GPU time", "bubble_frac": "idle share of GPU time",
+    "lower_bound_s": "lower bound (ideal WAN)", "wan_min_s": "WAN minimum", "train_slowdown": "training slowdown",
+    "ttft_p50_ms": "TTFT p50", "ttft_p99_ms": "TTFT p99", "slo_attainment": "TTFT SLO attainment",
+    "prefill_tokens_per_s": "prefill throughput", "served_in_bubbles": "requests served in bubbles",
+    "request_rate": "offered request rate", "wan_latency_ms": "one-way WAN latency", "wan_gbps": "WAN capacity",
+    "throughput_mbps": "throughput", "tcp_connections": "TCP connections per stage pair",
+    "speedup": "Atlas's speedup: iteration time / Atlas's", "speedup_vs_best": "speedup over the best baseline",
+    # sweep keys users write most
+    "topology.links.*.latency_ms": "one-way WAN latency (every link)", "topology.links.*.gbps":
+    "WAN capacity (every link)", "topology.tcp_window_mb": "TCP window cap", "bubbletea.rate_scale":
+    "request rate (x the trace's)", "workload.microbatches": "microbatches",
+}
+
+
+def markdown() -> str:
+    """The registry as Markdown: one table per CSV."""
+    out = []
+    for f in FILES:
+        out.append(f"### `{f.name}`\n\nWritten by {f.written_by}: {f.about}.\n")
+        out.append("| column | unit | meaning |\n|---|---|---|")
+        for c in f.columns:
+            u = "0-1 (tables print %)" if c.unit == "share" else c.unit
+            out.append(f"| `{c.name}` | {u} | {c.meaning.replace('|', '&#124;')} |")
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+BEGIN, END = "<!-- columns:begin (python -m testbed.columns --write docs/outputs.md) -->", "<!-- columns:end -->"
+
+
+def rewrite(doc: str) -> str:
+    """`doc` with the text between the BEGIN and END markers replaced by the current registry."""
+    pat = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
+    if not pat.search(doc):
+        raise ValueError(f"no {BEGIN} ... {END} section")
+    return pat.sub(lambda _m: f"{BEGIN}\n{markdown()}{END}", doc)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--write"] and len(sys.argv) == 3:
+        p = Path(sys.argv[2])
+        p.write_text(rewrite(p.read_text()))
+    else:
+        sys.stdout.write(markdown())
