@@ -240,8 +240,33 @@ BACKENDS = CsvFile("backends.csv", "`bench/backend_compare.py`", "one emulated e
     ("ratio", "", "other / base"),
 ))
 
+CLAIMS = CsvFile("claims.csv", "`testbed claims`, `make claims`", "one row per claim card (experiments/claims)", _cols(
+    ("claim", "", "the card's name"),
+    ("source", "", "where the published number comes from"),
+    ("published", "", "the published number, in the card's unit"),
+    ("ours", "", "the simulator's number: the best point of the card's space (`aggregate: max`) or its first"),
+    ("unit", "", "`x` (a ratio), `fraction` (0-1) or `relative` (a gain: 0.63 = +63 %)"),
+    ("accept", "", "the range of `ours` the card accepts as reproducing the claim"),
+    ("verdict", "", "`reproduced`, `not reproduced`, or `different regime` (the setting cannot be the source's)"),
+    ("where", "", "the point of the space where `ours` was found"),
+    ("baseline", "", "the scheduler `ours` is measured against at that point (`best`: the fastest baseline)"),
+    ("points", "", "points simulated (and those left out because a plan does not fit)"),
+    ("settings", "", "the card's settings and searched space"),
+    ("assumptions", "", "what the card assumes where the source is silent"),
+))
+
+CLAIM_POINTS = CsvFile("claims_points.csv", "`testbed claims`", "one row per claim card and point of its space", _cols(
+    ("claim", "", "the card's name"),
+    ("point", "", "the point: `key=value;...` over the card's space"),
+    ("value", "", "the card's metric at the point"),
+    ("scheduler_s", "s", "the claimed scheduler's iteration time"),
+    ("baseline", "", "the baseline at the point"),
+    ("baseline_s", "s", "the baseline's iteration time"),
+    ("kept", "", "1 if the point meets the card's `where` conditions"),
+))
+
 FILES: tuple[CsvFile, ...] = (SUMMARY, MULTITCP, TIMELINE, REQUESTS, BUBBLES, VALIDATION, LOSS, FLOWS, CAPTURE,
-                              LINKS, PLAN, RANKS, BACKENDS)
+                              LINKS, PLAN, RANKS, BACKENDS, CLAIMS, CLAIM_POINTS)
 _BY_NAME = {c.name: c for f in FILES for c in f.columns}
 _BY_NAME.update({c.name: c for c in SUMMARY.columns})  # summary.csv's meaning wins for shared names
 
