@@ -57,6 +57,9 @@ class ClaimCard(Strict):
     set: list[str] = []  # dotted overrides, as --set
     space: dict[str, list[Any]] = {}  # dotted key -> values searched (as --sweep)
     samples: Annotated[int, Field(gt=0)] | None = None  # a seeded random sample of the space's points
+    # then climb from the best point: move one coordinate at a time while the metric improves, at most
+    # this many moves (0: no climbing)
+    refine: Annotated[int, Field(ge=0, le=50)] = 0
     # give each DC just enough free GPUs for its share of the job's stages, so that every scheduler's
     # pipeline must span every DC (a job that fits in one DC would not be trained across DCs)
     span_dcs: bool = False
@@ -88,16 +91,29 @@ def load_card(path: str | Path) -> ClaimCard:
     return validate(ClaimCard, _read_yaml(Path(path)), f"{Path(path).name}")
 
 
-def card_points(card: ClaimCard, path: Path, extra: list[str] | None = None) -> list[tuple[dict, dict]]:
-    """(experiment data, point) for every point the card searches, in a fixed order."""
+def space_combos(card: ClaimCard) -> list[tuple]:
+    """The space's points to start from: every combination, or a seeded random sample of them."""
+    combos = list(itertools.product(*card.space.values()))
+    if card.samples is not None and card.samples < len(combos):
+        combos = sorted(random.Random(card.seed).sample(combos, card.samples), key=combos.index)
+    return combos
+
+
+def neighbours(card: ClaimCard, combo: tuple) -> list[tuple]:
+    """Every point that differs from `combo` in one coordinate of the space."""
+    values = list(card.space.values())
+    return [combo[:i] + (v,) + combo[i + 1:] for i, vs in enumerate(values) for v in vs if v != combo[i]]
+
+
+def card_points(card: ClaimCard, path: Path, extra: list[str] | None = None,
+                combos: list[tuple] | None = None) -> list[tuple[dict, dict]]:
+    """(experiment data, point) for each of `combos` (default: space_combos), in order."""
     from testbed.spec.load import parse_value, split_assignment
 
     base = experiment_data((path.parent / card.experiment).resolve())
     base.pop("sweep", None)
     keys = list(card.space)
-    combos = list(itertools.product(*(card.space[k] for k in keys)))
-    if card.samples is not None and card.samples < len(combos):
-        combos = sorted(random.Random(card.seed).sample(combos, card.samples), key=combos.index)
+    combos = space_combos(card) if combos is None else combos
     out = []
     for combo in combos:
         d = yaml.safe_load(yaml.safe_dump(base))  # a deep copy
@@ -180,36 +196,61 @@ def _run_points(points: list, jobs: int | None) -> list[list[dict]]:
 
 
 def run_card(path: Path, jobs: int | None = None, extra: list[str] | None = None) -> tuple[tuple, list[tuple]]:
-    """Simulate every point of one card; return its claims.csv row and its points' rows."""
-    from testbed.spec.experiment import Experiment
-
+    """Simulate the card's points (and, with `refine`, climb from the best one); return its claims.csv
+    row and its points' rows."""
     card = load_card(path)
-    points, infeasible = [], 0
-    for d, point in card_points(card, path, extra):
-        d["timeline"] = "none"
-        exp = validate(Experiment, d, card.name)
-        if feasible(exp):
-            points.append((exp, point))
-        else:
-            infeasible += 1
-    if not points:
+    seen: dict[tuple, tuple | None] = {}  # combo -> (value, kept, row, base) or None (does not fit)
+
+    def evaluate(combos: list[tuple]) -> None:
+        from testbed.spec.experiment import Experiment
+
+        todo = [c for c in dict.fromkeys(combos) if c not in seen]
+        points = []
+        for c, (d, point) in zip(todo, card_points(card, path, extra, todo), strict=True):
+            d["timeline"] = "none"
+            exp = validate(Experiment, d, card.name)
+            if feasible(exp):
+                points.append((c, exp, point))
+            else:
+                seen[c] = None
+        for (c, _, _), summaries in zip(points, _run_points([(e, p) for _, e, p in points], jobs), strict=True):
+            value, row, base, kept = point_value(card, summaries)
+            seen[c] = (value, kept, row, base)
+
+    def best_of(combos) -> tuple | None:
+        ok = [c for c in combos if seen.get(c) and seen[c][1] and seen[c][0] is not None]
+        if not ok or card.aggregate == "first":
+            return ok[0] if ok else None
+        return max(ok, key=lambda c: seen[c][0] if card.aggregate == "max" else -seen[c][0])
+
+    evaluate(space_combos(card))
+    best = best_of(seen)
+    for _ in range(card.refine if card.aggregate != "first" else 0):
+        if best is None:
+            break
+        near = neighbours(card, best)
+        evaluate(near)
+        step = best_of([best, *near])
+        if step == best:
+            break
+        best = step
+    if all(v is None for v in seen.values()):
         raise SpecError(f"{card.name}.space", "no point of the space fits (every plan is rejected)",
                         "widen the space or change the card's settings")
-    by_point = {";".join(f"{k}={v}" for k, v in point.items()): rows
-                for (_, point), rows in zip(points, _run_points(points, jobs), strict=True)}
-    rows, best = [], None
-    for sweep, summaries in by_point.items():
-        value, row, base, kept = point_value(card, summaries)
-        rows.append((card.name, sweep, _num(value), row["iteration_s"], base["scheduler"] if base else "",
-                     base["iteration_s"] if base else "", int(kept)))
-        if kept and value is not None and (best is None or _better(card.aggregate, value, best[0])):
-            best = (value, sweep, base["scheduler"] if base else "")
-    ours = best[0] if best else None
+    label = {c: ";".join(f"{k}={Path(v).stem if k == 'topology' else v}" for k, v in zip(card.space, c, strict=True))
+             for c in seen}
+    rows = [(card.name, label[c], _num(v[0]), v[2]["iteration_s"], v[3]["scheduler"] if v[3] else "",
+             v[3]["iteration_s"] if v[3] else "", int(v[1])) for c, v in seen.items() if v is not None]
+    ours = seen[best][0] if best is not None else None
+    base = seen[best][3] if best is not None else None
     settings = "; ".join([*card.set, *(f"{k} in {v}" for k, v in card.space.items())]
-                         + ([f"{card.samples} sampled points (seed {card.seed})"] if card.samples else []))
+                         + ([f"{card.samples} sampled points (seed {card.seed})"] if card.samples else [])
+                         + ([f"then up to {card.refine} one-coordinate moves uphill"] if card.refine else []))
+    n_fit = sum(v is not None for v in seen.values())
+    n_out = len(seen) - n_fit
     row = (card.name, card.source, card.published, _num(ours), card.unit, f"{card.accept[0]:g}-{card.accept[1]:g}",
-           verdict(card, ours), best[1] if best else "no point met the card's conditions", best[2] if best else "",
-           f"{len(by_point)} (+{infeasible} that do not fit)" if infeasible else len(by_point), settings,
+           verdict(card, ours), label[best] if best is not None else "no point met the card's conditions",
+           base["scheduler"] if base else "", f"{n_fit} (+{n_out} that do not fit)" if n_out else n_fit, settings,
            " | ".join(card.assumptions))
     return row, rows
 

@@ -19,7 +19,11 @@ def claims_figure(rows: list[dict], path: Path) -> Path:
         pub = float(r["published"])
         ours = float(r["ours"]) if r["ours"] not in ("", None) else None
         lo, hi = (float(x) for x in str(r["accept"]).split("-", 1))
-        ax.axvspan(lo, hi, color="#dddddd", label="accepted range")
+        top = max(pub, lo, ours or 0.0) * 1.45
+        open_ended = hi >= top  # an "up to" claim: anything from lo up
+        ax.axvspan(lo, min(hi, top), color="#dddddd")
+        ax.text(lo, 1.45, f" accepted: {lo:g}{' and above' if open_ended else f' to {hi:g}'}", fontsize=6,
+                va="center", color="#666666")
         ax.barh([1], [pub], color="#8c8c8c", height=0.6)
         ax.text(pub, 1, f" published {pub:g}", va="center", fontsize=7)
         if ours is not None:
@@ -28,8 +32,8 @@ def claims_figure(rows: list[dict], path: Path) -> Path:
         else:
             ax.text(0, 0, " no point met the card's conditions", va="center", fontsize=7)
         ax.set_yticks([])
-        top = max(pub, hi, ours or 0.0)
-        ax.set_xlim(0, top * 1.45)
+        ax.set_ylim(-0.5, 1.75)
+        ax.set_xlim(0, top)
         ax.set_title(f"{r['claim']}: {UNITS.get(r['unit'], '')} (baseline {r['baseline'] or 'n/a'})", fontsize=8,
                      loc="left")
         ax.tick_params(labelsize=7)
