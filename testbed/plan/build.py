@@ -189,6 +189,7 @@ def build_plan(
         replica_offset_s=offsets,
         turn_order=list(range(dp)),
         nccl_sockets=exp.network.nccl_sockets,
+        hosts={d.name: d.hosts for d in topo.dcs},
     )
     plan.turn_policy = turn_policy(exp.network.turn_order, plan)
     return plan

@@ -1,7 +1,8 @@
-"""Discrete-event execution of a Plan into a Timeline.
+"""Discrete-event execution of a Plan's lowered programs (plan/lower.py) into a Timeline.
 
-Each (replica, stage) group runs its action list in order; an action starts when the group is free
-and its input has arrived (activation for F, gradient for B). The transfers between two groups in one
+Each (replica, stage) group runs its program in order: a Recv waits for its message, Forward and
+Backward occupy the group for their time, a Send queues its message and goes on, and the AllReduce
+joins the stage's replicas (the emulated workers execute the same programs). The transfers between two groups in one
 direction travel on one set of TCP connections, a FIFO pipe: each transfer starts when the one before
 it has left, and the set shares one n x W/RTT window cap (as NCCL send/recv on one communicator, or
 our workers' striped sockets, queue successive messages). Inside a DC a pipe costs latency +
@@ -21,13 +22,12 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict, deque
 
+from testbed.plan.lower import lower
 from testbed.plan.plan import Plan
 from testbed.plan.turns import TURN_KEYS
+from testbed.program import AllReduce, Forward, Recv, Send
 from testbed.sim.network import Flow, LinkState
 from testbed.timeline import Timeline
-
-FWD, BWD = "F", "B"
-
 
 
 def replica_classes(plan: Plan) -> dict[int, list[int]]:
@@ -52,6 +52,10 @@ class Simulation:
         self.weight = [len(self.copies[r]) for r in self.reps]
         P, m = plan.pp, plan.microbatches
         n = P * len(self.reps)
+        programs = lower(plan, self.reps)
+        self.steps = [programs[f"s{s}r{r}"].steps for r in self.reps for s in range(P)]  # index g = k * pp + s
+        self.index = {name: k * P + s for k, r in enumerate(self.reps) for s in range(P)
+                      for name in (f"s{s}r{r}",)}
         self.ptr = [0] * n
         self.busy = [False] * n
         self.got_act = [bytearray(m) for _ in range(n)]
@@ -90,44 +94,44 @@ class Simulation:
             self.now = t
             fn(*args)
             self.events += 1
-        if any(self.ptr[g] < len(p.actions[g % p.pp]) for g in range(len(self.ptr))):
+        if any(self.ptr[g] < len(self.steps[g]) for g in range(len(self.ptr))):
             raise RuntimeError(f"{p.run_id}: simulation deadlocked (a schedule waits on input that never comes)")
         return Timeline.from_sim(p, self.out, self.reps, self.copies)
 
     # --- compute --------------------------------------------------------------------------
     def try_start(self, g: int) -> None:
+        """Run g's program until it blocks: on a Recv whose message has not arrived, or on compute."""
         p = self.p
         if self.busy[g]:
             return
         s, r = g % p.pp, self.reps[g // p.pp]
-        acts = p.actions[s]
-        k = self.ptr[g]
-        if k == len(acts) or self.now < p.replica_offset_s[r]:
+        if self.now < p.replica_offset_s[r]:
             return
-        op, i = acts[k]
-        if op == FWD:
-            if s > 0 and not self.got_act[g][i]:
+        steps = self.steps[g]
+        k = self.ptr[g]
+        while k < len(steps):
+            st = steps[k]
+            t = type(st)
+            if t is Recv:
+                if not (self.got_act if st.kind == "a" else self.got_grad)[g][st.microbatch]:
+                    break
+            elif t is Send:
+                self.send(g, self.index[st.peer], st.kind, st.microbatch, st.bytes)
+            elif t is AllReduce:
+                self.ptr[g] = k + 1
+                self.stage_finished(s, g, st)
+            else:  # Forward or Backward
+                self.ptr[g] = k
+                self.busy[g] = True
+                self.push(self.now + st.seconds, self.compute_done, g, st, self.now)
                 return
-            dur = p.fwd_s[r][s]
-        else:
-            if s < p.pp - 1 and not self.got_grad[g][i]:
-                return
-            dur = p.bwd_s[r][s]
-        self.busy[g] = True
-        self.push(self.now + dur, self.compute_done, g, op, i, self.now)
+            k += 1
+        self.ptr[g] = k
 
-    def compute_done(self, g: int, op: str, i: int, t0: float) -> None:
-        p = self.p
-        s = g % p.pp
-        self.out.append((g, "fwd" if op == FWD else "bwd", i, t0, self.now, 0.0))
+    def compute_done(self, g: int, st, t0: float) -> None:
+        self.out.append((g, "fwd" if type(st) is Forward else "bwd", st.microbatch, t0, self.now, 0.0))
         self.busy[g] = False
         self.ptr[g] += 1
-        if op == FWD and s < p.pp - 1:
-            self.send(g, g + 1, "a", i, p.act_bytes[s])
-        elif op == BWD and s > 0:
-            self.send(g, g - 1, "g", i, p.act_bytes[s - 1])
-        if self.ptr[g] == len(p.actions[s]):
-            self.stage_finished(s, g)
         self.try_start(g)
 
     # --- transfers ------------------------------------------------------------------------
@@ -180,7 +184,7 @@ class Simulation:
         self.try_start(g)
 
     # --- data-parallel gradient all-reduce ---------------------------------------------------
-    def stage_finished(self, s: int, g: int) -> None:
+    def stage_finished(self, s: int, g: int, ar: AllReduce) -> None:
         self.stage_done[s] += self.weight[g // self.p.pp]
         if self.stage_done[s] < self.p.dp:
             return
@@ -188,8 +192,8 @@ class Simulation:
         by_dc: dict[str, list[int]] = defaultdict(list)
         for r in range(p.dp):
             by_dc[p.stage_dc[r][s]].append(r)
-        G = p.grad_bytes[s]
-        if len(by_dc) == 1 or p.ideal_wan:
+        G = ar.bytes
+        if ar.algorithm == "ring":
             bw = min(p.intra[d].bandwidth_bps for d in by_dc)
             lat = max(p.intra[d].latency_s for d in by_dc)
             n = p.dp
@@ -198,23 +202,20 @@ class Simulation:
             return
         # hierarchical: reduce-scatter in each DC, ring all-reduce across DCs, all-gather in each DC
         local = max(2 * (len(rs) - 1) / len(rs) * G / p.intra[d].bandwidth_bps for d, rs in by_dc.items())
-        self.push(self.now + local / 2, self._start_wan_allreduce, s, self.now, local / 2, dict(by_dc))
+        self.push(self.now + local / 2, self._start_wan_allreduce, s, self.now, local / 2, dict(by_dc), ar)
 
-    def _start_wan_allreduce(self, s: int, t0: float, tail: float, by_dc: dict[str, list[int]]) -> None:
+    def _start_wan_allreduce(self, s: int, t0: float, tail: float, by_dc: dict[str, list[int]], ar: AllReduce) -> None:
         p = self.p
         ring = [d for d in p.gpu_types if d in by_dc]  # topology order
         D = len(ring)
-        nbytes = 2 * (D - 1) / D * p.grad_bytes[s]
+        nbytes = 2 * (D - 1) / D * ar.bytes
         hops = list(zip(ring, ring[1:] + ring[:1], strict=True))
         # each of the 2(D-1) ring steps pays one WAN latency; the bandwidth part is the flows below
         lat = max(p.links[h].latency_s for h in hops)
         self.wan_ar[s] = {"pending": len(hops), "t0": t0, "tail": tail + 2 * (D - 1) * lat}
         for a, b in hops:
             lp = p.links[(a, b)]
-            # every GPU of the DC's shard has its own NCCL connection (its sockets); multi-TCP may add more
-            conns = len(by_dc[a]) * p.tp * p.nccl_sockets
-            if p.mech.multi_tcp:
-                conns = max(conns, lp.connections)
+            conns = ar.wan_connections[ring.index(a)]
             cap = conns * lp.window_bytes / lp.rtt_s if lp.rtt_s > 0 else float("inf")
             flow = Flow(nbytes, cap, (float("inf"), s), payload=(s, None, "ar", -1, lp, self.now))
             self.links[(a, b)].add(flow, self.now)

@@ -1,0 +1,120 @@
+"""Plan -> programs: one typed step list per GPU group (testbed/program.py), executed alike by the
+simulator and by emulated workers. Every decision an engine needs is made here once: each group's
+host and port, the peer and bytes of each transfer, the connections of each pipe and the flow class
+the Atlas sidecar shapes, and the all-reduce's algorithm and exchanges.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+from testbed.plan.plan import Plan
+from testbed.program import AllReduce, Backward, Forward, Pipe, Program, Recv, Send, Step
+from testbed.timeline import group_name
+
+BASE_PORT = 7000  # group (stage s, replica r) listens on BASE_PORT + r * pp + s
+
+
+def port(plan: Plan, stage: int, replica: int) -> int:
+    return BASE_PORT + replica * plan.pp + stage
+
+
+def pipe(plan: Plan, s: int, r: int, peer_stage: int) -> Pipe:
+    """The pipe between stage s and peer_stage (a neighbour) of replica r, seen from s. The connections
+    are opened by the earlier stage and carry activations one way and gradients back."""
+    a, b = plan.stage_dc[r][s], plan.stage_dc[r][peer_stage]
+    lo = min(s, peer_stage)
+    wan = (a, b) if a != b else None
+    conns = plan.links[(a, b)].connections if wan else 1
+    classified = wan is not None and plan.links[(a, b)].temporal
+    return Pipe(group_name(peer_stage, r), conns, wan, port(plan, lo + 1, r), r if classified else None)
+
+
+def allreduce(plan: Plan, s: int) -> AllReduce:
+    """Stage s's gradient all-reduce: a ring when its replicas share a DC, else hierarchical (a ring
+    inside each DC and one across DCs, in topology order)."""
+    by_dc: dict[str, list[str]] = defaultdict(list)
+    for q in range(plan.dp):
+        by_dc[plan.stage_dc[q][s]].append(group_name(s, q))
+    dcs = [d for d in plan.gpu_types if d in by_dc]
+    rings = tuple(tuple(by_dc[d]) for d in dcs)
+    if len(dcs) == 1 or plan.ideal_wan:
+        return AllReduce("ring", plan.grad_bytes[s], rings)
+    conns = []
+    for k, d in enumerate(dcs):  # every GPU of a DC's shard has its own NCCL connection; multi-TCP may add more
+        n = len(rings[k]) * plan.tp * plan.nccl_sockets
+        conns.append(max(n, plan.links[(d, dcs[(k + 1) % len(dcs)])].connections) if plan.mech.multi_tcp else n)
+    return AllReduce("hierarchical", plan.grad_bytes[s], rings, tuple(conns))
+
+
+def lower_group(plan: Plan, s: int, r: int, reduce: AllReduce | None = None) -> Program:
+    name = group_name(s, r)
+    steps: list[Step] = []
+    last = plan.pp - 1
+    for op, i in plan.actions[s]:
+        if op == "F":
+            if s > 0:
+                steps.append(Recv("a", i, group_name(s - 1, r), plan.act_bytes[s - 1]))
+            steps.append(Forward(i, plan.fwd_s[r][s]))
+            if s < last:
+                steps.append(Send("a", i, group_name(s + 1, r), plan.act_bytes[s]))
+        else:
+            if s < last:
+                steps.append(Recv("g", i, group_name(s + 1, r), plan.act_bytes[s]))
+            steps.append(Backward(i, plan.bwd_s[r][s]))
+            if s > 0:
+                steps.append(Send("g", i, group_name(s - 1, r), plan.act_bytes[s - 1]))
+    if plan.dp > 1:
+        steps.append(reduce or allreduce(plan, s))
+    pipes = tuple(pipe(plan, s, r, q) for q in (s - 1, s + 1) if 0 <= q <= last)
+    dc = plan.stage_dc[r][s]
+    return Program(name, s, r, dc, r % plan.hosts.get(dc, 1), port(plan, s, r), plan.replica_offset_s[r],
+                   tuple(steps), pipes)
+
+
+def lower(plan: Plan, replicas: Iterable[int] | None = None) -> dict[str, Program]:
+    """Programs of every group of `replicas` (default: all), in (replica, stage) order."""
+    reps = range(plan.dp) if replicas is None else replicas
+    reduces = [allreduce(plan, s) if plan.dp > 1 else None for s in range(plan.pp)]  # shared by the stage's groups
+    return {group_name(s, r): lower_group(plan, s, r, reduces[s]) for r in reps for s in range(plan.pp)}
+
+
+def dry_run(programs: dict[str, Program]) -> list[str]:
+    """Check before anything starts that every send has its receive and that the programs cannot
+    deadlock: run them with zero-time compute and instant delivery. Returns what is wrong (empty: fine)."""
+    bad: list[str] = []
+    sends: dict[tuple, int] = defaultdict(int)
+    recvs: dict[tuple, int] = defaultdict(int)
+    for p in programs.values():
+        peers = {q.peer for q in p.pipes}
+        for st in p.steps:
+            if isinstance(st, Send | Recv) and st.peer not in peers:
+                bad.append(f"{p.group}: {type(st).__name__} {st.kind}{st.microbatch} with {st.peer}, which has no pipe")
+            if isinstance(st, Send):
+                sends[(p.group, st.peer, st.kind, st.microbatch, st.bytes)] += 1
+            elif isinstance(st, Recv):
+                recvs[(st.peer, p.group, st.kind, st.microbatch, st.bytes)] += 1
+    for key in sends.keys() | recvs.keys():
+        if sends[key] != recvs[key]:
+            src, dst, kind, mb, nbytes = key
+            bad.append(f"{src} -> {dst} {kind}{mb} ({nbytes:g} bytes): {sends[key]} sent, {recvs[key]} received")
+    if bad:
+        return bad
+    ptr = dict.fromkeys(programs, 0)
+    arrived: set[tuple] = set()
+    progress = True
+    while progress:
+        progress = False
+        for name, p in programs.items():
+            while ptr[name] < len(p.steps):
+                st = p.steps[ptr[name]]
+                if isinstance(st, Recv):
+                    if (st.peer, name, st.kind, st.microbatch) not in arrived:
+                        break
+                elif isinstance(st, Send):
+                    arrived.add((name, st.peer, st.kind, st.microbatch))
+                ptr[name] += 1
+                progress = True
+    stuck = [f"{n} waits at step {ptr[n]} ({p.steps[ptr[n]]})" for n, p in programs.items() if ptr[n] < len(p.steps)]
+    return [f"deadlock: {s}" for s in stuck]

@@ -1,0 +1,180 @@
+"""Lowered programs: what one GPU group (the tp GPUs of one stage of one replica) does in one
+iteration, as a list of typed steps, the way torch.distributed.pipelining lowers a schedule into
+per-rank actions with explicit communication.
+
+plan/lower.py turns a Plan into one Program per group; the simulator (sim/executor.py) and the
+emulated workers (runtime/worker.py) execute the same programs, so a decision (which peer, how many
+bytes over how many connections, which port, which all-reduce) is made once, there.
+
+Plain data and the standard library only: workers import this in images without the testbed's
+dependencies. Programs travel to workers as JSON (`to_json`/`from_json`, validated on the way in).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from typing import Literal
+
+Kind = Literal["a", "g"]  # an activation (towards the next stage) or its gradient (towards the previous)
+
+
+@dataclass(frozen=True)
+class Forward:
+    microbatch: int
+    seconds: float  # the cost model's time (modeled compute)
+
+
+@dataclass(frozen=True)
+class Backward:
+    microbatch: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Send:
+    """Queue a message on the pipe to `peer`; the program goes on while it leaves."""
+
+    kind: Kind
+    microbatch: int
+    peer: str  # group name, s<stage>r<replica>
+    bytes: float  # real-world bytes (an emulation divides them by its scale)
+
+
+@dataclass(frozen=True)
+class Recv:
+    """Wait until the message from `peer` has arrived."""
+
+    kind: Kind
+    microbatch: int
+    peer: str
+    bytes: float
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One step of an all-reduce: send `bytes` to `send_to` while receiving as many from `recv_from`."""
+
+    send_to: str
+    recv_from: str
+    bytes: float
+
+
+@dataclass(frozen=True)
+class AllReduce:
+    """The data-parallel gradient all-reduce of this group's stage, after its last backward.
+
+    `rings` holds the stage's groups per DC (topology order, one tuple when they share a DC). `ring`:
+    reduce-scatter then all-gather around them all. `hierarchical` (replicas in several DCs): a
+    reduce-scatter inside each DC, a ring across DCs over the WAN among the groups holding the same
+    shard, then an all-gather inside each DC. `exchanges()` spells out one group's part."""
+
+    algorithm: Literal["ring", "hierarchical"]
+    bytes: float  # the stage's gradient bytes per group
+    rings: tuple[tuple[str, ...], ...]  # shared by every group of the stage
+    wan_connections: tuple[int, ...] = ()  # per DC: the TCP connections its share of the ring across DCs uses
+
+
+def exchanges(ar: AllReduce, group: str) -> list[Exchange]:
+    """`group`'s exchanges in the all-reduce, in order (each sends to one peer while receiving from one)."""
+    G = ar.bytes
+    if ar.algorithm == "ring":
+        ring = [g for r in ar.rings for g in r]
+        n, me = len(ring), ring.index(group)
+        if n < 2:
+            return []
+        return [Exchange(ring[(me + 1) % n], ring[(me - 1) % n], G / n)] * (2 * (n - 1))
+    k = next(i for i, r in enumerate(ar.rings) if group in r)
+    local, D = ar.rings[k], len(ar.rings)
+    j, n = local.index(group), len(local)
+    nxt, prv = ar.rings[(k + 1) % D], ar.rings[(k - 1) % D]
+    inside = [Exchange(local[(j + 1) % n], local[(j - 1) % n], G / n)] * (n - 1)
+    across = [Exchange(nxt[j % len(nxt)], prv[j % len(prv)], G / (n * D))] * (2 * (D - 1))
+    return inside + across + inside
+
+
+Step = Forward | Backward | Send | Recv | AllReduce
+STEPS: dict[str, type] = {t.__name__: t for t in (Forward, Backward, Send, Recv, AllReduce)}
+
+
+@dataclass(frozen=True)
+class Pipe:
+    """The TCP connections from this group to `peer` (one direction; the reverse uses the same sockets).
+    Successive messages queue on them in order: one FIFO with one window per connection."""
+
+    peer: str
+    connections: int
+    wan: tuple[str, str] | None  # (from DC, to DC) when the pipe crosses the WAN
+    port: int  # the receiving group's listening port
+    flow_class: int | None  # the replica whose class carries it under temporal sharing, else None
+
+
+@dataclass(frozen=True)
+class Program:
+    group: str  # s<stage>r<replica>
+    stage: int
+    replica: int
+    dc: str
+    host: int  # which of its DC's emulated hosts runs it
+    port: int  # where it listens
+    offset_s: float  # when it starts after the iteration's start (Atlas's stagger)
+    steps: tuple[Step, ...]
+    pipes: tuple[Pipe, ...]  # to each peer this group sends to, and from each peer it receives from
+
+    def pipe(self, peer: str) -> Pipe:
+        for p in self.pipes:
+            if p.peer == peer:
+                return p
+        raise KeyError(f"{self.group} has no pipe to {peer}")
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["steps"] = [{"op": type(s).__name__, **asdict(s)} for s in self.steps]
+        return json.dumps(d, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Program:
+        return program_from_dict(json.loads(text))
+
+
+class ProgramError(ValueError):
+    """A malformed program (a corrupted or hand-edited config): the worker stops before it starts."""
+
+
+def _typed(t: type, d: dict, where: str) -> object:
+    names = {f.name: f for f in fields(t)}
+    if set(d) != set(names):
+        raise ProgramError(f"{where}: fields {sorted(d)} are not {sorted(names)}")
+    out = {}
+    for name, f in names.items():
+        v = d[name]
+        ann = str(f.type)
+        if ann in ("int",) and not (isinstance(v, int) and not isinstance(v, bool)):
+            raise ProgramError(f"{where}.{name}: {v!r} is not an integer")
+        if ann == "float" and not isinstance(v, int | float):
+            raise ProgramError(f"{where}.{name}: {v!r} is not a number")
+        if ann in ("str", "Kind") and not isinstance(v, str):
+            raise ProgramError(f"{where}.{name}: {v!r} is not a string")
+        out[name] = v
+    return t(**out)
+
+
+def program_from_dict(d: dict) -> Program:
+    if not isinstance(d, dict):
+        raise ProgramError("a program is a JSON object")
+    try:
+        steps = []
+        for i, s in enumerate(d["steps"]):
+            op = s.pop("op", None)
+            if op not in STEPS:
+                raise ProgramError(f"steps[{i}]: unknown op {op!r}")
+            if op == "AllReduce":
+                s["rings"] = tuple(tuple(str(g) for g in r) for r in s["rings"])
+                s["wan_connections"] = tuple(int(c) for c in s["wan_connections"])
+            steps.append(_typed(STEPS[op], s, f"steps[{i}]"))
+        pipes = tuple(Pipe(p["peer"], int(p["connections"]), tuple(p["wan"]) if p["wan"] else None, int(p["port"]),
+                           p["flow_class"]) for p in d["pipes"])
+        return Program(str(d["group"]), int(d["stage"]), int(d["replica"]), str(d["dc"]), int(d["host"]),
+                       int(d["port"]), float(d["offset_s"]), tuple(steps), pipes)
+    except (KeyError, TypeError) as e:
+        raise ProgramError(f"malformed program: {e!r}") from None
