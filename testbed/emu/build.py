@@ -108,6 +108,9 @@ def up(topo: Topology, *, backend: str = "netns", prefix: str | None = "gdtb0", 
     """Build the topology (prefix None: the first free gdtb<N>). On any failure (or Ctrl-C) everything
     built so far is removed. `mounts`: host folders the container backends bind-mount at the same path in
     every host container."""
+    from testbed.emu.scale import check_scale
+
+    check_scale(topo, scale, lan_gpus_per_host=lan_gpus_per_host)  # before anything exists
     require_root()
     if prefix is None:
         from testbed.emu.clean import our_namespaces
