@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -59,6 +60,14 @@ class EmulationOptions(Strict):
     prefix: str | None = None  # None: the first free gdtb<N> (testbed/emu/owner.py)
     compute: Literal["modeled", "torch"] = "modeled"  # torch: a real GPT stage per worker (CPU here)
     lr: LR = 3e-3  # torch compute's AdamW learning rate
+
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"gdtb[a-z0-9]{1,4}", v):
+            raise ValueError(f"{v!r} is not a testbed prefix; use gdtb followed by 1-4 lowercase letters/digits")
+        return v
 
 
 class Experiment(Strict):

@@ -31,12 +31,13 @@ class UniqueKeyLoader(yaml.SafeLoader):
                 continue  # `<<: *anchor` merges may override on purpose
             key = self.construct_object(key_node, deep=deep)
             try:
-                line = first.setdefault(key, key_node.start_mark.line)
+                seen = key in first
             except TypeError:
                 continue  # an unhashable key: the base class reports it
-            if line != key_node.start_mark.line:
-                raise DuplicateKeyError(None, None, f"duplicate key {key!r} (first on line {line + 1})",
+            if seen:
+                raise DuplicateKeyError(None, None, f"duplicate key {key!r} (first on line {first[key] + 1})",
                                         key_node.start_mark)
+            first[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep)
 
 
