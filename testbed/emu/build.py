@@ -17,6 +17,7 @@ from testbed.emu import owner, state
 from testbed.emu.backends import Backend, Node, make_backend
 from testbed.emu.kernel import delay_method, require_root
 from testbed.emu.names import AddressPlan, address_plan, host_name
+from testbed.emu.rungroup import run_gid, secure_dir
 from testbed.emu.sh import EmuError
 from testbed.emu.shaping import htb_commands
 from testbed.spec.topology import Topology
@@ -130,6 +131,7 @@ def up(topo: Topology, *, backend: str = "netns", prefix: str | None = "gdtb0", 
         emu = Emulation(prefix, topo, be, addr, scale, method, window_notes(topo, scale),
                         lan_gpus_per_host=lan_gpus_per_host, slow_start_after_idle=slow_start_after_idle,
                         claimed=claimed)
+        secure_dir(state.run_dir(prefix), run_gid(emu.backend))  # 0750, the run's group: its sockets live here
     except BaseException:
         if claimed:
             owner.release(prefix)
