@@ -25,10 +25,10 @@ def _no_bool(v: Any) -> Any:
     return v
 
 
-def between(lo: float, hi: float, unit: str, why: str, *, lo_open: bool = False):
+def between(lo: float, hi: float, unit: str, why: str, *, lo_open: bool = False, lo_text: str = ""):
     """A validator keeping a number inside [lo, hi] (or (lo, hi]); the message states the range and why."""
-    low = f"above {_num(lo)}" if lo_open else f"from {_num(lo)}"
     u = f" {unit}" if unit else ""
+    low = f"above {_num(lo)}" if lo_open else f"from {lo_text or _num(lo)}"
 
     def check(v: float) -> float:
         if isinstance(v, float) and not math.isfinite(v):
@@ -40,8 +40,8 @@ def between(lo: float, hi: float, unit: str, why: str, *, lo_open: bool = False)
     return AfterValidator(check)
 
 
-def real(lo: float, hi: float, unit: str, why: str, *, lo_open: bool = False) -> Any:
-    return Annotated[float, BeforeValidator(_no_bool), between(lo, hi, unit, why, lo_open=lo_open)]
+def real(lo: float, hi: float, unit: str, why: str, *, lo_open: bool = False, lo_text: str = "") -> Any:
+    return Annotated[float, BeforeValidator(_no_bool), between(lo, hi, unit, why, lo_open=lo_open, lo_text=lo_text)]
 
 
 def whole(lo: int, hi: int, unit: str, why: str) -> Any:
@@ -61,7 +61,8 @@ LABEL = Annotated[str, StringConstraints(min_length=1, max_length=100), AfterVal
 WAN_GBPS = real(0.001, 100_000, "Gbit/s", "1 Mbit/s to 100 Tbit/s, a fully lit fibre pair")
 LATENCY_MS = real(0, 10_000, "ms", "one way; the longest fibre paths on Earth take about 200 ms")
 WINDOW_MB = real(4096 / 2**20, 1024, "MiB",
-                 "from Linux's 4 KiB minimum tcp_rmem to TCP's largest window, 2^30 bytes with window scaling")
+                 "from Linux's 4 KiB minimum tcp_rmem to TCP's largest window, 2^30 bytes with window scaling",
+                 lo_text="4 KiB = 0.0039")
 DC_GPUS = whole(1, 10_000_000, "GPUs", "free GPUs in one DC")
 GPUS_PER_NODE = whole(1, 1024, "GPUs", "GPUs that share one node's NVLink domain")
 INTRA_GBPS = real(0.001, 100_000, "Gbit/s", "one GPU's share of the DC fabric")
