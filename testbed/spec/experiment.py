@@ -61,7 +61,6 @@ class EmulationOptions(Strict):
     compute: Literal["modeled", "torch"] = "modeled"  # torch: a real GPT stage per worker (CPU here)
     lr: LR = 3e-3  # torch compute's AdamW learning rate
 
-
     @field_validator("prefix")
     @classmethod
     def _prefix(cls, v: str | None) -> str | None:
