@@ -19,7 +19,7 @@ from testbed.emu.build import down, up
 from testbed.emu.rungroup import GROUP, secure_dir
 from testbed.emu.train import Controller
 from testbed.spec.load import load_topology
-from tests.integration.conftest import snapshot, write_topology
+from tests.integration.conftest import snapshot_of, write_topology
 
 # A client that needs nothing but the standard library (it runs as `nobody`, too): connect, say hello as
 # worker s0r0, then report whether the server kept the connection (it answers) or closed it.
@@ -56,11 +56,11 @@ def first_line(p: subprocess.Popen) -> str:
 
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory):
-    before = snapshot()
+    before = snapshot_of("gdtbh3")
     e = up(load_topology(write_topology(tmp_path_factory.mktemp("t") / "t.yaml")), prefix="gdtbh3", scale=1)
     yield e
     down(e)
-    assert snapshot() == before
+    assert snapshot_of("gdtbh3") == before
 
 
 def test_run_directory_and_control_socket_belong_to_the_run_group(emu):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from testbed.emu.build import down, up
 from testbed.spec.load import validate
 from testbed.spec.topology import Topology
-from tests.integration.conftest import snapshot
+from tests.integration.conftest import snapshot_of
 
 # ip link keywords and abbreviations (a = address, up, down, mtu, name, peer, type, netns, master, help,
 # dev, link, addr), all valid DC names by the spec's own rule
@@ -20,10 +20,10 @@ def test_keyword_dc_names_build_route_and_tear_down():
         # a chain: the WAN node of each link holds two interfaces named after its DCs, shaped and delayed
         "links": [{"between": [x, y], "gbps": 0.1, "latency_ms": 1} for x, y in zip(NAMES, NAMES[1:], strict=False)],
     }, "topology")
-    before = snapshot()
+    before = snapshot_of("gdtbh1")
     emu = up(topo, prefix="gdtbh1", scale=1)
     try:
-        during = snapshot()
+        during = snapshot_of("gdtbh1")
         assert len(during["netns"] - before["netns"]) == 2 * len(NAMES) + len(NAMES) - 1
         for x, y in zip(NAMES, NAMES[1:], strict=False):
             src, dst = emu.addr.host(f"{x}-h0"), emu.addr.host(f"{y}-h0")
@@ -35,4 +35,4 @@ def test_keyword_dc_names_build_route_and_tear_down():
             assert "htb" in qdiscs, qdiscs  # the shaping went onto the interface named after the DC
     finally:
         down(emu)
-    assert snapshot() == before
+    assert snapshot_of("gdtbh1") == before
