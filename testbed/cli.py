@@ -11,10 +11,11 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from testbed.emu.sh import EmuError
-from testbed.errors import NotYetError, SpecError
+from testbed.errors import NotYetError, SpecError, one_line
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 # A terminal's own width; elsewhere $COLUMNS, else 160 (rich's 80 would split most tables in a log).
@@ -30,13 +31,13 @@ def friendly(fn):
         try:
             return fn(*a, **k)
         except SpecError as e:
-            err_console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+            err_console.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except NotYetError as e:
-            err_console.print(f"[yellow]not yet:[/yellow] {e}", highlight=False, soft_wrap=True)
+            err_console.print(f"[yellow]not yet:[/yellow] {escape(one_line(e))}", highlight=False, soft_wrap=True)
             raise typer.Exit(3) from None
         except EmuError as e:
-            err_console.print(f"[red]emulation error:[/red] {e}", highlight=False, soft_wrap=True)
+            err_console.print(f"[red]emulation error:[/red] {escape(one_line(e))}", highlight=False, soft_wrap=True)
             raise typer.Exit(1) from None
 
     return wrapper
@@ -91,17 +92,25 @@ def sim(
 
     points = load_experiment(experiment, set_, sweep)
     exp0 = points[0][0]
-    what = f"{exp0.name}: simulating {len(points)} point(s) x {len(exp0.schedulers)} scheduler(s)"
+    what = f"{escape(exp0.name)}: simulating {len(points)} point(s) x {len(exp0.schedulers)} scheduler(s)"
     with Progress(console, len(points), what) as prog:
         def done(i: int, res: list) -> None:
-            its = ", ".join(f"{r.summary['scheduler']} {float(r.summary['iteration_s']):.4g} s" for r in res)
+            its = ", ".join(f"{r.summary['scheduler']} " + ("infeasible" if r.error else
+                                                            f"{float(r.summary['iteration_s']):.4g} s") for r in res)
             prog.step(f"point {i} ({point_text(points[i][1])}) done: {its}")
 
         results = run_experiment(points, jobs, on_point=done)
+        failed = [r for r in results if r.error is not None]
+        if len(failed) == len(results):  # nothing could run: the spec itself is the problem
+            raise failed[0].error  # type: ignore[misc]
         prog.line(f"writing {out}")
         paths = write_outputs(out, results)
         paths.append(write_spec(out, resolved_spec(experiment, set_, sweep), sys.argv[1:]))
-    print_summary(out, f"{exp0.name}: simulated")
+    print_summary(out, f"{escape(exp0.name)}: simulated")
+    for r in failed:  # the sweep went on around them; summary.csv's status column says the same
+        where = f" ({r.summary['sweep']})" if r.summary["sweep"] else ""
+        console.print(f"[yellow]infeasible:[/yellow] {r.summary['run_id']}{escape(where)}: {escape(str(r.error))}",
+                      highlight=False, soft_wrap=True)
     console.print(f"wrote {', '.join(str(p) for p in paths)} in {prog.elapsed:.1f} s")
 
 
@@ -184,6 +193,8 @@ def plan(
     out: Annotated[Path, typer.Option(help="CSV of every candidate")] = Path("results/plan/plan.csv"),
 ) -> None:
     """DC selection what-if: which DCs, in which order, with how many stages and replicas each."""
+    from testbed.costs.models import resolve_model
+    from testbed.plan.build import check_workload
     from testbed.plan.select import select_dcs
     from testbed.results import write_csv
     from testbed.spec.experiment import Experiment
@@ -193,10 +204,17 @@ def plan(
             "workload": {"model": model, "global_batch": global_batch, "microbatch": microbatch, "tp": tp, "pp": pp}}
     for s in set_ or []:
         k, v = split_assignment(s)
-        set_dotted(data, k, parse_value(v))
+        set_dotted(data, k, parse_value(v, k))
     exp = validate(Experiment, data)
+    if top < 1:
+        raise SpecError("--top", f"{top} candidates to simulate", "simulate at least 1")
+    check_workload(exp, resolve_model(exp.workload.model, exp.workload.seq_len))  # before any candidate
     with console.status("enumerating and simulating candidate DC chains"):
         cands = select_dcs(exp, top)
+    if not any(c.status in ("best", "simulated") for c in cands):
+        why = cands[0].status.removeprefix("rejected: ") if cands else "the topology has no chain of linked DCs"
+        raise SpecError("workload", f"no chain of DCs can run the job: {why}",
+                        "lower --tp, --pp or --global-batch, or add GPUs")
     cols = ["order", "stages", "dp", "gpus", "iteration_s", "lower_bound_s", "tokens_per_s", "tokens_per_s_per_gpu",
             "estimate_s", "status"]
     rows = [[" > ".join(c.order) if k == "order" else getattr(c, k) for k in cols] for c in cands]
@@ -268,20 +286,27 @@ def topology_up(
     """Build the emulated network; it stays up (netns and docker backends) until `testbed topology down`."""
     import signal
 
+    from testbed.emu.backends import BACKENDS
     from testbed.emu.build import host_names, up
     from testbed.emu.names import check_prefix
-    from testbed.emu.scale import auto_scale
+    from testbed.emu.scale import auto_scale, check_scale
     from testbed.spec.load import load_topology
 
     check_prefix(prefix)
+    if backend not in BACKENDS:
+        raise SpecError("--backend", f"unknown backend {backend!r}", f"use one of {', '.join(BACKENDS)}")
+    if delay not in ("auto", "netem", "nfqueue", "none"):
+        raise SpecError("--delay", f"unknown delay method {delay!r}", "use auto, netem, nfqueue or none")
     signal.signal(signal.SIGTERM, _raise_interrupt)
     topo = load_topology(topology, set_)
     k = scale or auto_scale(topo)
+    check_scale(topo, k, field="--scale")
     t0 = time.perf_counter()
-    with console.status(f"building {topo.name} ({backend}, scale {k:g})"):
+    with console.status(f"building {escape(topo.name)} ({backend}, scale {k:g})"):
         emu = up(topo, backend=backend, prefix=prefix, scale=k, delay=delay)
-    console.print(f"[green]{topo.name} is up[/green] in {time.perf_counter() - t0:.1f} s: prefix {prefix}, backend "
-                  f"{backend}, delay by [bold]{emu.delay}[/bold], scale k={k:g}; hosts: {', '.join(host_names(emu))}")
+    console.print(f"[green]{escape(topo.name)} is up[/green] in {time.perf_counter() - t0:.1f} s: prefix {prefix}, "
+                  f"backend {backend}, delay by [bold]{emu.delay}[/bold], scale k={k:g}; "
+                  f"hosts: {', '.join(host_names(emu))}")
     for n in emu.notes:
         console.print(f"[yellow]note:[/yellow] {n}")
     try:
@@ -326,7 +351,7 @@ def topology_status(prefix: PrefixOpt = "gdtb0") -> None:
 
     emu = attach(prefix)
     alive = set(our_namespaces(prefix))
-    t = Table(title=f"{prefix}: {emu.topo.name} ({emu.backend.name}, delay {emu.delay}, scale {emu.scale:g})")
+    t = Table(title=f"{prefix}: {escape(emu.topo.name)} ({emu.backend.name}, delay {emu.delay}, scale {emu.scale:g})")
     for c in ("node", "role", "up", "delay line"):
         t.add_column(c)
     for n in emu.backend.nodes.values():
@@ -454,7 +479,8 @@ def _training_run(points: list, out: Path, check: bool, spec: dict, capture: boo
     links: list[dict] = []
     n_s, n_i = len(exp0.schedulers), exp0.iterations
     total = len(points) * n_s * n_i
-    with Progress(console, total, f"{exp0.name} on prefix {exp0.emulation.prefix}: emulated iterations") as prog:
+    what = f"{escape(exp0.name)} on prefix {exp0.emulation.prefix}: emulated iterations"
+    with Progress(console, total, what) as prog:
         def step() -> None:  # points, then schedulers, then iterations: the step count says which one ended
             k = prog.done
             p, sc, it = k // (n_s * n_i), k // n_i % n_s, k % n_i
@@ -487,7 +513,7 @@ def _training_run(points: list, out: Path, check: bool, spec: dict, capture: boo
 
         paths.append(out / "flows.csv")
         write_csv(paths[-1], captured.FLOWS_HEADER if capture else FLOWS_HEADER, flows)
-    print_summary(out, f"{exp0.name}: emulated and simulated")
+    print_summary(out, f"{escape(exp0.name)}: emulated and simulated")
     if validation:
         print_table(out / "validation.csv", "simulator vs emulator (rel_error: (sim - emu) / emu)")
     if links:
@@ -529,6 +555,15 @@ def experiment_run(
     if prefix is not None:
         sets.append(f"emulation.prefix={check_prefix(prefix)}")
     points = load_experiment(experiment, sets, sweep)  # every point validated before anything is built
+    if points[0][0].multitcp is None:
+        from testbed.emu.experiment import preflight
+
+        preflight(points)  # every point planned and its scale checked, before anything is built
+    else:
+        from testbed.emu.scale import auto_scale, check_scale
+
+        for exp, _ in points:
+            check_scale(exp.topology, exp.emulation.scale or auto_scale(exp.topology))
     require_root()
     signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill` tears down like Ctrl-C does
     asked = points[0][0].emulation.prefix
@@ -547,12 +582,12 @@ def experiment_run(
 
         rows: list[dict] = []
         total = len(points) * len(exp0.multitcp.connections) * len(exp0.multitcp.links or [0])
-        with Progress(console, total, f"{exp0.name} on prefix {held}") as prog:
+        with Progress(console, total, f"{escape(exp0.name)} on prefix {held}") as prog:
             for i, (exp, point) in enumerate(points):
                 rows += run_point(exp, i, point, lambda d: prog.step(f"measuring {d}"))
     write_csv(out / "summary.csv", HEADER, ([r[c] for c in HEADER] for r in rows))
     spec_path = write_spec(out, spec, sys.argv[1:])
-    print_summary(out, f"{exp0.name}: throughput (Mbit/s) vs TCP connections, emulated and modelled")
+    print_summary(out, f"{escape(exp0.name)}: throughput (Mbit/s) vs TCP connections, emulated and modelled")
     console.print(f"wrote {out / 'summary.csv'}, {spec_path}")
 
 
@@ -597,7 +632,7 @@ def launch_cmd(
     cwd, out = os.getcwd(), out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     code = 0
-    with console.status(f"bringing up {sp.topology.name} ({sp.backend}, prefix {sp.prefix})"):
+    with console.status(f"bringing up {escape(sp.topology.name)} ({sp.backend}, prefix {sp.prefix})"):
         emu, built = bring_up(sp, [cwd, str(out)])
     try:
         code = _launch(emu, built, ctx.args, nproc_per_host, master_port, connections(emu, sp.max_connections), sharing,
@@ -622,7 +657,7 @@ def _launch(emu, built: bool, argv: list[str], nproc: int, master_port: int, con
     from testbed.results import write_csv
 
     nt, ns = nccl_striping(conns)
-    console.print(f"{emu.topo.name} on {emu.backend.name} (prefix {emu.prefix}, k={emu.scale:g}"
+    console.print(f"{escape(emu.topo.name)} on {emu.backend.name} (prefix {emu.prefix}, k={emu.scale:g}"
                   f"{', built for this launch' if built else ', already up'}): {len(emu.addr.hosts) * nproc} ranks, "
                   f"{sharing} sharing; NCCL sockets {nt} x {ns} (plan: {conns} connection(s) per transfer)",
                   highlight=False)

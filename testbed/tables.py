@@ -221,7 +221,7 @@ def rich_tables(v: View, width: int) -> list:
             t.add_column(v.headers[i], justify="left" if left else "right", no_wrap=True,
                          min_width=len(v.headers[i]))
         for r in v.rows:
-            t.add_row(*[r[i] for i in idx])
+            t.add_row(*[Text(r[i]) for i in idx])  # cells are data (names, reasons), never rich markup
         out.append(t)
     if v.caption:
         out.append(Text(f"same in every row: {v.caption}", style="dim"))

@@ -14,7 +14,7 @@ SUMMARY_HEADER = (
     "gpu_util", "train_util", "prefill_util", "bubble_frac", "lower_bound_s", "wan_min_s", "best_baseline",
     "speedup_vs_best",
     "train_slowdown", "ttft_p50_ms", "ttft_p99_ms", "slo_attainment", "prefill_tokens_per_s", "served_in_bubbles",
-    "requests", "request_rate", "fallback", "scale", "sweep", "degraded",
+    "requests", "request_rate", "fallback", "scale", "sweep", "degraded", "status",
 )
 BUBBLETEA_COLUMNS = ("train_slowdown", "ttft_p50_ms", "ttft_p99_ms", "slo_attainment", "prefill_tokens_per_s",
                      "served_in_bubbles", "requests", "request_rate", "fallback")
@@ -85,6 +85,7 @@ def summary_row(plan: Plan, tl: Timeline, lower_bound_s: float, sweep: dict,
         "scale": plan.scale,
         "sweep": ";".join(f"{k}={v}" for k, v in sweep.items()),
         "degraded": degraded,
+        "status": "ok",
     }
 
 

@@ -51,9 +51,17 @@ def load_trace(path: str | Path, *, rate_scale: float = 1.0, start_s: float = 0.
     """Load a trace; `rate_scale` > 1 compresses time (more requests per second); the window
     [start_s, start_s + duration_s) is taken after scaling. Bad rows fail with their line number."""
     path = Path(path)
-    if not path.exists():
+    if not path.is_file():
         raise SpecError("bubbletea.trace", f"{path} not found",
                         "use `synthetic`, or download AzureLLMInferenceTrace_*.csv from Azure/AzurePublicDataset")
+    try:
+        return _read_trace(path, rate_scale, start_s, duration_s)
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise SpecError("bubbletea.trace", f"{path} is not a readable CSV ({type(e).__name__})",
+                        "use an Azure-format CSV, or `synthetic`") from None
+
+
+def _read_trace(path: Path, rate_scale: float, start_s: float, duration_s: float | None) -> list[Request]:
     reqs: list[Request] = []
     with open(path, newline="") as f:
         r = csv.DictReader(f)

@@ -17,6 +17,7 @@ from testbed.emu import owner, state
 from testbed.emu.backends import Backend, Node, make_backend
 from testbed.emu.kernel import delay_method, require_root
 from testbed.emu.names import AddressPlan, address_plan, host_name
+from testbed.emu.rungroup import run_gid, secure_dir
 from testbed.emu.sh import EmuError
 from testbed.emu.shaping import htb_commands
 from testbed.spec.topology import Topology
@@ -108,6 +109,9 @@ def up(topo: Topology, *, backend: str = "netns", prefix: str | None = "gdtb0", 
     """Build the topology (prefix None: the first free gdtb<N>). On any failure (or Ctrl-C) everything
     built so far is removed. `mounts`: host folders the container backends bind-mount at the same path in
     every host container."""
+    from testbed.emu.scale import check_scale
+
+    check_scale(topo, scale, lan_gpus_per_host=lan_gpus_per_host)  # before anything exists
     require_root()
     if prefix is None:
         from testbed.emu.clean import our_namespaces
@@ -127,6 +131,7 @@ def up(topo: Topology, *, backend: str = "netns", prefix: str | None = "gdtb0", 
         emu = Emulation(prefix, topo, be, addr, scale, method, window_notes(topo, scale),
                         lan_gpus_per_host=lan_gpus_per_host, slow_start_after_idle=slow_start_after_idle,
                         claimed=claimed)
+        secure_dir(state.run_dir(prefix), run_gid(emu.backend))  # 0750, the run's group: its sockets live here
     except BaseException:
         if claimed:
             owner.release(prefix)

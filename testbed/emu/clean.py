@@ -137,7 +137,7 @@ def _clean_one(prefix: str) -> list[str]:
         removed.append(f"netns {ns}")
     removed += remove_containers(prefix)
     for link in our_root_links(prefix):
-        run(["ip", "link", "del", link], check=False)
+        run(["ip", "link", "del", "dev", link], check=False)
         removed.append(f"link {link}")
     if state.load(prefix) is not None or state.state_path(prefix).with_suffix(".tmp").exists():
         removed.append(f"state {prefix}")

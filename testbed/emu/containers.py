@@ -24,6 +24,7 @@ LABEL = "gdtb.prefix"  # every container the testbed creates carries it; `testbe
 IMAGE_REPO = os.environ.get("GDTB_IMAGE_REPO", "gdtb")
 ROLE_IMAGES = {"host": "worker", "gateway": "atlas", "wan": "atlas", "bubbletea": "bubbletea"}
 IMAGE_UID = 1000  # the unprivileged user `gdtb` of the worker and bubbletea images
+IMAGE_GID = 1000  # its primary group, `gdtb`: the group of a container run's control sockets
 PYTHON = "/opt/gdtb/bin/python"  # the testbed's venv inside every role image
 TAG_ENV = "GDTB_PROC"
 
@@ -106,16 +107,44 @@ def tagged_pids(tag: str) -> list[int]:
     return pids
 
 
+def _pid_ns(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
 class ContainerProcess(subprocess.Popen):
     """A `docker exec` (or `docker run`) client whose signals reach the process in the container."""
 
-    def __init__(self, docker_argv: list[str], **kw) -> None:
+    def __init__(self, docker_argv: list[str], *, ns_pid: int | None = None, **kw) -> None:
         self.tag = uuid.uuid4().hex[:16]
+        self.ns_pid = ns_pid  # a process in the container (its init), whose PID namespace the process joins
         # ["docker", "exec"|"run", -e TAG, the rest]: the tag goes to the process, not to the client
         super().__init__([*docker_argv[:2], "-e", f"{TAG_ENV}={self.tag}", *docker_argv[2:]], **kw)
 
+    def inner_pids(self) -> list[int]:
+        """Host PIDs of the process this client started (see `owns`)."""
+        return [p for p in tagged_pids(self.tag) if self._in_container(p)]
+
+    def owns(self, pid: int) -> bool:
+        """Whether host PID `pid` is the process this client started: it carries the tag and, where the
+        container is known, lives in the container's PID namespace (the tag is on the client's command
+        line, so anyone could copy it into a process of their own; no one else can enter the container)."""
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            return False
+        return f"{TAG_ENV}={self.tag}".encode() in env.split(b"\0") and self._in_container(pid)
+
+    def _in_container(self, pid: int) -> bool:
+        if self.ns_pid is None:
+            return True
+        want = _pid_ns(self.ns_pid)
+        return want is not None and _pid_ns(pid) == want
+
     def send_signal(self, sig: int) -> None:
-        inner = tagged_pids(self.tag)
+        inner = self.inner_pids()
         for pid in inner:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
@@ -129,7 +158,7 @@ def spawn(prefix: str, node, module: str, args: list[str], **kw) -> ContainerPro
     own with no network and only the run directory."""
     argv = [PYTHON, "-m", module, *args]
     if node is not None:
-        return ContainerProcess(["docker", "exec", node.extra["container"], *argv], **kw)
+        return ContainerProcess(["docker", "exec", node.extra["container"], *argv], ns_pid=node.pid, **kw)
     rdir = str(state.run_dir(prefix))
     return ContainerProcess(
         ["docker", "run", "--rm", "-i", "--init", "--network", "none", "--cap-drop", "ALL",

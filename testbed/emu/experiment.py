@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from testbed.analysis.metrics import add_speedups, summary_row
 from testbed.emu.build import MIN_WINDOW, down, up
-from testbed.emu.scale import auto_scale
+from testbed.emu.scale import auto_scale, check_scale, check_transfer_bytes
 from testbed.emu.train import run_training
-from testbed.errors import NotYetError
+from testbed.errors import NotYetError, SpecError
 from testbed.plan.build import build_plan, resolve_dp
 from testbed.results import fmt
 from testbed.sim.executor import simulate
@@ -88,6 +88,23 @@ def as_emulated(topo: Topology, scale: float) -> Topology:
 def check_emulable(exp: Experiment) -> None:
     if exp.emulation.backend == "mininet":
         raise NotYetError("emulated training runs on the mininet backend: use netns, docker or containernet")
+
+
+def preflight(points: list[tuple[Experiment, dict]]) -> None:
+    """Plan every point and scheduler and check its scale before any topology is built, so a bad point
+    fails with one line and leaves nothing behind, not after the points before it ran."""
+    for exp, point in points:
+        try:
+            scale = exp.emulation.scale or auto_scale(exp.topology)
+            check_scale(exp.topology, scale, lan_gpus_per_host=exp.workload.tp)
+            same = exp.model_copy(update={"topology": as_emulated(exp.topology, scale)})
+            dp = resolve_dp(same)
+            for sched in exp.schedulers:
+                plan = build_plan(same, sched, dp=dp)
+                check_transfer_bytes(plan.act_bytes, plan.grad_bytes, plan.dp, scale)
+        except SpecError as e:
+            where = ", ".join(f"{k}={v}" for k, v in point.items())
+            raise SpecError(e.field, f"{e.problem} (at sweep point {where})" if where else e.problem, e.fix) from None
 
 
 def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: bool = False, on_up=None

@@ -16,7 +16,7 @@ def _in_scratch(fn):
     def wrapper() -> bool:
         run(["ip", "netns", "add", PROBE_NS])
         try:
-            run(["ip", "-n", PROBE_NS, "link", "set", "lo", "up"])
+            run(["ip", "-n", PROBE_NS, "link", "set", "dev", "lo", "up"])
             return fn()
         finally:
             run(["ip", "netns", "del", PROBE_NS], check=False)

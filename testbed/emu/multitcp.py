@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from testbed.emu.build import down, up
 from testbed.emu.check import iperf, ping
-from testbed.emu.scale import auto_scale
+from testbed.emu.scale import auto_scale, check_scale
 from testbed.plan.synthetic import make_plan
 from testbed.sim.executor import simulate
 from testbed.spec.experiment import Experiment
@@ -31,6 +31,7 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress: Callable[[str]
     mt, em = exp.multitcp, exp.emulation
     assert mt is not None
     scale = em.scale or auto_scale(exp.topology)
+    check_scale(exp.topology, scale)
     emu = up(exp.topology, backend=em.backend, prefix=em.prefix, scale=scale, delay=em.delay)
     rows = []
     try:

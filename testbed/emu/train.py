@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from testbed.emu import state
 from testbed.emu.build import Emulation
 from testbed.emu.flowwatch import FlowSampler
+from testbed.emu.rungroup import run_gid, secure_dir, worker_uid
 from testbed.emu.sh import EmuError
 from testbed.plan.plan import Plan
+from testbed.runtime.access import grant, listen_unix, log, peer_cred
 from testbed.runtime.wire import ProtocolError, recv_ctrl, send_ctrl
 from testbed.timeline import Interval, Timeline, group_gaps, group_name, sort_intervals
 
@@ -128,7 +130,8 @@ def start_sidecars(plan: Plan, emu: Emulation, hops: dict) -> list[subprocess.Po
                "socket": sidecar_socket(emu, a, b),
                "drain_s": 0.0,  # the receiver sends the end, once the tail has crossed (sidecar.py)
                "link_bps": lp.capacity_bps * 8 / plan.scale, "min_rate_bps": max(lp.capacity_bps * 8 / plan.scale / 100,
-                                                                                  8000)}
+                                                                                  8000),
+               "gid": run_gid(emu.backend), "peer_uids": [worker_uid(emu.backend)]}
         path = rdir / f"sidecar-{w.ns}.json"
         path.write_text(json.dumps(cfg))
         log = open(rdir / f"sidecar-{w.ns}.log", "w")  # noqa: SIM115 (owned by the child)
@@ -137,36 +140,71 @@ def start_sidecars(plan: Plan, emu: Emulation, hops: dict) -> list[subprocess.Po
         procs.append(p)
         if p.stdout.readline().strip() != "ready":  # type: ignore[union-attr]
             raise EmuError(f"the Atlas sidecar for {a}-{b} did not start")
+        grant(cfg["socket"], cfg["gid"])  # a sidecar in a container may not set its socket's group itself
     return procs
 
 
+def started(p: subprocess.Popen, pid: int) -> bool:
+    """Whether host PID `pid` is what `p` runs: `p` itself (`ip netns exec` and `mnexec` exec in place), or for
+    a `docker exec` client the process it started inside the container."""
+    from testbed.emu.containers import ContainerProcess
+
+    return p.owns(pid) if isinstance(p, ContainerProcess) else pid == p.pid
+
+
 class Controller:
-    """The control socket: one connection per worker, length-prefixed JSON, with timeouts."""
+    """The control socket: one connection per worker, length-prefixed JSON, with timeouts. Mode 0660 in the
+    run's group; a connection is accepted only from a worker process this run started (SO_PEERCRED's pid),
+    running as the run's worker user, and saying hello as that worker; anyone else is refused and logged."""
 
-    def __init__(self, path: str, n: int) -> None:
-        self.path, self.n = path, n
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        self.srv = socket.socket(socket.AF_UNIX)
-        self.srv.bind(path)
-        os.chmod(path, 0o666)  # workers in containers run as an unprivileged user
-        self.srv.listen(n)
+    def __init__(self, path: str, n: int, gid: int | None = None, worker_uid: int = 0) -> None:
+        self.path, self.n, self.worker_uid = path, n, worker_uid
+        self.srv = listen_unix(path, gid, backlog=max(n, 8))
         self.conns: dict[tuple[int, int], socket.socket] = {}
+        self.refused: list[str] = []
 
-    def accept_all(self, procs: list[subprocess.Popen], timeout: float) -> None:
+    def _refuse(self, c: socket.socket, why: str) -> None:
+        pid, uid, gid = peer_cred(c)
+        line = f"control socket {self.path}: refused pid {pid} (uid {uid}, gid {gid}): {why}"
+        self.refused.append(line)
+        log(line)
+        c.close()
+
+    def _worker_of(self, c: socket.socket, procs: dict[tuple[int, int], subprocess.Popen]) -> tuple | str:
+        """The (stage, replica) whose process is at the other end of `c`, or why it is no worker of ours."""
+        pid, uid, _ = peer_cred(c)
+        for key, p in procs.items():
+            if started(p, pid):
+                if uid != self.worker_uid:
+                    return f"worker s{key[0]}r{key[1]}'s pid, but uid {uid} (workers run as {self.worker_uid})"
+                return key
+        return "not a process this run started"
+
+    def accept_all(self, procs: dict[tuple[int, int], subprocess.Popen], timeout: float) -> None:
         self.srv.settimeout(1.0)
         deadline = time.monotonic() + timeout
         while len(self.conns) < self.n:
-            _check(procs)
+            _check(list(procs.values()))
             if time.monotonic() > deadline:
                 raise EmuError(f"only {len(self.conns)} of {self.n} workers registered within {timeout:g} s")
             try:
                 c, _ = self.srv.accept()
             except TimeoutError:
                 continue
+            who = self._worker_of(c, procs)
+            if isinstance(who, str):
+                self._refuse(c, who)
+                continue
             c.settimeout(timeout)
-            s, r = recv_ctrl(c)["hello"]
-            self.conns[(s, r)] = c
+            try:
+                hello = tuple(recv_ctrl(c)["hello"])
+            except (OSError, ProtocolError, KeyError, TypeError) as e:
+                self._refuse(c, f"worker s{who[0]}r{who[1]} sent no hello ({e})")
+                continue
+            if hello != who or who in self.conns:
+                self._refuse(c, f"worker s{who[0]}r{who[1]} said hello as {list(hello)}")
+                continue
+            self.conns[who] = c
 
     def expect(self, key: str, procs: list[subprocess.Popen], timeout: float) -> dict[tuple[int, int], dict]:
         """One message with `key` from every worker; a dead worker or a timeout aborts."""
@@ -227,16 +265,17 @@ def torch_config(plan: Plan, exp_model, lr: float) -> dict[int, dict]:
 def start_bubbletea(emu: Emulation, jobs: dict[str, dict[str, list]]) -> tuple[subprocess.Popen, str, str]:
     rdir = state.run_dir(emu.prefix) / "bubbletea"  # the service's own directory: it may run unprivileged
     rdir.mkdir(exist_ok=True)
-    if emu.backend.service_uid is not None:
-        os.chown(rdir, emu.backend.service_uid, -1)
+    gid, uid = run_gid(emu.backend), worker_uid(emu.backend)
+    secure_dir(rdir, gid, uid)
     sock, results = str(rdir / "bubbletea.sock"), str(rdir / "bubbletea-results.json")
     path = rdir / "bubbletea.json"
-    path.write_text(json.dumps({"socket": sock, "results": results, "jobs": jobs}))
+    path.write_text(json.dumps({"socket": sock, "results": results, "jobs": jobs, "gid": gid, "peer_uids": [uid]}))
     log = open(rdir / "bubbletea.log", "w")  # noqa: SIM115 (owned by the child)
     p = emu.backend.spawn(None, "testbed.runtime.bubbletea_service", [str(path)],
                           stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
     if p.stdout.readline().strip() != "ready":  # type: ignore[union-attr]
         raise EmuError("the BubbleTea service did not start")
+    grant(sock, gid)
     return p, sock, results
 
 
@@ -284,8 +323,9 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
         if torch_cfg:
             cfg["torch"] = torch_cfg[s]
     rdir = state.run_dir(emu.prefix)
-    ctl = Controller(str(rdir / "ctl.sock"), len(cfgs))
+    ctl = Controller(str(rdir / "ctl.sock"), len(cfgs), run_gid(emu.backend), worker_uid(emu.backend))
     procs: list[subprocess.Popen] = []
+    workers: dict[tuple[int, int], subprocess.Popen] = {}
     sidecars: list[subprocess.Popen] = []
     hops: dict[tuple[str, str], dict[str, dict[str, int]]] = {}  # link -> dev -> replica -> class minor
     service, service_results = None, None
@@ -307,7 +347,8 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
             procs.append(emu.backend.spawn(node, "testbed.runtime.worker", [str(path), ctl.path],
                                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                            start_new_session=True))
-        ctl.accept_all(procs, START_TIMEOUT)
+            workers[(s, r)] = procs[-1]
+        ctl.accept_all(workers, START_TIMEOUT)
         ctl.expect("ready", procs, START_TIMEOUT)
         intervals: list[Interval] = []
         durations: list[float] = []

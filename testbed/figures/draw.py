@@ -7,6 +7,7 @@ bars. A figure that would be empty or misleading is skipped with a note, which `
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pandas as pd
@@ -19,6 +20,15 @@ LINE_METRICS = ("iteration_s", "tokens_per_s_per_gpu", "gpu_util", "speedup_vs_b
 SERVING_METRICS = ("served_in_bubbles", "prefill_util", "ttft_p50_ms", "ttft_p99_ms", "slo_attainment")
 MAX_PANELS = 12
 MAX_GANTT_RUNS = 6
+
+
+def read_summary(path: Path) -> pd.DataFrame:
+    """summary.csv without its infeasible rows (a sweep point that could not run has no numbers to draw),
+    parsed as if they had never been there."""
+    raw = pd.read_csv(path, dtype=str, keep_default_na=False)
+    if "status" in raw:
+        raw = raw[raw.status.isin(("ok", ""))]
+    return pd.read_csv(io.StringIO(raw.to_csv(index=False)))
 
 
 def draw_all(folder: Path, out: Path, notes: list[str] | None = None) -> list[Path]:
@@ -34,7 +44,7 @@ def draw_all(folder: Path, out: Path, notes: list[str] | None = None) -> list[Pa
     sfile = folder / "summary.csv"
     if not sfile.exists():
         return paths
-    summary = pd.read_csv(sfile)
+    summary = read_summary(sfile)
     if (folder / "loss.csv").exists():
         paths.append(training.loss_curve(pd.read_csv(folder / "loss.csv"), out / "loss.png"))
     if "throughput_mbps" in summary:  # a multi-TCP experiment

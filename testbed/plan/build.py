@@ -15,11 +15,21 @@ from testbed.plan.plan import IntraDC, LinkPlan, Plan
 from testbed.plan.schedules import build_schedule
 from testbed.spec.experiment import Experiment
 
+# (stage, microbatch) pairs per iteration, each a forward and a backward the simulator runs for every
+# replica: 250,000 holds a 100,000-GPU job (global batch 16k, pp 16) and takes minutes per scheduler;
+# beyond it a run would look like a hang
+MAX_STAGE_MICROBATCHES = 250_000
+
 
 def check_workload(exp: Experiment, model: ModelConfig) -> None:
     w, topo = exp.workload, exp.topology
     if w.pp > model.layers:
         raise SpecError("workload.pp", f"{w.pp} stages for a {model.layers}-layer model", f"use pp <= {model.layers}")
+    seqs = w.global_batch // w.microbatch
+    if seqs * w.pp > MAX_STAGE_MICROBATCHES:
+        raise SpecError("workload.global_batch", f"{seqs:,} microbatches x {w.pp} stages = {seqs * w.pp:,} stage "
+                        f"microbatches per iteration, more than the simulator takes ({MAX_STAGE_MICROBATCHES:,})",
+                        "lower global_batch or pp, or raise microbatch")
     if model.heads % w.tp:
         raise SpecError("workload.tp", f"tp={w.tp} does not divide the model's {model.heads} heads",
                         "use a tp that divides the number of heads")
@@ -32,10 +42,24 @@ def check_workload(exp: Experiment, model: ModelConfig) -> None:
                         "make global_batch a multiple of microbatch")
 
 
+def divisors_desc(n: int, limit: int) -> list[int]:
+    """Divisors of n no larger than limit, largest first, in O(sqrt n) steps."""
+    small, large = [], []
+    i = 1
+    while i * i <= n:
+        if n % i == 0:
+            small.append(i)
+            if i != n // i:
+                large.append(n // i)
+        i += 1
+    return [d for d in large + small[::-1] if d <= limit]
+
+
 def _dp_candidates(exp: Experiment) -> list[int]:
+    """DP degrees that divide the batch, largest first; never more replicas than the GPUs can hold."""
     w = exp.workload
-    seqs = w.global_batch // w.microbatch
-    return [d for d in range(seqs, 0, -1) if seqs % d == 0]
+    gpus = sum(d.gpus for d in exp.topology.dcs)
+    return divisors_desc(w.global_batch // w.microbatch, gpus // (w.tp * w.pp))
 
 
 def resolve_dp(exp: Experiment) -> int:
@@ -55,6 +79,10 @@ def resolve_dp(exp: Experiment) -> int:
             return dp
         except SpecError:
             continue
+    gpus = sum(d.gpus for d in exp.topology.dcs)
+    if gpus < w.tp * w.pp:
+        raise SpecError("workload", f"one replica needs tp*pp = {w.tp * w.pp:,} GPUs; the topology has {gpus:,}",
+                        "lower workload.tp or workload.pp, or add GPUs")
     raise SpecError("workload.dp", "no DP degree fits every scheduler's placement", "lower workload.tp or workload.pp")
 
 

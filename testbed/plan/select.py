@@ -9,10 +9,11 @@ ranks them; the simulator, the objective function, scores the best `simulate_top
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
 from testbed.errors import SpecError
-from testbed.plan.build import build_plan
+from testbed.plan.build import build_plan, divisors_desc
 from testbed.plan.placement import chain_stages
 from testbed.sim.run import lower_bound_s
 from testbed.spec.experiment import Experiment
@@ -32,10 +33,23 @@ class Candidate:
     status: str = ""  # "best", "simulated", "estimated", or why it was rejected
 
 
+MAX_CHAINS = 20_000  # each candidate is fitted and estimated (a plan each): about 20 s here at this bound
+
+
+def chain_count(n: int) -> int:
+    """Orders `chains` enumerates for n DCs (before dropping unlinked ones): all up to 5 DCs, n per subset beyond."""
+    return sum(math.perm(n, k) if k <= 5 else math.comb(n, k) * k for k in range(1, n + 1))
+
+
 def chains(exp: Experiment) -> list[tuple[str, ...]]:
     topo = exp.topology
     names = [d.name for d in topo.dcs]
+    if chain_count(len(names)) > MAX_CHAINS:
+        fit = max(n for n in range(1, len(names)) if chain_count(n) <= MAX_CHAINS)
+        raise SpecError("topology.dcs", f"{len(names)} candidate DCs give {chain_count(len(names)):,} DC chains to "
+                        f"score", f"list at most {fit} candidate DCs")
     out: list[tuple[str, ...]] = []
+    kept: set[tuple[str, ...]] = set()
     for k in range(1, len(names) + 1):
         for subset in itertools.combinations(names, k):
             if k <= 5:
@@ -43,11 +57,12 @@ def chains(exp: Experiment) -> list[tuple[str, ...]]:
             else:
                 orders = (_nearest_chain(exp, subset, start) for start in subset)
             for o in orders:
-                if o[::-1] in out and len(o) > 1 and all(
+                if o[::-1] in kept and len(o) > 1 and all(
                         topo.dc(a).gpus == topo.dc(b).gpus for a, b in zip(o, o[::-1], strict=True)):
                     continue  # a mirror of a symmetric chain scores the same
                 if all(topo.link(a, b) for a, b in zip(o, o[1:], strict=False)):
                     out.append(tuple(o))
+                    kept.add(tuple(o))
     return out
 
 
@@ -63,8 +78,8 @@ def _nearest_chain(exp: Experiment, subset: tuple[str, ...], start: str) -> tupl
 
 def fit(exp: Experiment, c: Candidate) -> None:
     w = exp.workload
-    seqs = w.global_batch // w.microbatch
-    for dp in (d for d in range(seqs, 0, -1) if seqs % d == 0):
+    gpus = sum(exp.topology.dc(d).gpus for d in c.order)
+    for dp in divisors_desc(w.global_batch // w.microbatch, gpus // (w.tp * w.pp)):
         try:
             stages = chain_stages(list(c.order), exp.topology, w.pp, w.tp, dp, even=False)
         except SpecError:
@@ -75,7 +90,7 @@ def fit(exp: Experiment, c: Candidate) -> None:
         c.dp, c.gpus = dp, w.tp * w.pp * dp
         c.stages = " ".join(f"{d}:{stages.count(d)}" for d in c.order)
         return
-    c.status = "rejected: does not fit"
+    c.status = f"rejected: does not fit ({w.pp} stages of tp={w.tp} GPUs in {gpus:,} GPUs, whole stages per DC)"
 
 
 def estimate(exp: Experiment, c: Candidate) -> None:

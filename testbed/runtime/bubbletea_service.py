@@ -47,7 +47,7 @@ def main() -> None:
     with open(sys.argv[1]) as f:
         cfg = json.load(f)
     svc = Service(cfg)
-    rejected = serve_frames(cfg["socket"], svc.handle, "bubbletea")
+    rejected = serve_frames(cfg["socket"], svc.handle, "bubbletea", gid=cfg.get("gid"), peer_uids=cfg.get("peer_uids"))
     tmp = cfg["results"] + ".tmp"
     with open(tmp, "w") as f:
         json.dump({"ran": svc.ran, "rejected": rejected}, f)

@@ -1,6 +1,7 @@
 """A small Unix-socket server for control frames (length-prefixed JSON, see wire.py), shared by
 the Atlas sidecar and the BubbleTea service. One process, one selector, no threads. A malformed
-frame gets an error reply (when replies are on) and closes only that client's connection."""
+frame gets an error reply (when replies are on) and closes only that client's connection; a client
+that is not one of the run's users is refused before it can send anything (access.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import socket
 import sys
 from collections.abc import Callable
 
+from testbed.runtime.access import listen_unix, log, refusal
 from testbed.runtime.wire import CTRL_LEN, MAX_CTRL, ProtocolError, send_ctrl
 
 
@@ -40,18 +42,17 @@ class Client:
             yield msg
 
 
-def serve_frames(path: str, handle: Callable[[dict], dict | None], name: str) -> int:
+def serve_frames(path: str, handle: Callable[[dict], dict | None], name: str, *, gid: int | None = None,
+                 peer_uids: list[int] | None = None) -> int:
     """Serve until SIGTERM/SIGINT; `handle` returns a reply (sent back) or None. Prints `ready` once
-    listening. Returns how many connections were closed for malformed frames."""
+    listening. The socket is 0660 with group `gid` (see access.py); a client whose uid is not in
+    `peer_uids` (default: this process's own) or root is refused at once, with a line on stderr.
+    Returns how many connections were closed for malformed frames or refused."""
     running = [True]
     signal.signal(signal.SIGTERM, lambda *_: running.__setitem__(0, False))
     signal.signal(signal.SIGINT, lambda *_: running.__setitem__(0, False))
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    srv = socket.socket(socket.AF_UNIX)
-    srv.bind(path)
-    os.chmod(path, 0o666)  # its clients (workers in containers) run as an unprivileged user
-    srv.listen(64)
+    uids = set(peer_uids if peer_uids is not None else [os.getuid()])
+    srv = listen_unix(path, gid)
     srv.setblocking(False)
     sel = selectors.DefaultSelector()
     sel.register(srv, selectors.EVENT_READ, None)
@@ -61,6 +62,12 @@ def serve_frames(path: str, handle: Callable[[dict], dict | None], name: str) ->
         for key, _ in sel.select(timeout=0.5):  # finite, so SIGTERM is honoured
             if key.data is None:
                 c, _ = srv.accept()
+                why = refusal(c, uids, name)
+                if why:
+                    rejected += 1
+                    log(why)
+                    c.close()
+                    continue
                 sel.register(c, selectors.EVENT_READ, Client(c))
                 continue
             cl: Client = key.data

@@ -110,7 +110,8 @@ def main() -> None:
     ipr = IPRoute()  # this process runs inside the WAN namespace
     try:
         side = Sidecar(cfg, ipr)
-        rejected = serve_frames(cfg["socket"], side.handle, "sidecar")  # fire-and-forget: no reply
+        rejected = serve_frames(cfg["socket"], side.handle, "sidecar", gid=cfg.get("gid"),
+                                peer_uids=cfg.get("peer_uids"))  # fire-and-forget: no reply
         print(f"sidecar: {side.changes} class changes, {rejected} rejected messages", file=sys.stderr)
     finally:
         ipr.close()

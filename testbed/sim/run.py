@@ -12,6 +12,7 @@ from testbed.analysis.metrics import SUMMARY_HEADER, add_speedups, summary_row
 from testbed.bubbletea.bubbles import BUBBLES_HEADER, bubble_rows, extract_bubbles
 from testbed.bubbletea.run import REQUESTS_HEADER, request_rows, run_bubbletea
 from testbed.costs.prefill import inference_model, kv_bytes_per_token
+from testbed.errors import SpecError
 from testbed.plan.build import build_plan, resolve_dp
 from testbed.results import write_csv
 from testbed.sim.executor import simulate
@@ -26,6 +27,17 @@ class RunResult:
     events: int
     requests: list[tuple] = field(default_factory=list)
     bubbles: list[tuple] = field(default_factory=list)
+    error: SpecError | None = None  # why this (point, scheduler) could not run; its row says `infeasible: ...`
+
+
+def infeasible(exp: Experiment, run_id: str, scheduler: str, sweep: dict, err: SpecError) -> RunResult:
+    """A summary row for a (point, scheduler) the spec allows but no placement or memory budget can run."""
+    w = exp.workload
+    row: dict[str, object] = dict.fromkeys(SUMMARY_HEADER, "")
+    row.update(run_id=run_id, source="sim", scheduler=scheduler, model=w.model if isinstance(w.model, str) else
+               w.model.name, tp=w.tp, pp=w.pp, dp=w.dp if w.dp != "auto" else "",
+               sweep=";".join(f"{k}={v}" for k, v in sweep.items()), status=f"infeasible: {err}")
+    return RunResult(row, None, 0, error=err)
 
 
 def lower_bound_s(plan) -> float:
@@ -35,37 +47,51 @@ def lower_bound_s(plan) -> float:
 
 
 def run_point(exp: Experiment, index: int, sweep: dict, keep_timeline: bool) -> list[RunResult]:
-    dp = resolve_dp(exp)
+    """Every scheduler at one sweep point; one that cannot run here gets an infeasible row, not an exception."""
+    try:
+        dp = resolve_dp(exp)
+    except SpecError as e:
+        return [infeasible(exp, f"p{index:02d}-{s}", s, sweep, e) for s in exp.schedulers]
     out = []
     bounds: dict[tuple, float] = {}  # schedulers that differ only in the network share one lower bound
     for sched in exp.schedulers:
-        plan = build_plan(exp, sched, run_id=f"p{index:02d}-{sched}", dp=dp)
-        tl, events = simulate(plan)
-        key = (tuple(map(tuple, plan.stage_dc)), tuple(map(tuple, plan.actions)))
-        if key not in bounds:
-            bounds[key] = lower_bound_s(plan)
-        lb = bounds[key]
-        tl = tl.repeated(exp.iterations)
-        bt, reqs, bubbles = None, [], None
-        if plan.mech.bubbletea:
-            res = run_bubbletea(plan, tl, exp.bubbletea, exp.seed)
-            train_end = max(iv.end_s for iv in res.timeline.intervals if iv.kind in COMPUTE)
-            base_end = max(iv.end_s for iv in tl.intervals if iv.kind in COMPUTE)
-            bt = {**res.metrics, "train_slowdown": round(train_end / base_end - 1, 9)}
-            kv = kv_bytes_per_token(inference_model(exp.bubbletea.model))
-            reqs = list(request_rows(plan.run_id, "sim", res.placements, kv))
-            tl, bubbles = res.timeline, res.bubbles
-        row = summary_row(plan, tl, lb, sweep, bt)
-        rows: list[tuple] = []
-        if keep_timeline:
-            limit = exp.timeline_replicas
-            rows = [b for b in bubble_rows(plan.run_id, "sim", bubbles or extract_bubbles(tl))
-                    if limit is None or b[5] < limit]
-            if limit is not None:
-                tl = tl.only_replicas(limit)
-        out.append(RunResult(row, tl if keep_timeline else None, events, reqs, rows))
+        try:
+            out.append(_run_scheduler(exp, index, sweep, keep_timeline, sched, dp, bounds))
+        except SpecError as e:
+            out.append(infeasible(exp, f"p{index:02d}-{sched}", sched, sweep, e))
     add_speedups([r.summary for r in out])
     return out
+
+
+def _run_scheduler(exp: Experiment, index: int, sweep: dict, keep_timeline: bool, sched: str, dp: int,
+                   bounds: dict[tuple, float]) -> RunResult:
+    """One scheduler at one point; `bounds` shares a lower bound between schedulers that differ only in
+    the network."""
+    plan = build_plan(exp, sched, run_id=f"p{index:02d}-{sched}", dp=dp)
+    tl, events = simulate(plan)
+    key = (tuple(map(tuple, plan.stage_dc)), tuple(map(tuple, plan.actions)))
+    if key not in bounds:
+        bounds[key] = lower_bound_s(plan)
+    lb = bounds[key]
+    tl = tl.repeated(exp.iterations)
+    bt, reqs, bubbles = None, [], None
+    if plan.mech.bubbletea:
+        res = run_bubbletea(plan, tl, exp.bubbletea, exp.seed)
+        train_end = max(iv.end_s for iv in res.timeline.intervals if iv.kind in COMPUTE)
+        base_end = max(iv.end_s for iv in tl.intervals if iv.kind in COMPUTE)
+        bt = {**res.metrics, "train_slowdown": round(train_end / base_end - 1, 9)}
+        kv = kv_bytes_per_token(inference_model(exp.bubbletea.model))
+        reqs = list(request_rows(plan.run_id, "sim", res.placements, kv))
+        tl, bubbles = res.timeline, res.bubbles
+    row = summary_row(plan, tl, lb, sweep, bt)
+    rows: list[tuple] = []
+    if keep_timeline:
+        limit = exp.timeline_replicas
+        rows = [b for b in bubble_rows(plan.run_id, "sim", bubbles or extract_bubbles(tl))
+                if limit is None or b[5] < limit]
+        if limit is not None:
+            tl = tl.only_replicas(limit)
+    return RunResult(row, tl if keep_timeline else None, events, reqs, rows)
 
 
 def _run_point_args(args: tuple) -> list[RunResult]:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
+from testbed.spec.bounds import GUARD_MS, LABEL, LR, RATE_SCALE, REPLICAS, SCALE, SEED, TRACE_START_S, TTFT_SLO_MS
 from testbed.spec.topology import Strict, Topology
 from testbed.spec.workload import Workload
 
@@ -36,11 +38,11 @@ class BubbleTeaOptions(Strict):
     """Prefill serving in bubbles. The inference model is sharded over each training TP group."""
 
     trace: str = "synthetic"  # `synthetic`, or an Azure-format CSV (relative to the experiment file)
-    rate_scale: Annotated[float, Field(gt=0)] = 1.0  # > 1 compresses the trace's time: more requests/s
-    trace_start_s: Annotated[float, Field(ge=0)] = 0.0
+    rate_scale: RATE_SCALE = 1.0  # > 1 compresses the trace's time: more requests/s
+    trace_start_s: TRACE_START_S = 0.0
     model: str = "llama2-7b"
-    guard_ms: Annotated[float, Field(ge=0)] = 1.0
-    ttft_slo_ms: Annotated[float, Field(gt=0)] = 2000.0
+    guard_ms: GUARD_MS = 1.0
+    ttft_slo_ms: TTFT_SLO_MS = 2000.0
 
 
 class MultiTcpOptions(Strict):
@@ -53,26 +55,33 @@ class MultiTcpOptions(Strict):
 
 class EmulationOptions(Strict):
     backend: Literal["netns", "docker", "mininet", "containernet"] = "netns"
-    scale: Annotated[float, Field(ge=0)] = 0.0  # 0 = auto (fastest link at 200 Mbit/s)
+    scale: SCALE = 0.0  # 0 = auto (fastest link at 200 Mbit/s); testbed.emu.scale checks it against the topology
     delay: Literal["auto", "netem", "nfqueue", "none"] = "auto"
     prefix: str | None = None  # None: the first free gdtb<N> (testbed/emu/owner.py)
     compute: Literal["modeled", "torch"] = "modeled"  # torch: a real GPT stage per worker (CPU here)
-    lr: Annotated[float, Field(gt=0)] = 3e-3  # torch compute's AdamW learning rate
+    lr: LR = 3e-3  # torch compute's AdamW learning rate
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"gdtb[a-z0-9]{1,4}", v):
+            raise ValueError(f"{v!r} is not a testbed prefix; use gdtb followed by 1-4 lowercase letters/digits")
+        return v
 
 
 class Experiment(Strict):
-    name: str = "experiment"
+    name: LABEL = "experiment"
     topology: Topology
     workload: Workload = Workload()
     schedulers: Annotated[list[str], Field(min_length=1)] = ["pp-wan", "atlas"]
     iterations: Annotated[int, Field(gt=0, le=1000)] = 1
-    seed: int = 0
+    seed: SEED = 0
     network: NetworkOptions = NetworkOptions()
     bubbletea: BubbleTeaOptions = BubbleTeaOptions()
     sweep: dict[str, list[float | int | str]] = {}
     timeline: Literal["all", "first-point", "none"] = "all"
     # replicas are symmetric in the simulator: keep the timeline of the first N (None = all)
-    timeline_replicas: Annotated[int, Field(gt=0)] | None = None
+    timeline_replicas: REPLICAS | None = None
     emulation: EmulationOptions = EmulationOptions()
     multitcp: MultiTcpOptions | None = None
 
@@ -86,3 +95,12 @@ class Experiment(Strict):
         if len(set(v)) != len(v):
             raise ValueError("a scheduler is listed twice; list each once")
         return v
+
+    @model_validator(mode="after")
+    def _multitcp_links(self) -> Experiment:
+        n = len(self.topology.links)
+        links = self.multitcp.links if self.multitcp is not None and self.multitcp.links else []
+        for i, li in enumerate(links):
+            if not 0 <= li < n:
+                raise ValueError(f"multitcp.links.{i}: {li} is not an index into topology.links; use 0 to {n - 1}")
+        return self

@@ -14,26 +14,71 @@ from testbed.errors import SpecError
 from testbed.spec.experiment import Experiment
 from testbed.spec.topology import Topology
 
+MAX_SWEEP_POINTS = 10_000
+
+
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A mapping names the same key twice (plain YAML keeps the last one silently)."""
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a mapping that repeats a key."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        first: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *anchor` merges may override on purpose
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                seen = key in first
+            except TypeError:
+                continue  # an unhashable key: the base class reports it
+            if seen:
+                raise DuplicateKeyError(None, None, f"duplicate key {key!r} (first on line {first[key] + 1})",
+                                        key_node.start_mark)
+            first[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
+
+
+def yaml_load(text: str) -> Any:
+    return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text()
-    except OSError as e:
-        raise SpecError(str(path), f"cannot read file: {e.strerror}", "check the path") from None
+    except (OSError, UnicodeDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) else "not UTF-8 text"
+        raise SpecError(str(path), f"cannot read file: {why}", "check the path") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml_load(text)
+    except DuplicateKeyError as e:
+        mark = e.problem_mark
+        raise SpecError(f"{path}:{mark.line + 1}", e.problem, "keep one of them") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise SpecError(where, f"not valid YAML ({getattr(e, 'problem', e)})", "fix the YAML syntax") from None
+        problem = " ".join(str(getattr(e, "problem", None) or e).split())
+        raise SpecError(where, f"not valid YAML ({problem})", "fix the YAML syntax") from None
+    except (ValueError, RecursionError) as e:  # e.g. an integer of more than 4300 digits, nesting too deep
+        raise SpecError(str(path), f"not a usable YAML value ({type(e).__name__})", "fix the value") from None
     if not isinstance(data, dict):
         raise SpecError(str(path), "top level must be a mapping", "write `key: value` lines")
     return data
 
 
-def parse_value(text: str) -> Any:
-    """`--set` values are YAML scalars: 10 -> int, 2.5 -> float, atlas -> str, [1,2] -> list."""
-    return yaml.safe_load(text)
+def parse_value(text: str, key: str = "--set") -> Any:
+    """`--set` values are YAML scalars: 10 -> int, 2.5 -> float, atlas -> str, [1,2] -> list. A value that
+    is not valid YAML is an error naming the key it was meant for."""
+    try:
+        return yaml_load(text)
+    except yaml.YAMLError as e:
+        problem = " ".join(str(getattr(e, "problem", None) or e).split())
+        raise SpecError(key, f"value {text!r} is not valid YAML ({problem})",
+                        "quote it, or close its brackets: e.g. --set 'workload.pp=12'") from None
+    except (ValueError, RecursionError) as e:
+        raise SpecError(key, f"value {text[:40]!r} is not usable ({type(e).__name__})", "write a plain value") from None
 
 
 def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
@@ -46,7 +91,7 @@ def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
         if isinstance(node, list):
             if key == "*":
                 indices = range(len(node))
-            elif key.isdigit() and int(key) < len(node):
+            elif key.isascii() and key.isdigit() and int(key) < len(node):
                 indices = [int(key)]
             else:
                 raise SpecError(dotted, f"{trail or 'top'} is a list of {len(node)}; use an index or *")
@@ -68,17 +113,34 @@ def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     walk(data, 0, "")
 
 
+_BRANCH_NAMES = {"int", "str", "float", "bool", "CustomModel"}
+
+
+def _is_branch(part: object) -> bool:
+    """pydantic's union branches add noise like 'int', "literal['auto']" or 'function-after[...]' to a path."""
+    branch = ("function-", "literal[", "constrained-")
+    return isinstance(part, str) and (part in _BRANCH_NAMES or part.startswith(branch))
+
+
 def format_validation(err: ValidationError, prefix: str = "") -> SpecError:
-    e = err.errors()[0]
-    loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-after"))
-    # pydantic's union branches add noise like 'int' / 'constrained-int' to the path
-    loc = ".".join(p for p in loc.split(".") if p not in {"int", "str", "constrained-int", "literal['auto']"})
+    errors = err.errors()
+    # of a union's branch errors, the deepest is the one about the input's real shape (a custom model's field)
+    depth = [len([p for p in x["loc"] if not _is_branch(p)]) for x in errors]
+    e = errors[depth.index(max(depth))]
+    loc = ".".join(str(p) for p in e["loc"] if not _is_branch(p))
     msg = e["msg"].removeprefix("Value error, ")
     field = ".".join(x for x in (prefix, loc) if x) or "spec"
     if e["type"] == "extra_forbidden":
         return SpecError(field, "unknown field", "remove it or check its spelling")
     if e["type"] == "missing":
         return SpecError(field, "required field is missing", "add it")
+    if e["type"] in ("int_parsing", "int_type", "int_from_float"):
+        auto = any(any(str(p).startswith("literal['auto']") for p in x["loc"]) for x in errors)
+        what = "a whole number or auto" if auto else "a whole number"
+        raw = e.get("input")
+        if isinstance(raw, str) and _looks_like_number(raw):
+            return SpecError(field, f"{raw!r} is text to YAML, not a number", f"write {what} without an exponent")
+        return SpecError(field, f"{raw!r} is not {what}"[:200], f"write {what}")
     # validators that name a nested field put it first: 'links[0].between: ...'
     if ": " in msg and msg.split(": ", 1)[0].replace("[", ".").replace("]", "").replace("_", "").replace(
         ".", ""
@@ -86,6 +148,14 @@ def format_validation(err: ValidationError, prefix: str = "") -> SpecError:
         sub, rest = msg.split(": ", 1)
         return SpecError(f"{field}.{sub}" if field != "spec" else sub, rest)
     return SpecError(field, msg)
+
+
+def _looks_like_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def validate(model: type[BaseModel], data: dict[str, Any], prefix: str = "") -> Any:
@@ -99,7 +169,7 @@ def load_topology(path: str | Path, sets: list[str] | None = None) -> Topology:
     data = _read_yaml(Path(path))
     for s in sets or []:
         k, v = split_assignment(s)
-        set_dotted(data, k, parse_value(v))
+        set_dotted(data, k, parse_value(v, k))
     return validate(Topology, data, "topology")
 
 
@@ -116,27 +186,46 @@ def experiment_data(path: str | Path) -> dict[str, Any]:
     data = _read_yaml(path)
     topo = data.get("topology")
     if isinstance(topo, str):
-        tpath = (path.parent / topo).resolve()
-        if not tpath.exists():
+        try:
+            tpath = (path.parent / topo).resolve()
+            found = tpath.is_file()
+        except (OSError, ValueError):  # e.g. a NUL byte in the name
+            found = False
+        if not found:
             raise SpecError("topology", f"file {topo!r} not found next to {path}", "fix the relative path")
         data["topology"] = _read_yaml(tpath)
     bt = data.get("bubbletea")
     if isinstance(bt, dict) and isinstance(bt.get("trace"), str) and bt["trace"] != "synthetic":
         tr = Path(bt["trace"])
         if not tr.is_absolute():
-            bt["trace"] = str((path.parent / tr).resolve())
+            try:
+                bt["trace"] = str((path.parent / tr).resolve())
+            except (OSError, ValueError):
+                raise SpecError("bubbletea.trace", f"{bt['trace']!r} is not a usable path", "fix the path") from None
     return data
 
 
 def expand_sweep(data: dict[str, Any], sweeps: list[str] | None = None) -> list[tuple[dict[str, Any], dict]]:
     """All sweep points: (experiment data, {key: value}) in a fixed order (cartesian product)."""
-    sweep: dict[str, list[Any]] = dict(data.pop("sweep", None) or {})
+    raw = data.pop("sweep", None) or {}
+    if not isinstance(raw, dict) or not all(isinstance(k, str) for k in raw):
+        raise SpecError("sweep", "must map dotted keys to lists of values", "write e.g. sweep: {workload.pp: [4, 8]}")
+    sweep: dict[str, list[Any]] = dict(raw)
     for s in sweeps or []:
         k, v = split_assignment(s)
-        values = [parse_value(x) for x in v.split(",") if x.strip()]
+        values = [parse_value(x, k) for x in v.split(",") if x.strip()]
         if not values:
             raise SpecError(k, "sweep has no values", "write e.g. --sweep key=1,2,3")
         sweep[k] = values
+    if not isinstance(sweep, dict) or not all(isinstance(x, list) and x for x in sweep.values()):
+        raise SpecError("sweep", "must map each dotted key to a non-empty list of values",
+                        "write e.g. sweep: {workload.pp: [4, 8]}")
+    n = 1
+    for x in sweep.values():
+        n *= len(x)
+    if n > MAX_SWEEP_POINTS:
+        raise SpecError("sweep", f"{n:,} points (the product of every key's values)",
+                        f"sweep at most {MAX_SWEEP_POINTS:,} points per run")
     keys = list(sweep)
     points = []
     for combo in itertools.product(*(sweep[k] for k in keys)) if keys else [()]:
@@ -171,7 +260,7 @@ def load_experiment(
     data = experiment_data(path)
     for s in sets or []:
         k, v = split_assignment(s)
-        set_dotted(data, k, parse_value(v))
+        set_dotted(data, k, parse_value(v, k))
     out = []
     for d, point in expand_sweep(data, sweeps):
         out.append((validate(Experiment, d), point))

@@ -7,7 +7,21 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from testbed.spec.bounds import (
+    DC_GPUS,
+    GPUS_PER_NODE,
+    INTRA_GBPS,
+    INTRA_LATENCY_US,
+    LABEL,
+    LATENCY_MS,
+    WAN_GBPS,
+    WINDOW_MB,
+)
+
 SAFE_NAME = re.compile(r"^[a-z][a-z0-9]{0,11}$")
+# Interfaces a fresh network namespace may already hold (loopback and the kernel's fallback tunnel
+# devices, when their modules are loaded): the emulator names a WAN node's interfaces after its DCs.
+RESERVED_NAMES = ("lo", "tunl0", "sit0", "gre0", "gretap0", "erspan0", "ip6tnl0", "ip6gre0")
 GPU_TYPES = ("A100", "H100", "H200")
 # net.ipv4.tcp_rmem max on stock Linux kernels (6 MiB): what one untuned TCP connection can keep in flight.
 DEFAULT_WINDOW_MB = 6.0
@@ -22,10 +36,10 @@ class DC(Strict):
 
     name: str
     gpu: str = "H100"
-    gpus: Annotated[int, Field(gt=0)]
-    gpus_per_node: Annotated[int, Field(gt=0)] = 8
-    intra_gbps: Annotated[float, Field(gt=0)] = 400.0  # per GPU: one NIC per GPU (e.g. 400G InfiniBand NDR)
-    intra_latency_us: Annotated[float, Field(ge=0)] = 5.0
+    gpus: DC_GPUS
+    gpus_per_node: GPUS_PER_NODE = 8
+    intra_gbps: INTRA_GBPS = 400.0  # per GPU: one NIC per GPU (e.g. 400G InfiniBand NDR)
+    intra_latency_us: INTRA_LATENCY_US = 5.0
     hosts: Annotated[int, Field(gt=0, le=16)] = 2  # emulated hosts in this DC (emulation only)
 
     @field_validator("name")
@@ -33,6 +47,8 @@ class DC(Strict):
     def _safe(cls, v: str) -> str:
         if not SAFE_NAME.match(v):
             raise ValueError(f"{v!r} is not a safe name; use 1-12 lowercase letters/digits starting with a letter")
+        if v in RESERVED_NAMES:
+            raise ValueError(f"{v!r} is the name of a kernel network interface; pick another name")
         return v
 
     @field_validator("gpu")
@@ -48,9 +64,9 @@ class WanLink(Strict):
     """A full-duplex WAN link between two DCs; each direction has the full capacity."""
 
     between: tuple[str, str]
-    gbps: Annotated[float, Field(gt=0)]
-    latency_ms: Annotated[float, Field(ge=0)]
-    tcp_window_mb: Annotated[float, Field(gt=0)] | None = None
+    gbps: WAN_GBPS
+    latency_ms: LATENCY_MS
+    tcp_window_mb: WINDOW_MB | None = None
 
     @model_validator(mode="after")
     def _distinct(self) -> WanLink:
@@ -60,8 +76,8 @@ class WanLink(Strict):
 
 
 class Topology(Strict):
-    name: str = "topology"
-    tcp_window_mb: Annotated[float, Field(gt=0)] = DEFAULT_WINDOW_MB
+    name: LABEL = "topology"
+    tcp_window_mb: WINDOW_MB = DEFAULT_WINDOW_MB
     dcs: Annotated[list[DC], Field(min_length=1)]
     links: list[WanLink] = []
 

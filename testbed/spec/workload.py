@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import model_validator
 
+from testbed.spec.bounds import DP, HEADS, LABEL, LAYERS, MFU, PP, SEQ_LEN, SEQUENCES, TP, VOCAB, WIDTH
 from testbed.spec.topology import Strict
 
 
 class CustomModel(Strict):
-    name: str = "custom"
-    layers: Annotated[int, Field(gt=0)]
-    hidden: Annotated[int, Field(gt=0)]
-    heads: Annotated[int, Field(gt=0)]
-    kv_heads: Annotated[int, Field(gt=0)] | None = None
-    ffn_hidden: Annotated[int, Field(gt=0)] | None = None
-    vocab: Annotated[int, Field(gt=0)] = 32000
-    seq_len: Annotated[int, Field(gt=0)] = 2048
+    name: LABEL = "custom"
+    layers: LAYERS
+    hidden: WIDTH
+    heads: HEADS
+    kv_heads: HEADS | None = None
+    ffn_hidden: WIDTH | None = None
+    vocab: VOCAB = 32000
+    seq_len: SEQ_LEN = 2048
     gated_mlp: bool = False
 
     @model_validator(mode="after")
@@ -29,13 +30,25 @@ class CustomModel(Strict):
 
 class Workload(Strict):
     model: str | CustomModel = "gpt3-175b"
-    seq_len: Annotated[int, Field(gt=0)] | None = None  # overrides the model's default context
-    global_batch: Annotated[int, Field(gt=0)] = 1728
-    microbatch: Annotated[int, Field(gt=0)] = 1
-    tp: Annotated[int, Field(gt=0)] = 8
-    pp: Annotated[int, Field(gt=0)] = 12
-    dp: Annotated[int, Field(gt=0)] | Literal["auto"] = "auto"
+    seq_len: SEQ_LEN | None = None  # overrides the model's default context
+    global_batch: SEQUENCES = 1728
+    microbatch: SEQUENCES = 1
+    tp: TP = 8
+    pp: PP = 12
+    dp: DP | Literal["auto"] = "auto"
     schedule: Literal["1f1b", "gpipe"] = "1f1b"
-    mfu: Annotated[float, Field(gt=0, le=1)] = 0.5
+    mfu: MFU = 0.5
     recompute: Literal["none", "selective", "full"] = "selective"
     distributed_optimizer: bool = True
+
+    @model_validator(mode="after")
+    def _batch(self) -> Workload:
+        """Batch arithmetic that needs no topology, each error naming the field to change."""
+        if self.global_batch % self.microbatch:
+            raise ValueError(f"global_batch: {self.global_batch} is not a multiple of microbatch={self.microbatch}; "
+                             f"make global_batch a multiple of microbatch")
+        seqs = self.global_batch // self.microbatch
+        if self.dp != "auto" and seqs % self.dp:
+            raise ValueError(f"dp: dp={self.dp} does not divide the {seqs} microbatches per iteration "
+                             f"(global_batch/microbatch); pick a dp dividing {seqs}, or dp: auto")
+        return self

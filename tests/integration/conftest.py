@@ -55,6 +55,11 @@ def snapshot() -> dict[str, set[str]]:
     return {k: {x for x in v if mine(x)} for k, v in snap.items()}
 
 
+def snapshot_of(prefix: str) -> dict[str, set[str]]:
+    """What `snapshot` holds of one prefix (other runs may come and go on a shared machine meanwhile)."""
+    return {k: {x for x in v if prefix in x} for k, v in snapshot().items()}
+
+
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "testbed", *args], capture_output=True, text=True, cwd=ROOT,
                           timeout=timeout, env={**os.environ, "COLUMNS": "200"})

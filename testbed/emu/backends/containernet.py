@@ -86,9 +86,9 @@ class ContainernetBackend(MininetBackend):
         return f"{self.prefix}t{self.n_links}a", f"{self.prefix}t{self.n_links}b"
 
     def _rename(self, node: Node, tmp: str, final: str, mtu: int) -> None:
-        self.run(node, ["ip", "link", "set", tmp, "down"])
-        self.run(node, ["ip", "link", "set", tmp, "name", final])
-        self.run(node, ["ip", "link", "set", final, "mtu", str(mtu), "up"])
+        self.run(node, ["ip", "link", "set", "dev", tmp, "down"])
+        self.run(node, ["ip", "link", "set", "dev", tmp, "name", final])
+        self.run(node, ["ip", "link", "set", "dev", final, "mtu", str(mtu), "up"])
 
     def link(self, a: Node, a_if: str, b: Node, b_if: str, mtu: int) -> None:
         ta, tb = self._temp_names()

@@ -54,7 +54,7 @@ class DockerBackend(NetnsBackend):
         c.reload()
         node.pid = int(c.attrs["State"]["Pid"])
         containers.attach_netns(name, node.pid)
-        run(["ip", "-n", name, "link", "set", "lo", "up"])
+        run(["ip", "-n", name, "link", "set", "dev", "lo", "up"])
         return node
 
     def spawn(self, node: Node | None, module: str, args: list[str], **kw) -> subprocess.Popen:

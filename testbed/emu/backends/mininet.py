@@ -49,14 +49,14 @@ class MininetBackend(Backend):
     def link(self, a: Node, a_if: str, b: Node, b_if: str, mtu: int) -> None:
         self.net.addLink(self.mn[a.name], self.mn[b.name], intfName1=a_if, intfName2=b_if)
         for n, i in ((a, a_if), (b, b_if)):
-            self.run(n, ["ip", "link", "set", i, "mtu", str(mtu), "up"])
+            self.run(n, ["ip", "link", "set", "dev", i, "mtu", str(mtu), "up"])
 
     def attach_lan(self, index: int, gw: Node, hosts: list[Node], mtu: int) -> str:
         sw = self.net.addSwitch(f"{self.prefix}s{index}", cls=self.LinuxBridge)  # a root-namespace bridge
         for port, n in enumerate([*hosts, gw], start=1):
             ifname = "eth0" if n is not gw else "lan0"
             self.net.addLink(self.mn[n.name], sw, intfName1=ifname, intfName2=f"{sw.name}-eth{port}")
-            self.run(n, ["ip", "link", "set", ifname, "mtu", str(mtu), "up"])
+            self.run(n, ["ip", "link", "set", "dev", ifname, "mtu", str(mtu), "up"])
         return "lan0"
 
     def start(self) -> None:
@@ -66,7 +66,7 @@ class MininetBackend(Backend):
                 if intf.name != "lo":
                     from testbed.emu.sh import run
 
-                    run(["ip", "link", "set", intf.name, "mtu", "9000"])
+                    run(["ip", "link", "set", "dev", intf.name, "mtu", "9000"])
 
     def argv(self, node: Node, argv: list[str]) -> list[str]:
         return ["mnexec", "-a", str(node.pid), *argv]

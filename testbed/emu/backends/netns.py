@@ -18,22 +18,22 @@ class NetnsBackend(Backend):
         run(["ip", "netns", "add", name])
         node = Node(name, role, ns=name)
         self.nodes[name] = node
-        run(["ip", "-n", name, "link", "set", "lo", "up"])
+        run(["ip", "-n", name, "link", "set", "dev", "lo", "up"])
         return node
 
     def link(self, a: Node, a_if: str, b: Node, b_if: str, mtu: int) -> None:
-        run(["ip", "link", "add", a_if, "netns", a.ns, "mtu", str(mtu), "type", "veth",
+        run(["ip", "link", "add", "name", a_if, "netns", a.ns, "mtu", str(mtu), "type", "veth",
              "peer", "name", b_if, "netns", b.ns, "mtu", str(mtu)])
-        run(["ip", "-n", a.ns, "link", "set", a_if, "up"])
-        run(["ip", "-n", b.ns, "link", "set", b_if, "up"])
+        run(["ip", "-n", a.ns, "link", "set", "dev", a_if, "up"])
+        run(["ip", "-n", b.ns, "link", "set", "dev", b_if, "up"])
 
     def attach_lan(self, index: int, gw: Node, hosts: list[Node], mtu: int) -> str:
         """The DC bridge lives inside the gateway's namespace: nothing in the root namespace."""
-        self.run(gw, ["ip", "link", "add", "br0", "mtu", str(mtu), "type", "bridge"])
+        self.run(gw, ["ip", "link", "add", "name", "br0", "mtu", str(mtu), "type", "bridge"])
         for j, h in enumerate(hosts):
             self.link(h, "eth0", gw, f"h{j}", mtu)
-            self.run(gw, ["ip", "link", "set", f"h{j}", "master", "br0"])
-        self.run(gw, ["ip", "link", "set", "br0", "up"])
+            self.run(gw, ["ip", "link", "set", "dev", f"h{j}", "master", "br0"])
+        self.run(gw, ["ip", "link", "set", "dev", "br0", "up"])
         return "br0"
 
     def argv(self, node: Node, argv: list[str]) -> list[str]:
