@@ -10,7 +10,6 @@ tests/integration/test_atlas_turns.py asserts the difference from the same kind 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from pathlib import Path
 
 from testbed.analysis.flows import FLOWS_HEADER
@@ -38,11 +37,10 @@ def main() -> None:
     rows: list[tuple] = []
     try:
         for name, temporal in (("sidecar", True), ("fifo", False)):
-            plan = build_plan(same, "pp-wan+mtcp+temporal", run_id=name, dp=resolve_dp(same))
+            sched = "pp-wan+mtcp+temporal" if temporal else "pp-wan+mtcp"  # without: no sidecar, the link's FIFO
+            plan = build_plan(same, sched, run_id=name, dp=resolve_dp(same))
             plan.scale = k
             plan.replica_offset_s = [0.0] * plan.dp
-            if not temporal:
-                plan.mech = dataclasses.replace(plan.mech, temporal=False)
             run = run_training(plan, emu, a.iterations, capture=True)
             print(f"{name}: {run.capture_summary}")
             rows += run.captured

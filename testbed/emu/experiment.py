@@ -90,6 +90,23 @@ def check_emulable(exp: Experiment) -> None:
         raise NotYetError("emulated training runs on the mininet backend: use netns, docker or containernet")
 
 
+def check_programs(plan, compute: str) -> None:
+    """The plan's programs fit together (every send has its receive, no deadlock), and the workers can
+    run their all-reduce (torch compute does the flat ring only)."""
+    from testbed.plan.lower import dry_run, lower
+    from testbed.program import AllReduce
+
+    programs = lower(plan)
+    problems = dry_run(programs)
+    if problems:
+        raise SpecError("schedulers", f"{plan.scheduler}: the lowered programs do not fit together: {problems[0]}",
+                        "report it: a plan should always lower")
+    if compute == "torch" and any(isinstance(st, AllReduce) and st.algorithm == "hierarchical"
+                                  for p in programs.values() for st in p.steps):
+        raise NotYetError(f"{plan.scheduler}: torch compute with a stage's replicas in several DCs (a hierarchical "
+                          "all-reduce); use modeled compute, or a placement that keeps each stage in one DC")
+
+
 def preflight(points: list[tuple[Experiment, dict]]) -> None:
     """Plan every point and scheduler and check its scale before any topology is built, so a bad point
     fails with one line and leaves nothing behind, not after the points before it ran."""
@@ -102,6 +119,7 @@ def preflight(points: list[tuple[Experiment, dict]]) -> None:
             for sched in exp.schedulers:
                 plan = build_plan(same, sched, dp=dp)
                 check_transfer_bytes(plan.act_bytes, plan.grad_bytes, plan.dp, scale)
+                check_programs(plan, exp.emulation.compute)
         except SpecError as e:
             where = ", ".join(f"{k}={v}" for k, v in point.items())
             raise SpecError(e.field, f"{e.problem} (at sweep point {where})" if where else e.problem, e.fix) from None

@@ -7,6 +7,7 @@ everything on error, timeout or Ctrl-C.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import socket
@@ -20,67 +21,45 @@ from testbed.emu.build import Emulation
 from testbed.emu.flowwatch import FlowSampler
 from testbed.emu.rungroup import run_gid, secure_dir, worker_uid
 from testbed.emu.sh import EmuError
+from testbed.plan.lower import dry_run, lower
 from testbed.plan.plan import Plan
+from testbed.program import AllReduce, exchanges
 from testbed.runtime.access import grant, listen_unix, log, peer_cred
+from testbed.runtime.config import Endpoint, WorkerConfig
 from testbed.runtime.wire import ProtocolError, recv_ctrl, send_ctrl
 from testbed.timeline import Interval, Timeline, group_gaps, group_name, sort_intervals
 
-BASE_PORT = 7000
 START_TIMEOUT = 90.0  # torch workers import torch and build their stage first
 ITERATION_TIMEOUT = 120.0
-
-
-def port(s: int, r: int) -> int:
-    return BASE_PORT + s * 100 + r
 
 
 def sidecar_socket(emu: Emulation, a: str, b: str) -> str:
     return str(state.run_dir(emu.prefix) / f"sidecar-{emu.addr.wan(a, b).ns}.sock")
 
 
-def worker_configs(plan: Plan, emu: Emulation) -> dict[tuple[int, int], dict]:
-    """Where each worker runs and whom it talks to. Replica r of a stage uses host r % hosts."""
+def worker_configs(plan: Plan, emu: Emulation, compute: str = "modeled", torch_cfg: dict[int, dict] | None = None
+                   ) -> dict[tuple[int, int], WorkerConfig]:
+    """Each group's lowered program and where its peers listen, on the host the program names."""
+    programs = lower(plan)
+    problems = dry_run(programs)
+    if problems:
+        raise EmuError(f"the plan's programs do not fit together: {problems[0]}")
     hosts = {dc: [h for h in emu.addr.hosts if h.dc == dc] for dc in plan.dcs_used()}
-
-    def where(s: int, r: int) -> tuple[str, int, str, int]:
-        dc = plan.stage_dc[r][s]
-        h = hosts[dc][r % len(hosts[dc])]
-        return h.ip, port(s, r), h.ns, h.index
-
+    host = {g: hosts[p.dc][p.host % len(hosts[p.dc])] for g, p in programs.items()}
+    where = {g: Endpoint(host[g].ip, p.port) for g, p in programs.items()}
     cfgs = {}
-    for r in range(plan.dp):
-        for s in range(plan.pp):
-            ip, lport, ns, host_index = where(s, r)
-            a, b = plan.stage_dc[r][s], plan.stage_dc[r][min(s + 1, plan.pp - 1)]
-            conns = plan.links[(a, b)].connections if a != b else 1
-            prev_conns = 0
-            if s > 0:
-                pa = plan.stage_dc[r][s - 1]
-                prev_conns = plan.links[(pa, a)].connections if pa != a else 1
-            ring = None
-            if plan.dp > 1:
-                rip, rport, _, _ = where(s, (r + 1) % plan.dp)
-                ring = [rip, rport]
-            cfgs[(s, r)] = {
-                "stage": s, "replica": r, "ip": ip, "port": lport, "ns": ns, "scale": plan.scale,
-                "host_index": host_index,
-                "next": [*where(s + 1, r)[:2], conns] if s < plan.pp - 1 else None,
-                "prev_conns": prev_conns, "ring": ring,
-                "ring_steps": 2 * (plan.dp - 1),
-                "ring_bytes": max(1, round(plan.grad_bytes[s] / plan.dp / plan.scale)),
-                "grad_bytes": plan.grad_bytes[s],
-                "act_out": plan.act_bytes[s] if s < plan.pp - 1 else 0.0,
-                "act_in": plan.act_bytes[s - 1] if s > 0 else 0.0,
-                "fwd_s": plan.fwd_s[r][s], "bwd_s": plan.bwd_s[r][s], "offset_s": plan.replica_offset_s[r],
-                "actions": [[a.op, a.microbatch] for a in plan.actions[s]],
-                "sidecar_next": None, "sidecar_prev": None,
-            }
-            if plan.mech.temporal and s < plan.pp - 1 and a != b:
-                cfgs[(s, r)]["sidecar_next"] = [sidecar_socket(emu, a, b), b]
-            prev_dc = plan.stage_dc[r][s - 1] if s > 0 else a
-            if plan.mech.temporal and s > 0 and prev_dc != a:
-                cfgs[(s, r)]["sidecar_prev"] = [sidecar_socket(emu, prev_dc, a), prev_dc]
+    for g, p in programs.items():
+        peers = {q.peer for q in p.pipes} | {x for st in p.steps if isinstance(st, AllReduce)
+                                              for ex in exchanges(st, g) for x in (ex.send_to, ex.recv_from)}
+        sidecars = {q.peer: sidecar_socket(emu, *q.wan) for q in p.pipes if q.flow_class is not None and q.wan}
+        cfgs[(p.stage, p.replica)] = WorkerConfig(
+            program=p, ip=host[g].ip, peers={x: where[x] for x in sorted(peers)}, scale=plan.scale, compute=compute,
+            dp=plan.dp, host_index=host[g].index, sidecars=sidecars, torch=(torch_cfg or {}).get(p.stage))
     return cfgs
+
+
+def worker_ns(emu: Emulation, cfg: WorkerConfig) -> str:
+    return next(h.ns for h in emu.addr.hosts if h.ip == cfg.ip)
 
 
 def remove_flow_classes(emu: Emulation, hops: dict) -> None:
@@ -92,25 +71,26 @@ def remove_flow_classes(emu: Emulation, hops: dict) -> None:
             FlowControl(emu, *link, dev).remove(sorted(set(minors.values())))
 
 
-def classify_replicas(plan: Plan, emu: Emulation, hops: dict) -> None:
-    """Per-replica HTB classes on each WAN hop the pipeline crosses, recorded in `hops` (so they can be
-    removed even if this fails half-way). All start at one priority until the sidecar ranks them. They
-    also let FlowSampler see each replica's share of the link."""
+def classify_replicas(plan: Plan, emu: Emulation, hops: dict, cfgs: dict[tuple[int, int], WorkerConfig]) -> None:
+    """An HTB class per flow class (replica) on each WAN hop a classified pipe crosses, matched by the
+    receiving group's port, recorded in `hops` (so they can be removed even if this fails half-way).
+    All start at one priority until the sidecar ranks them. They also let FlowSampler see each
+    replica's share of the link."""
     from testbed.emu.flowctl import MIN_RATE_BPS, FlowControl
 
-    for r in range(plan.dp):
-        row = plan.stage_dc[r]
-        for s in range(plan.pp - 1):
-            a, b = row[s], row[s + 1]
-            if a == b:
-                continue
+    for cfg in cfgs.values():
+        prog = cfg.program
+        for q in prog.pipes:
+            if q.flow_class is None or not q.wan or int(q.peer[1:].split("r")[0]) < prog.stage:
+                continue  # each pipe once: from the stage that opens it, whose port q.port is the receiver's
+            a, b = q.wan
             w = emu.addr.wan(a, b)
             link = (w.a, w.b)
-            lp = plan.links[(a, b)]
-            rate = lp.capacity_bps * 8 / plan.scale
+            rate = plan.links[(a, b)].capacity_bps * 8 / plan.scale
+            r = q.flow_class
             minor = 0x100 + r
             devs = hops.setdefault(link, {})
-            for dev, match in ((b, {"ports": (port(s + 1, r),) * 2}), (a, {"sports": (port(s + 1, r),) * 2})):
+            for dev, match in ((b, {"ports": (q.port,) * 2}), (a, {"sports": (q.port,) * 2})):
                 fc = FlowControl(emu, *link, dev)
                 if str(r) not in devs.setdefault(dev, {}):
                     devs[dev][str(r)] = minor
@@ -299,7 +279,8 @@ def capture_rows(plan: Plan, emu: Emulation, cfgs: dict, res, starts: list[float
     is labelled by the worker port at either end: replica r, worker s<stage>r<replica>."""
     from testbed.analysis.flows import Endpoint, flow_rows
 
-    ends = {(c["ip"], c["port"]): Endpoint(plan.stage_dc[r][s], str(r), group_name(s, r)) for (s, r), c in cfgs.items()}
+    ends = {(c.ip, c.program.port): Endpoint(plan.stage_dc[r][s], str(r), group_name(s, r))
+            for (s, r), c in cfgs.items()}
     dc_of = {h.ip: Endpoint(h.dc) for h in emu.addr.hosts}
     shifted = []
     for key, b, nbytes, pkts in res.rows:
@@ -317,11 +298,7 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
     """Run `iterations` iterations of `plan` on `emu`; return the emulated timeline (barrier gaps removed).
     `capture`: packet headers on every WAN link for the whole run (testbed/emu/capture.py) instead of the
     HTB class counters of one iteration."""
-    cfgs = worker_configs(plan, emu)
-    for (s, _r), cfg in cfgs.items():
-        cfg["compute"], cfg["dp"] = compute, plan.dp
-        if torch_cfg:
-            cfg["torch"] = torch_cfg[s]
+    cfgs = worker_configs(plan, emu, compute, torch_cfg)
     rdir = state.run_dir(emu.prefix)
     ctl = Controller(str(rdir / "ctl.sock"), len(cfgs), run_gid(emu.backend), worker_uid(emu.backend))
     procs: list[subprocess.Popen] = []
@@ -333,17 +310,17 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
     degraded = ""
     cap = None
     try:
-        if plan.mech.temporal:  # per-replica classes change how a FIFO link shares: only where turns need them
-            classify_replicas(plan, emu, hops)
+        # per-replica classes change how a FIFO link shares: only where the programs' pipes take turns
+        if any(q.flow_class is not None for c in cfgs.values() for q in c.program.pipes):
+            classify_replicas(plan, emu, hops, cfgs)
             sidecars = start_sidecars(plan, emu, hops)
         if prefill_jobs is not None:
             service, sock, service_results = start_bubbletea(emu, prefill_jobs)
-            for cfg in cfgs.values():
-                cfg["bubbletea"] = sock
+            cfgs = {k: dataclasses.replace(c, bubbletea=sock) for k, c in cfgs.items()}
         for (s, r), cfg in cfgs.items():
             path = rdir / f"worker-s{s}r{r}.json"
-            path.write_text(json.dumps(cfg))
-            node = emu.node(cfg["ns"])
+            path.write_text(cfg.to_json())
+            node = emu.node(worker_ns(emu, cfg))
             procs.append(emu.backend.spawn(node, "testbed.runtime.worker", [str(path), ctl.path],
                                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                            start_new_session=True))

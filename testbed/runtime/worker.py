@@ -1,11 +1,10 @@
 """A pipeline worker: one (stage, replica) of a plan, in its emulated host.
 
-It runs the stage's action list (the same one the simulator executes). F(i) waits for activation i,
-B(i) for gradient i; compute is `modeled` (waits the cost-model time). Each activation or gradient
-(bytes already divided by the scale factor) is striped over the plan's n TCP connections to the
-neighbouring stage, sent by one thread per connection while compute goes on. After the last
-action, the stage's DP replicas run a ring all-reduce exchange over TCP (2(dp-1) steps of 1/dp of
-the gradient). Between iterations it waits at the orchestrator's barrier (Megatron's global
+It executes its lowered program (testbed/program.py), the one the simulator executes: a Recv waits
+for its message, Forward and Backward compute (`modeled`: the cost model's time; `torch`: a real
+stage), a Send stripes its message (bytes divided by the scale factor) over the pipe's n TCP
+connections, one sender thread per connection, while the program goes on; the AllReduce runs its
+exchanges over TCP. Between iterations it waits at the orchestrator's barrier (Megatron's global
 gradient-norm all-reduce has the same effect). Intervals are recorded with time.monotonic().
 Nothing polls: waits are on sockets and condition variables.
 
@@ -14,13 +13,14 @@ Usage: python -m testbed.runtime.worker CONFIG.json CONTROL.sock
 
 from __future__ import annotations
 
-import json
 import queue
 import socket
 import sys
 import threading
 import time
 
+from testbed.program import AllReduce, Backward, Exchange, Forward, Recv, Send, exchanges
+from testbed.runtime.config import WorkerConfig
 from testbed.runtime.wire import DATA, chunk_offset, chunk_sizes, recv_ctrl, recv_exact, send_ctrl
 
 ZEROS = bytes(4 * 2**20)
@@ -213,23 +213,21 @@ class SidecarClient:
 class Modeled:
     """Compute that waits the cost model's time and moves zeros of the plan's (scaled) sizes."""
 
-    def __init__(self, cfg: dict) -> None:
+    def __init__(self, cfg: WorkerConfig) -> None:
         self.cfg = cfg
-        self.act_out = max(1, round(cfg["act_out"] / cfg["scale"]))
-        self.act_in = max(1, round(cfg["act_in"] / cfg["scale"]))
         self.losses: list[float] = []
 
-    def forward(self, it: int, i: int, inp: bytearray | None) -> memoryview | None:
-        time.sleep(self.cfg["fwd_s"])
+    def forward(self, it: int, st: Forward, inp: bytearray | None) -> memoryview | None:
+        time.sleep(st.seconds)
         return None
 
-    def backward(self, it: int, i: int, grad: bytearray | None) -> memoryview | None:
-        time.sleep(self.cfg["bwd_s"])
+    def backward(self, it: int, st: Backward, grad: bytearray | None) -> memoryview | None:
+        time.sleep(st.seconds)
         return None
 
-    def allreduce(self, ring: Striped, inbox: Inbox, it: int) -> None:
-        for k in range(self.cfg["ring_steps"]):
-            ring.send(b"r", it, k, self.cfg["ring_bytes"], lambda a, b: None)
+    def allreduce(self, steps: list[Exchange], peers: dict[str, Striped], inbox: Inbox, it: int) -> None:
+        for k, ex in enumerate(steps):
+            peers[ex.send_to].send(b"r", it, k, max(1, round(ex.bytes / self.cfg.scale)), lambda a, b: None)
             inbox.wait((b"r", it, k))
 
     def step(self) -> None:
@@ -239,32 +237,34 @@ class Modeled:
 class TorchCompute(Modeled):
     """A real GPT-style stage: forward, backward, ring all-reduce of real gradients, AdamW step."""
 
-    def __init__(self, cfg: dict) -> None:
+    def __init__(self, cfg: WorkerConfig) -> None:
         import torch
 
         from testbed.runtime.torch_stage import Stage
 
         super().__init__(cfg)
         torch.set_num_threads(1)
-        t = cfg["torch"]
+        t = cfg.torch or {}
         self.t, self.torch = t, torch
         # the GPU this host is pinned to (hosts take GPUs round-robin), else the CPU
         n = torch.cuda.device_count()
-        self.device = torch.device(f"cuda:{cfg['host_index'] % n}") if n else torch.device("cpu")
-        self.first, self.last = cfg["stage"] == 0, cfg["next"] is None
+        self.device = torch.device(f"cuda:{cfg.host_index % n}") if n else torch.device("cpu")
+        prog = cfg.program
+        self.first = prog.stage == 0
+        self.last = not any(isinstance(st, Send) and st.kind == "a" for st in prog.steps)
         self.model = Stage(layers=t["layers"], hidden=t["hidden"], heads=t["heads"], vocab=t["vocab"], seq=t["seq"],
-                           first=self.first, last=self.last, seed=1234 + cfg["stage"]).to(self.device)  # same init
+                           first=self.first, last=self.last, seed=1234 + prog.stage).to(self.device)  # same init
         # on every replica, so the all-reduced gradients keep the replicas identical
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=t["lr"])
         self.shape = (t["micro"], t["seq"], t["hidden"])
         self.saved: dict[int, tuple] = {}
-        self.m = len([a for a in cfg["actions"] if a[0] == "F"])
+        self.m = sum(isinstance(st, Forward) for st in prog.steps)
 
-    def forward(self, it: int, i: int, inp: bytearray | None) -> memoryview | None:
+    def forward(self, it: int, st: Forward, inp: bytearray | None) -> memoryview | None:
         from testbed.runtime.torch_stage import batch, from_bytes, to_bytes
 
-        t = self.t
-        toks, targets = batch(t["vocab"], t["seq"], t["micro"], replica=self.cfg["replica"], iteration=it, mb=i)
+        t, i = self.t, st.microbatch
+        toks, targets = batch(t["vocab"], t["seq"], t["micro"], replica=self.cfg.program.replica, iteration=it, mb=i)
         dev = self.device
         x = toks.to(dev) if self.first else from_bytes(inp, self.shape).to(dev).requires_grad_()
         y = self.model(x)
@@ -276,24 +276,28 @@ class TorchCompute(Modeled):
         self.saved[i] = (x, y)
         return to_bytes(y)
 
-    def backward(self, it: int, i: int, grad: bytearray | None) -> memoryview | None:
+    def backward(self, it: int, st: Backward, grad: bytearray | None) -> memoryview | None:
         from testbed.runtime.torch_stage import from_bytes, to_bytes
 
-        x, y = self.saved.pop(i)
+        x, y = self.saved.pop(st.microbatch)
         if self.last:
             y.backward()
         else:
             y.backward(from_bytes(grad, self.shape).to(self.device))
         return None if self.first else to_bytes(x.grad)
 
-    def allreduce(self, ring: Striped, inbox: Inbox, it: int) -> None:
-        """Ring all-reduce (reduce-scatter, then all-gather) of the flattened gradients, averaged."""
+    def allreduce(self, steps: list[Exchange], peers: dict[str, Striped], inbox: Inbox, it: int) -> None:
+        """Ring all-reduce (reduce-scatter, then all-gather) of the flattened gradients, averaged, around
+        the program's ring (the emulator refuses a hierarchical one with torch compute)."""
         from testbed.runtime.torch_stage import to_bytes
 
         torch = self.torch
         params = [p for p in self.model.parameters() if p.grad is not None]
         flat = torch.cat([p.grad.reshape(-1) for p in params])
-        dp, r = self.cfg["dp"], self.cfg["replica"]
+        ar = next(st for st in self.cfg.program.steps if isinstance(st, AllReduce))
+        ring_order = [g for rg in ar.rings for g in rg]
+        dp, r = len(ring_order), ring_order.index(self.cfg.program.group)
+        ring = peers[steps[0].send_to]
         parts = list(torch.tensor_split(flat.cpu(), dp))
         step = 0
         for k in range(dp - 1):  # reduce-scatter
@@ -326,9 +330,9 @@ class Prefill:
     predicted bubble's end, less the guard band and its duration); otherwise it is skipped and the
     service counts its request as fallback."""
 
-    def __init__(self, cfg: dict) -> None:
-        self.path = cfg.get("bubbletea")
-        self.name = f"s{cfg['stage']}r{cfg['replica']}"
+    def __init__(self, cfg: WorkerConfig) -> None:
+        self.path = cfg.bubbletea
+        self.name = cfg.program.group
         self.jobs: list[list] = []
         self.ran: list[list] = []
         self.degraded = ""
@@ -403,53 +407,88 @@ def connect(ip: str, port: int, hello: dict, deadline: float) -> socket.socket:
             time.sleep(0.05)  # the peer's listener is not up yet (start-up only)
 
 
+def connections_to_open(cfg: WorkerConfig) -> dict[str, tuple[int, str]]:
+    """peer -> (connections, purpose) this worker opens: its pipe to the next stage, and one to each peer
+    it sends all-reduce exchanges to (the WAN ring's share of the NCCL connections)."""
+    prog = cfg.program
+    out: dict[str, tuple[int, str]] = {}
+    for p in prog.pipes:
+        if int(p.peer[1:].split("r")[0]) > prog.stage:
+            out[p.peer] = (p.connections, "pipe")
+    for st in prog.steps:
+        if isinstance(st, AllReduce):
+            local = next(r for r in st.rings if prog.group in r)
+            k = st.rings.index(local)
+            wan = max(1, st.wan_connections[k] // len(local)) if st.wan_connections else 1
+            for ex in exchanges(st, prog.group):
+                out.setdefault(ex.send_to, (1 if ex.send_to in local else wan, "ring"))
+    return out
+
+
+def connections_to_accept(cfg: WorkerConfig, peers: dict[str, WorkerConfig] | None = None) -> int:
+    """How many connections the peers open to this worker: its pipe from the previous stage, and one (or
+    the WAN ring's share) from each peer it receives all-reduce exchanges from."""
+    prog = cfg.program
+    n = sum(p.connections for p in prog.pipes if int(p.peer[1:].split("r")[0]) < prog.stage)
+    for st in prog.steps:
+        if isinstance(st, AllReduce):
+            local = next(r for r in st.rings if prog.group in r)
+            for peer in dict.fromkeys(ex.recv_from for ex in exchanges(st, prog.group)):
+                ring = next(r for r in st.rings if peer in r)
+                k = st.rings.index(ring)
+                n += 1 if peer in local else max(1, st.wan_connections[k] // len(ring)) if st.wan_connections else 1
+    return n
+
+
 def main(cfg_path: str, ctl_path: str) -> None:
     with open(cfg_path) as f:
-        cfg = json.load(f)
-    s, r = cfg["stage"], cfg["replica"]
+        cfg = WorkerConfig.from_json(f.read())
+    prog = cfg.program
+    s, r = prog.stage, prog.replica
     ctl = socket.socket(socket.AF_UNIX)
     ctl.connect(ctl_path)
     send_ctrl(ctl, {"hello": [s, r]})
-    torch_mode = cfg.get("compute") == "torch"
+    torch_mode = cfg.compute == "torch"
     inbox = Inbox(keep=torch_mode)
-    lst = socket.create_server((cfg["ip"], cfg["port"]), backlog=64)
-    expect = cfg["prev_conns"] + (1 if cfg["ring"] else 0)
-    accepted: dict[str, list[socket.socket]] = {"prev": [], "ring": []}
+    lst = socket.create_server((cfg.ip, prog.port), backlog=64)
+    expect = connections_to_accept(cfg)
+    accepted: dict[tuple[str, str], list[socket.socket]] = {}
 
     def acceptor() -> None:
         for _ in range(expect):
             c, _ = lst.accept()
             c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             hello = recv_ctrl(c)
-            accepted[hello["role"]].append(c)
+            accepted.setdefault((str(hello["group"]), str(hello["purpose"])), []).append(c)
             threading.Thread(target=reader, args=(c, inbox), daemon=True).start()
 
     acc = threading.Thread(target=acceptor, daemon=True)
     acc.start()
     deadline = time.monotonic() + CONNECT_TIMEOUT
-    nxt = prev = ring = None
-    if cfg["next"]:
-        ip, port, n = cfg["next"]
-        socks = [connect(ip, port, {"role": "prev"}, deadline) for _ in range(n)]
+    out: dict[tuple[str, str], Striped] = {}  # (peer, purpose) -> connections to it
+    for peer, (n, purpose) in connections_to_open(cfg).items():
+        ep = cfg.peers[peer]
+        socks = [connect(ep.ip, ep.port, {"group": prog.group, "purpose": purpose}, deadline) for _ in range(n)]
         for c in socks:
             threading.Thread(target=reader, args=(c, inbox), daemon=True).start()
-        nxt = Striped(socks)
-    if cfg["ring"]:
-        ip, port = cfg["ring"]
-        ring = Striped([connect(ip, port, {"role": "ring"}, deadline)])
+        out[(peer, purpose)] = Striped(socks)
     acc.join(CONNECT_TIMEOUT)
     if acc.is_alive():
         raise TimeoutError("peers did not connect in time")
-    if accepted["prev"]:
-        prev = Striped(accepted["prev"])
-    side_next = SidecarClient(*cfg["sidecar_next"]) if cfg.get("sidecar_next") else None
-    side_prev = SidecarClient(*cfg["sidecar_prev"]) if cfg.get("sidecar_prev") else None
+    # a pipe carries activations one way and gradients back on the connections its earlier stage opened
+    pipes = {p.peer: out.get((p.peer, "pipe")) or Striped(accepted[(p.peer, "pipe")]) for p in prog.pipes}
+    ring = {peer: st for (peer, purpose), st in out.items() if purpose == "ring"}
+    sidecars = {peer: SidecarClient(path, next(p.wan for p in prog.pipes if p.peer == peer)[1])
+                for peer, path in cfg.sidecars.items()}
+
+    senders = {st.kind.encode(): st.peer for st in prog.steps if isinstance(st, Recv)}  # activations from the
+    # previous stage, gradients from the next
 
     def transfer_arrived(key: tuple) -> None:
         """Tell the link's sidecar a transfer is over once its last byte is here: only then has it left
         the shaped link (a sender's sendall returns while its socket buffer still holds the tail)."""
         kind, it, mb = key
-        side = side_prev if kind == b"a" else side_next if kind == b"g" else None
+        side = sidecars.get(senders.get(kind, ""))
         if side:
             side.notice({"op": "end", "id": transfer_id(r, kind, it, mb)})
 
@@ -469,12 +508,13 @@ def main(cfg_path: str, ctl_path: str) -> None:
 
         return done
 
-    def receive(tag: bytes, it: int, i: int, nbytes: float):
-        """Wait for microbatch i's activation (b"a") or gradient (b"g"), serving prefill meanwhile."""
-        bt.wait_for(inbox, (tag, it, i), rec)
-        t_send, t_in = inbox.wait((tag, it, i))
-        rec("recv", i, t_send, t_in, nbytes)
-        return inbox.payload((tag, it, i)) if torch_mode else None
+    def receive(st: Recv, it: int):
+        """Wait for the step's message, serving prefill meanwhile."""
+        key = (st.kind.encode(), it, st.microbatch)
+        bt.wait_for(inbox, key, rec)
+        t_send, t_in = inbox.wait(key)
+        rec("recv", st.microbatch, t_send, t_in, st.bytes)
+        return inbox.payload(key) if torch_mode else None
 
     comp = TorchCompute(cfg) if torch_mode else Modeled(cfg)
     bt = Prefill(cfg)
@@ -489,37 +529,34 @@ def main(cfg_path: str, ctl_path: str) -> None:
         pending = threading.Semaphore(0)
         sends = 0
         bt.begin(it, t_start)
-        wake = t_start + cfg["offset_s"]
+        wake = t_start + prog.offset_s
         if (d := wake - time.monotonic()) > 0:
             time.sleep(d)
-        for op, i in cfg["actions"]:
-            if op == "F":
-                inp = receive(b"a", it, i, cfg["act_in"]) if s > 0 else None
+        data = out_data = None  # the last message in (for the next compute), the last compute's output
+        for st in prog.steps:
+            t = type(st)
+            if t is Recv:
+                data = receive(st, it)
+            elif t is Forward or t is Backward:
                 t0 = time.monotonic()
-                out = comp.forward(it, i, inp)
-                rec("fwd", i, t0, time.monotonic())
-                if nxt:
-                    nxt.send(b"a", it, i, comp.act_out, sent(cfg["act_out"], i, pending), side_next, r, out)
-                    sends += 1
-            else:
-                grad = receive(b"g", it, i, cfg["act_out"]) if nxt else None
+                out_data = (comp.forward if t is Forward else comp.backward)(it, st, data)
+                rec("fwd" if t is Forward else "bwd", st.microbatch, t0, time.monotonic())
+                data = None
+            elif t is Send:
+                nbytes = max(1, round(st.bytes / cfg.scale))
+                pipes[st.peer].send(st.kind.encode(), it, st.microbatch, nbytes, sent(st.bytes, st.microbatch, pending),
+                                    sidecars.get(st.peer), r, out_data)
+                sends += 1
+            else:  # AllReduce
                 t0 = time.monotonic()
-                out = comp.backward(it, i, grad)
-                rec("bwd", i, t0, time.monotonic())
-                if prev:
-                    prev.send(b"g", it, i, comp.act_in, sent(cfg["act_in"], i, pending), side_prev, r, out)
-                    sends += 1
-        if ring:
-            t0 = time.monotonic()
-            comp.allreduce(ring, inbox, it)
-            rec("allreduce", -1, t0, time.monotonic(), cfg["grad_bytes"])
+                comp.allreduce(exchanges(st, prog.group), ring, inbox, it)
+                rec("allreduce", -1, t0, time.monotonic(), st.bytes)
         comp.step()
         for _ in range(sends):
             pending.acquire()
         bt.run_due(rec)  # jobs planned after this worker's last training op (the drain bubble)
         bt.end(it)
-        degraded = [c.degraded for c in (side_next, side_prev) if c and c.degraded] + ([bt.degraded] if bt.degraded
-                                                                                        else [])
+        degraded = [c.degraded for c in sidecars.values() if c.degraded] + ([bt.degraded] if bt.degraded else [])
         with log_lock:
             send_ctrl(ctl, {"done": it, "log": log, "degraded": degraded[0] if degraded else "",
                             "loss": sum(comp.losses) / len(comp.losses) if comp.losses else None})

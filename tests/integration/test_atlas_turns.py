@@ -21,7 +21,6 @@ start) is left out.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import defaultdict
 
 from testbed.analysis.flows import leader_shares, pending_bins
@@ -64,11 +63,10 @@ def test_sidecar_makes_replicas_take_turns_and_fair_sharing_does_not():
     got = {}
     try:
         for temporal in (True, False):
-            plan = build_plan(same, "pp-wan+mtcp+temporal", run_id="turns", dp=resolve_dp(same))
+            sched = "pp-wan+mtcp+temporal" if temporal else "pp-wan+mtcp"  # without: no classes, no sidecar, FIFO
+            plan = build_plan(same, sched, run_id="turns", dp=resolve_dp(same))
             plan.scale = K
             plan.replica_offset_s = [0.0] * plan.dp  # the replicas' transfers collide
-            if not temporal:
-                plan.mech = dataclasses.replace(plan.mech, temporal=False)  # no classes, no sidecar: FIFO
             run = run_training(plan, emu, exp.iterations, capture=True)
             assert not run.degraded
             got[temporal] = shares(run, plan, emu)

@@ -1,0 +1,49 @@
+"""A worker's typed configuration: its lowered program and where its peers are. Written by the
+orchestrator (emu/train.py) as JSON, read and validated by the worker (runtime/worker.py) before it
+starts; a malformed file stops the worker with one line. Standard library only (role images)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+from testbed.program import Program, ProgramError, program_from_dict
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    ip: str
+    port: int
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    program: Program
+    ip: str  # the address this worker listens on (its emulated host's)
+    peers: dict[str, Endpoint]  # every group it exchanges messages with: pipe neighbours and all-reduce peers
+    scale: float  # the emulation's k: real-world bytes / k go on the wire
+    compute: Literal["modeled", "torch"]
+    dp: int
+    host_index: int  # the host's index in its DC (torch on GPUs: its pinned device)
+    sidecars: dict[str, str]  # peer group -> the Atlas sidecar's socket for the pipe to it (temporal sharing)
+    torch: dict | None = None  # the real model's shape and optimizer for `compute: torch`
+    bubbletea: str | None = None  # the BubbleTea service's socket
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["program"] = json.loads(self.program.to_json())
+        return json.dumps(d, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerConfig:
+        try:
+            d = json.loads(text)
+            program = program_from_dict(d.pop("program"))
+            peers = {str(k): Endpoint(str(v["ip"]), int(v["port"])) for k, v in d.pop("peers").items()}
+            cfg = cls(program=program, peers=peers, **d)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ProgramError(f"malformed worker config: {e}") from None
+        if cfg.compute not in ("modeled", "torch") or cfg.scale <= 0 or cfg.dp < 1:
+            raise ProgramError(f"malformed worker config: compute {cfg.compute!r}, scale {cfg.scale}, dp {cfg.dp}")
+        return cfg
