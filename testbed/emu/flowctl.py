@@ -16,18 +16,10 @@ from typing import TYPE_CHECKING
 
 from testbed.emu.sh import EmuError
 from testbed.emu.shaping import BURST
+from testbed.runtime.htb import MIN_RATE_BPS, QUANTUM, RATE_BURST_BYTES, set_class
 
-if TYPE_CHECKING:  # the sidecar imports this module inside the atlas image, which has no pydantic
+if TYPE_CHECKING:
     from testbed.emu.build import Emulation
-
-BURST_BYTES = 128 * 1024  # a class's burst at its ceiling (cburst): the link's own, for full-rate turns
-# A class's burst at its guaranteed rate: about two jumbo frames. HTB serves a class within its own
-# rate before any class that borrows, whatever their priorities; with the link's 128 KiB, a replica
-# idle for half a second had saved enough to send 128 KiB (5 ms of a 200 Mbit/s link) during
-# another's turn at the start of every transfer.
-RATE_BURST_BYTES = 18 * 1024
-QUANTUM = 64 * 1024  # at least one 9000-byte packet per round whatever the class's rate
-MIN_RATE_BPS = 8_000  # HTB needs a positive rate; a "paused" class gets this trickle and borrows nothing
 
 
 def port_blocks(lo: int, hi: int) -> list[tuple[int, int]]:
@@ -135,11 +127,3 @@ class FlowControl:
     def close(self) -> None:
         if self._ipr is not None:
             self._ipr.close()
-
-
-def set_class(ipr, idx: int, minor: int, rate_bps: float, ceil_bps: float | None, prio: int) -> None:
-    """One netlink change of an HTB class (pyroute2 replaces the whole class: pass everything)."""
-    rate = max(int(rate_bps), MIN_RATE_BPS)
-    ceil = max(int(ceil_bps or rate_bps), rate)
-    ipr.tc("change-class", "htb", idx, handle=f"1:{minor:x}", parent="1:1", rate=f"{rate}bit", ceil=f"{ceil}bit",
-           burst=RATE_BURST_BYTES, cburst=BURST_BYTES, prio=prio, quantum=QUANTUM)

@@ -30,9 +30,9 @@ import sys
 import threading
 from collections import defaultdict
 
-from testbed.emu.flowctl import set_class
 from testbed.plan.turns import TURN_KEYS
 from testbed.runtime.ctlserver import serve_frames
+from testbed.runtime.htb import set_class
 from testbed.runtime.wire import ProtocolError
 
 IDLE_PRIO = 7
