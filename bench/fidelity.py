@@ -1,0 +1,237 @@
+"""Simulator vs emulator on random topologies nobody tuned anything to: the error of the simulated
+iteration time per scheduler (median, p90 and worst |error|), `fidelity.csv` (one row per run) and
+`fidelity.png` (simulated vs emulated, one point per run, with the y = x line).
+
+Each topology: 3-5 DCs, every pair linked (1-10 Gbit/s, 2-60 ms one way), one TCP window for the
+whole topology (1-16 MiB, a host's receive buffer is per host), pp 2-6, dp 1-3, 1F1B or GPipe. The
+model (hidden 1024, 4096 tokens, 4 layers per stage) runs at an MFU chosen so that one microbatch's
+forward and backward on a stage take between half and twice the geometric mean of pp-wan's and
+multi-TCP's activation transfer time on the median link: neither compute nor the WAN dominates.
+Every DC has one emulated host per GPU group it can hold, so no two groups share a host's NIC.
+
+The emulation scale k brings the fastest link to 200 Mbit/s (testbed/emu/scale.py), but never so far
+that the window falls below the emulator's 64 KiB floor (testbed/emu/build.py: MIN_WINDOW); each
+(topology, scheduler) runs `--iterations` iterations and the first (connection set-up) is left out.
+Needs root. Emulated timings on a shared machine are noisy: `emu_min_s`/`emu_max_s` give the spread
+of the steady iterations, and repeating a seed shows the run-to-run spread.
+
+Run: sudo .venv/bin/python bench/fidelity.py --seed 1 --topologies 10 [--prefix gdtbN] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from itertools import combinations
+from pathlib import Path
+
+from testbed.costs.gpus import GPUS
+from testbed.costs.models import resolve_model
+from testbed.emu.build import MIN_WINDOW
+from testbed.emu.scale import TARGET_MBPS
+from testbed.spec.experiment import Experiment
+
+SCHEDULERS = ("pp-wan", "pp-wan+mtcp", "atlas")
+HEADER = ("topology", "seed", "dcs", "latency_ms", "wan_gbps", "tcp_window_mb", "pp", "dp", "schedule",
+          "microbatches", "mfu", "scale", "scheduler", "sim_s", "emu_s", "emu_min_s", "emu_max_s", "error")
+HIDDEN, SEQ, LAYERS_PER_STAGE, VOCAB = 1024, 4096, 4, 1024
+LAN_MBPS = 400.0  # a host's emulated NIC into its DC fabric (the DC's intra_gbps is k x this)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One random topology and workload, and the experiment that runs it."""
+
+    index: int
+    params: dict[str, object]  # the CSV's topology columns
+    experiment: Experiment
+
+
+def pipe_rate_bps(gbps: float, latency_ms: float, window_bytes: float, connections: int) -> float:
+    """Bytes/s one stage boundary's transfer gets alone on a link: min(C, n W / RTT)."""
+    return min(gbps * 1e9 / 8, connections * window_bytes / (2 * latency_ms / 1e3))
+
+
+def choose_scale(fastest_gbps: float, window_bytes: float) -> float:
+    """k: the fastest link at TARGET_MBPS, unless that pushes the window under the 64 KiB floor."""
+    k = min(fastest_gbps * 1e3 / TARGET_MBPS, window_bytes / MIN_WINDOW)
+    return float(f"{max(1.0, k):.3g}")
+
+
+def random_case(rng: random.Random, index: int, seed: int, prefix: str | None, iterations: int,
+                schedulers: tuple[str, ...] = SCHEDULERS) -> Case:
+    n_dcs = rng.randint(3, 5)
+    pp, dp = rng.randint(2, 6), rng.randint(1, 3)
+    schedule = rng.choice(["1f1b", "gpipe"])
+    window_mb = round(2 ** rng.uniform(0, 4), 3)  # log-uniform 1-16 MiB
+    m = rng.randint(pp, min(2 * pp, 10))
+    names = [f"dc{i}" for i in range(n_dcs)]
+    links = [{"between": [a, b], "gbps": round(10 ** rng.uniform(0, 1), 3), "latency_ms": round(rng.uniform(2, 60), 2)}
+             for a, b in combinations(names, 2)]
+    share = math.ceil(pp / n_dcs)  # pp-wan's stages per DC; Atlas fills the DCs with the most free GPUs first
+    stages = [share + rng.randint(0, 1) for _ in names]
+    scale = choose_scale(max(lk["gbps"] for lk in links), window_mb * 2**20)
+    dcs = [{"name": n, "gpu": "H100", "gpus": c * dp, "gpus_per_node": 1, "hosts": min(16, c * dp),
+            "intra_gbps": round(LAN_MBPS * scale / 1e3, 6)} for n, c in zip(names, stages, strict=True)]
+    # compute comparable to the transfers: between half and twice the geometric mean of pp-wan's (two NCCL
+    # channels, window-bound) and multi-TCP's (link-bound) activation transfer on the median link
+    act = SEQ * HIDDEN * 2
+    median = sorted(links, key=lambda lk: pipe_rate_bps(lk["gbps"], lk["latency_ms"], window_mb * 2**20, 2))
+    lk = median[len(median) // 2]
+    t_pp = act / pipe_rate_bps(lk["gbps"], lk["latency_ms"], window_mb * 2**20, 2)
+    t_mtcp = act / (lk["gbps"] * 1e9 / 8)
+    target = math.sqrt(t_pp * t_mtcp) * 2 ** rng.uniform(-1, 1)  # forward + backward of one microbatch
+    model = {"name": "fidelity", "layers": LAYERS_PER_STAGE * pp, "hidden": HIDDEN, "heads": 8, "vocab": VOCAB,
+             "seq_len": SEQ}
+    flops = LAYERS_PER_STAGE * resolve_model(model_spec(model)).layer_fwd_flops(SEQ, SEQ)
+    mfu = float(f"{min(1.0, 3 * flops / (GPUS['H100'].peak_tflops * 1e12 * target)):.4g}")
+    spec = {
+        "name": f"fidelity-{seed}-{index}",
+        "topology": {"name": f"random{index}", "tcp_window_mb": window_mb, "dcs": dcs, "links": links},
+        "workload": {"model": model, "global_batch": m * dp, "microbatch": 1, "tp": 1, "pp": pp, "dp": dp,
+                     "schedule": schedule, "mfu": mfu, "recompute": "none"},
+        "schedulers": list(schedulers),
+        "iterations": iterations,
+        "seed": seed,
+        "timeline": "none",
+        "emulation": {"backend": "netns", "scale": scale, "prefix": prefix},
+    }
+    params = {"topology": index, "seed": seed, "dcs": n_dcs,
+              "latency_ms": "|".join(f"{lk['latency_ms']:g}" for lk in links),
+              "wan_gbps": "|".join(f"{lk['gbps']:g}" for lk in links), "tcp_window_mb": window_mb, "pp": pp,
+              "dp": dp, "schedule": schedule, "microbatches": m, "mfu": mfu, "scale": scale}
+    return Case(index, params, Experiment.model_validate(spec))
+
+
+def model_spec(d: dict):
+    from testbed.spec.workload import CustomModel
+
+    return CustomModel.model_validate(d)
+
+
+def cases(seed: int, n: int, prefix: str | None, iterations: int, schedulers: tuple[str, ...]) -> list[Case]:
+    """n random cases that every scheduler can place (a draw that cannot be planned is drawn again)."""
+    from testbed.emu.experiment import preflight
+    from testbed.errors import SpecError
+
+    rng = random.Random(seed)
+    out: list[Case] = []
+    while len(out) < n:
+        case = random_case(rng, len(out), seed, prefix, iterations, schedulers)
+        try:
+            preflight([(case.experiment, {})])
+        except SpecError as e:
+            print(f"(topology {case.index} redrawn: {e})", file=sys.stderr)
+            continue
+        out.append(case)
+    return out
+
+
+def run_case(case: Case, progress=None) -> list[dict[str, object]]:
+    """Emulate and simulate every scheduler of one case (one network for all of them)."""
+    from testbed.emu.experiment import run_point
+
+    results, validation, _losses, _flows = run_point(case.experiment, case.index, {}, progress)
+    emu = {str(r.summary["scheduler"]): r for r in results if r.summary["source"] == "emu"}
+    rows = []
+    for _run_id, sched, metric, sim, emu_s, err, _note in validation:
+        if metric != "iteration_s":
+            continue
+        its = emu[sched].timeline.iteration_s
+        rows.append({**case.params, "scheduler": sched, "sim_s": round(sim, 6), "emu_s": round(emu_s, 6),
+                     "emu_min_s": round(min(its), 6), "emu_max_s": round(max(its), 6), "error": err})
+    return rows
+
+
+def quantile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    i = q * (len(xs) - 1)
+    lo = math.floor(i)
+    return xs[lo] if lo + 1 >= len(xs) else xs[lo] + (i - lo) * (xs[lo + 1] - xs[lo])
+
+
+def summary(rows: list[dict[str, object]]) -> list[tuple[str, int, float, float, float]]:
+    """(scheduler, runs, median |error|, p90 |error|, worst error (signed)) per scheduler."""
+    out = []
+    for sched in dict.fromkeys(str(r["scheduler"]) for r in rows):
+        errs = [float(r["error"]) for r in rows if r["scheduler"] == sched]
+        worst = max(errs, key=abs)
+        out.append((sched, len(errs), statistics.median(map(abs, errs)), quantile([abs(e) for e in errs], 0.9), worst))
+    return out
+
+
+def figure(rows: list[dict[str, object]], path: Path) -> None:
+    from testbed.figures.style import colour, new, save
+
+    fig, ax = new((5.2, 5))
+    for sched in dict.fromkeys(str(r["scheduler"]) for r in rows):
+        pts = [(float(r["emu_s"]), float(r["sim_s"])) for r in rows if r["scheduler"] == sched]
+        ax.scatter(*zip(*pts, strict=True), s=22, label=sched, color=colour(sched), edgecolor="k", linewidth=0.4)
+    hi = max(max(float(r["emu_s"]), float(r["sim_s"])) for r in rows) * 1.08
+    ax.plot([0, hi], [0, hi], "k-", lw=0.8, label="y = x")
+    for f in (0.95, 1.05):
+        ax.plot([0, hi], [0, hi * f], "k:", lw=0.6)
+    ax.set_xlim(0, hi)
+    ax.set_ylim(0, hi)
+    ax.set_xlabel("emulated iteration time (s)")
+    ax.set_ylabel("simulated iteration time (s)")
+    ax.set_title("simulator vs emulator (dotted: +-5 %)", fontsize=10)
+    ax.legend(fontsize=8)
+    save(fig, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--topologies", type=int, default=10)
+    ap.add_argument("--iterations", type=int, default=3, help="per run; the first is left out (connection set-up)")
+    ap.add_argument("--prefix", default=None, help="emulation prefix gdtb<id> (default: the first free one)")
+    ap.add_argument("--schedulers", default=",".join(SCHEDULERS))
+    ap.add_argument("--only", type=int, nargs="*", help="run only these topology indices (of the seed's draw)")
+    ap.add_argument("--out", type=Path, default=Path("results/fidelity"))
+    args = ap.parse_args(argv)
+    from testbed.emu import owner
+    from testbed.results import write_csv
+
+    t0 = time.monotonic()
+    scheds = tuple(s for s in args.schedulers.split(",") if s)
+    todo = cases(args.seed, args.topologies, args.prefix, args.iterations, scheds)
+    if args.only:
+        todo = [c for c in todo if c.index in args.only]
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, object]] = []
+    with owner.owned(args.prefix) as held:
+        for case in todo:
+            c = case.experiment.model_copy(update={"emulation": case.experiment.emulation.model_copy(
+                update={"prefix": held})})
+            case = Case(case.index, case.params, c)
+            p = case.params
+            print(f"topology {case.index}: {p['dcs']} DCs, pp {p['pp']}, dp {p['dp']}, {p['schedule']}, "
+                  f"m {p['microbatches']}, window {p['tcp_window_mb']} MiB, k {p['scale']}, "
+                  f"links {p['wan_gbps']} Gbit/s, {p['latency_ms']} ms", flush=True)
+            t1 = time.monotonic()
+            new_rows = run_case(case)
+            for r in new_rows:
+                print(f"  {r['scheduler']:<12} sim {float(r['sim_s']):7.3f} s  emu {float(r['emu_s']):7.3f} s "
+                      f"({float(r['emu_min_s']):.3f}-{float(r['emu_max_s']):.3f})  error {float(r['error']):+.1%}",
+                      flush=True)
+            print(f"  ({time.monotonic() - t1:.0f} s)", flush=True)
+            rows += new_rows
+            write_csv(args.out / "fidelity.csv", HEADER, ([r[h] for h in HEADER] for r in rows))
+    if not rows:
+        return 1
+    figure(rows, args.out / "fidelity.png")
+    print(f"\n{'scheduler':<14}{'runs':>5}{'median |err|':>14}{'p90 |err|':>11}{'worst':>9}")
+    for sched, n, med, p90, worst in summary(rows):
+        print(f"{sched:<14}{n:>5}{med:>14.1%}{p90:>11.1%}{worst:>+9.1%}")
+    print(f"wrote {args.out / 'fidelity.csv'}, {args.out / 'fidelity.png'}; total wall time {time.monotonic() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
