@@ -40,7 +40,8 @@ SCHEDULERS = ("pp-wan", "pp-wan+mtcp", "atlas")
 HEADER = ("topology", "seed", "dcs", "latency_ms", "wan_gbps", "tcp_window_mb", "pp", "dp", "schedule",
           "microbatches", "mfu", "scale", "scheduler", "sim_s", "emu_s", "emu_min_s", "emu_max_s", "error")
 HIDDEN, SEQ, LAYERS_PER_STAGE, VOCAB = 1024, 4096, 4, 1024
-LAN_MBPS = 400.0  # a host's emulated NIC into its DC fabric (the DC's intra_gbps is k x this)
+LAN_MBPS = 400.0  # a host's emulated NIC into its DC fabric (the DC's intra_gbps is k x this), at least
+# twice the fastest emulated WAN link: the simulator does not bound a WAN transfer by the sender's NIC
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,9 @@ def random_case(rng: random.Random, index: int, seed: int, prefix: str | None, i
     share = math.ceil(pp / n_dcs)  # pp-wan's stages per DC; Atlas fills the DCs with the most free GPUs first
     stages = [share + rng.randint(0, 1) for _ in names]
     scale = choose_scale(max(lk["gbps"] for lk in links), window_mb * 2**20)
+    lan_mbps = max(LAN_MBPS, 2 * max(lk["gbps"] for lk in links) * 1e3 / scale)
     dcs = [{"name": n, "gpu": "H100", "gpus": c * dp, "gpus_per_node": 1, "hosts": min(16, c * dp),
-            "intra_gbps": round(LAN_MBPS * scale / 1e3, 6)} for n, c in zip(names, stages, strict=True)]
+            "intra_gbps": round(lan_mbps * scale / 1e3, 6)} for n, c in zip(names, stages, strict=True)]
     # compute comparable to the transfers: between half and twice the geometric mean of pp-wan's (two NCCL
     # channels, window-bound) and multi-TCP's (link-bound) activation transfer on the median link
     act = SEQ * HIDDEN * 2
@@ -132,11 +134,17 @@ def cases(seed: int, n: int, prefix: str | None, iterations: int, schedulers: tu
     return out
 
 
-def run_case(case: Case, progress=None) -> list[dict[str, object]]:
-    """Emulate and simulate every scheduler of one case (one network for all of them)."""
+def run_case(case: Case, timelines: Path | None = None) -> list[dict[str, object]]:
+    """Emulate and simulate every scheduler of one case (one network for all of them); with `timelines`,
+    both engines' timelines go to timelines/<topology>.csv."""
     from testbed.emu.experiment import run_point
 
-    results, validation, _losses, _flows = run_point(case.experiment, case.index, {}, progress)
+    results, validation, _losses, _flows = run_point(case.experiment, case.index, {})
+    if timelines is not None:
+        from testbed.timeline import write_timelines
+
+        timelines.mkdir(parents=True, exist_ok=True)
+        write_timelines(timelines / f"{case.index}.csv", [r.timeline for r in results if r.timeline is not None])
     emu = {str(r.summary["scheduler"]): r for r in results if r.summary["source"] == "emu"}
     rows = []
     for _run_id, sched, metric, sim, emu_s, err, _note in validation:
@@ -194,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--schedulers", default=",".join(SCHEDULERS))
     ap.add_argument("--only", type=int, nargs="*", help="run only these topology indices (of the seed's draw)")
     ap.add_argument("--out", type=Path, default=Path("results/fidelity"))
+    ap.add_argument("--timelines", action="store_true", help="also write both engines' timelines (OUT/timelines/)")
     args = ap.parse_args(argv)
     from testbed.emu import owner
     from testbed.results import write_csv
@@ -215,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"m {p['microbatches']}, window {p['tcp_window_mb']} MiB, k {p['scale']}, "
                   f"links {p['wan_gbps']} Gbit/s, {p['latency_ms']} ms", flush=True)
             t1 = time.monotonic()
-            new_rows = run_case(case)
+            new_rows = run_case(case, args.out / "timelines" if args.timelines else None)
             for r in new_rows:
                 print(f"  {r['scheduler']:<12} sim {float(r['sim_s']):7.3f} s  emu {float(r['emu_s']):7.3f} s "
                       f"({float(r['emu_min_s']):.3f}-{float(r['emu_max_s']):.3f})  error {float(r['error']):+.1%}",
@@ -229,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{'scheduler':<14}{'runs':>5}{'median |err|':>14}{'p90 |err|':>11}{'worst':>9}")
     for sched, n, med, p90, worst in summary(rows):
         print(f"{sched:<14}{n:>5}{med:>14.1%}{p90:>11.1%}{worst:>+9.1%}")
-    print(f"wrote {args.out / 'fidelity.csv'}, {args.out / 'fidelity.png'}; total wall time {time.monotonic() - t0:.0f} s")
+    print(f"wrote {args.out / 'fidelity.csv'}, {args.out / 'fidelity.png'}; "
+          f"total wall time {time.monotonic() - t0:.0f} s")
     return 0
 
 

@@ -73,6 +73,7 @@ class AllReduce:
     bytes: float  # the stage's gradient bytes per group
     rings: tuple[tuple[str, ...], ...]  # shared by every group of the stage
     wan_connections: tuple[int, ...] = ()  # per DC: the TCP connections its share of the ring across DCs uses
+    wan_window_bytes: tuple[float, ...] = ()  # per DC: the TCP window of the link to the next DC of the ring
 
 
 def exchanges(ar: AllReduce, group: str) -> list[Exchange]:
@@ -107,6 +108,7 @@ class Pipe:
     wan: tuple[str, str] | None  # (from DC, to DC) when the pipe crosses the WAN
     port: int  # the receiving group's listening port
     flow_class: int | None  # the replica whose class carries it under temporal sharing, else None
+    window_bytes: float = 0.0  # each connection's TCP window (real-world bytes) across the WAN; 0 inside a DC
 
 
 @dataclass(frozen=True)
@@ -171,9 +173,10 @@ def program_from_dict(d: dict) -> Program:
             if op == "AllReduce":
                 s["rings"] = tuple(tuple(str(g) for g in r) for r in s["rings"])
                 s["wan_connections"] = tuple(int(c) for c in s["wan_connections"])
+                s["wan_window_bytes"] = tuple(float(w) for w in s["wan_window_bytes"])
             steps.append(_typed(STEPS[op], s, f"steps[{i}]"))
         pipes = tuple(Pipe(p["peer"], int(p["connections"]), tuple(p["wan"]) if p["wan"] else None, int(p["port"]),
-                           p["flow_class"]) for p in d["pipes"])
+                           p["flow_class"], float(p["window_bytes"])) for p in d["pipes"])
         return Program(str(d["group"]), int(d["stage"]), int(d["replica"]), str(d["dc"]), int(d["host"]),
                        int(d["port"]), float(d["offset_s"]), tuple(steps), pipes)
     except (KeyError, TypeError) as e:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from testbed.emu.build import receive_buffer, window_notes
+from testbed.emu.build import MSS, receive_buffer, window_notes
 from testbed.emu.delayline import parse_specs
 from testbed.emu.flowctl import port_blocks
 from testbed.emu.measure import ping_stats
@@ -14,6 +14,7 @@ from testbed.emu.names import OURS_RE, address_plan, check_prefix, host_name
 from testbed.emu.scale import auto_scale
 from testbed.emu.shaping import htb_commands
 from testbed.errors import SpecError
+from testbed.runtime.htb import burst_bytes
 from testbed.spec.load import load_topology
 from tests.conftest import ROOT
 
@@ -70,11 +71,11 @@ def test_scale_and_window_notes():
     notes = window_notes(TOPO, 2000)
     assert len(notes) == 3 and "below 64 KiB" in notes[0]
     assert window_notes(TOPO, 10) == []
-    assert receive_buffer(65536) == 87381
+    assert receive_buffer(65536) == 2 * 65536 + 4 * MSS
 
 
 def test_htb_has_explicit_burst_and_leaf():
     cmds = htb_commands("west", 1e8, 0.05, None)
-    assert any("burst" in c and "128k" in c for c in cmds)
+    assert any("burst" in c and str(burst_bytes(1e8)) in c for c in cmds)
     assert cmds[-1][-3:-1] == ["bfifo", "limit"]
     assert htb_commands("west", 1e8, 0.05, 25)[-1][9:12] == ["netem", "delay", "25ms"]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from testbed.analysis.metrics import share
-from testbed.sim.executor import simulate
+from testbed.costs.tcp import windowed_send_s
+from testbed.sim.executor import WindowRounds, simulate
 from tests.conftest import make_plan
 
 
@@ -21,14 +24,42 @@ def test_pipeline_iteration_and_bubble(schedule, pp, m):
 @pytest.mark.parametrize("conns", [1, 4, 64])
 @pytest.mark.parametrize("latency", [0.005, 0.035])
 def test_striped_transfer_time(conns, latency):
-    """A single transfer over n connections takes l + bytes / min(C, n W / RTT)."""
+    """A single transfer over n connections sends a window n W per round trip at the link's rate: it takes
+    l + (q - 1) RTT + its last window / C for q windows, or l + bytes / C when n W fills the round trip."""
     C, W, A = 5e9, 2**20, 3e8
     plan = make_plan(pp=2, m=1, f=1.0, b=1.0, dcs=["a", "b"], act_bytes=A, capacity=C, latency=latency,
                      window=W, connections=conns)
     tl, _ = simulate(plan)
     recv = [iv for iv in tl.intervals if iv.kind == "recv" and iv.stage == 1]
     assert len(recv) == 1
-    assert recv[0].dur == pytest.approx(latency + A / min(C, conns * W / (2 * latency)), rel=1e-12)
+    assert recv[0].dur == pytest.approx(latency + windowed_send_s(A, C, conns * W, 2 * latency), rel=1e-12)
+
+
+@pytest.mark.parametrize(("A", "W", "C", "rtt"), [(4.5, 1.0, 1e3, 0.04), (3.0, 1.0, 100.0, 0.02), (0.4, 1.0, 10.0, 0.1),
+                                                  (10.0, 1.0, 10.0, 0.2), (7.0, 2.0, 20.0, 0.05)])
+def test_windowed_send_closed_form(A, W, C, rtt):
+    """q windows take (q - 1) round trips and the last window's time on the link (window-bound); a window
+    that outlasts the round trip leaves the link busy (A / C); and it is never faster than the link."""
+    t = windowed_send_s(A, C, W, rtt)
+    if C * rtt <= W:
+        assert t == pytest.approx(A / C)
+    else:
+        q = math.ceil(A / W)
+        assert t == pytest.approx((q - 1) * rtt + (A - (q - 1) * W) / C)
+        assert A / (W / rtt) - rtt < t <= A / (W / rtt) + W / C  # within a round trip of the fluid n W / RTT
+    assert t >= A / C
+
+
+def test_window_rounds_refill_after_a_round_trip():
+    r = WindowRounds(window=10.0, rtt_s=1.0)
+    assert r.budget(0.0) == 10.0
+    r.sent(6.0)
+    assert r.budget(0.5) == 4.0  # the same round: what is left of the window
+    r.sent(4.0)
+    assert r.budget(0.9) == 0.0 and r.next_round_s() == 1.0
+    assert r.budget(1.0) == 10.0  # the acknowledgements of the round's first bytes are back
+    r.sent(10.0)
+    assert r.budget(3.5) == 10.0 and r.next_round_s() == 4.5  # idle longer than a round trip: a fresh round
 
 
 def _send_ends(temporal: bool) -> list[float]:
@@ -63,25 +94,23 @@ def _recv_ends(plan, stage: int, replica: int = 0) -> list[float]:
 
 
 def test_a_pipe_carries_its_transfers_in_order_with_one_window():
-    """A stage boundary's connections are one FIFO: under GPipe all forwards are issued at once, and the
-    activations arrive one transfer time A / (n W / RTT) apart, in microbatch order, not all together."""
+    """A stage boundary's connections are one FIFO with one window: under GPipe all forwards are issued at
+    once, and the pipe sends n W per round trip across them, so activation i arrives in the round that carries
+    its last byte ((i + 1) A / n W windows after the first), in microbatch order, not all together."""
     A, W, lat, n, m, f = 4e8, 2**22, 0.02, 3, 6, 1e-3
-    rate = n * W / (2 * lat)
     plan = make_plan(pp=2, m=m, f=f, b=f, schedule="gpipe", dcs=["a", "b"], act_bytes=A, capacity=1e15,
                      latency=lat, window=W, connections=n)
     ends = _recv_ends(plan, 1)
-    expected, free = [], 0.0
-    for i in range(m):
-        free = max(free, (i + 1) * f) + A / rate
-        expected.append(free + lat)
-    assert ends == pytest.approx(expected, rel=1e-9)
+    expected = [f + (math.ceil((i + 1) * A / (n * W)) - 1) * 2 * lat + lat for i in range(m)]
+    assert ends == pytest.approx(expected, rel=1e-6)
 
 
 def test_each_pipe_has_its_own_window():
-    """Two replicas' pipes on one link each carry n W / RTT; the link's capacity is the only thing they share."""
+    """Two replicas' pipes on one link each send their own window per round trip; the link's capacity is the
+    only thing they share (at W / RTT the two windows fill it: both finish at 2 A / C)."""
     A, W, lat = 4e8, 2**22, 0.02
     rate = W / (2 * lat)
-    for capacity, expect in ((1e15, A / rate), (rate, 2 * A / rate)):
+    for capacity, expect in ((1e15, windowed_send_s(A, 1e15, W, 2 * lat)), (rate, 2 * A / rate)):
         plan = make_plan(pp=2, dp=2, m=1, f=1.0, b=1.0, dcs=["a", "b"], act_bytes=A, capacity=capacity,
                          latency=lat, window=W)
         for r in range(2):

@@ -20,3 +20,15 @@ def connections_for(capacity_bps: float, window_bytes: float, rtt_s: float, max_
 def striped_rate(capacity_bps: float, connections: int, window_bytes: float, rtt_s: float) -> float:
     """Rate of one transfer striped over n connections, alone on the link: min(C, n W/RTT)."""
     return min(capacity_bps, connections * per_connection_bps(window_bytes, rtt_s))
+
+
+def windowed_send_s(nbytes: float, capacity_bps: float, window_bytes: float, rtt_s: float) -> float:
+    """Time to put `nbytes` on an idle link of `capacity_bps` (bytes/s) through a window of `window_bytes`
+    (all of a transfer's connections together): each round trip a window goes out at the link's rate, and the
+    next round starts when the first acknowledgements return, one round trip after the round began. A
+    transfer of q windows (q > 1) takes (q - 1) round trips plus one window's time on the link, not q round
+    trips (the fluid n W / RTT); a window that fills the round trip (n W >= C RTT) leaves the link busy."""
+    if rtt_s <= 0 or window_bytes >= capacity_bps * rtt_s:
+        return nbytes / capacity_bps
+    rounds = max(0, math.ceil(nbytes / window_bytes) - 1)
+    return rounds * rtt_s + (nbytes - rounds * window_bytes) / capacity_bps

@@ -23,16 +23,29 @@ from testbed.emu.shaping import htb_commands
 from testbed.spec.topology import Topology
 
 MTU = 9000
+MSS = MTU - 52  # TCP payload per packet: IPv4 and TCP headers with the timestamp option
 MIN_WINDOW = 64 * 1024  # below this one TCP connection no longer behaves like one (MSS is ~9 KB)
-# Linux advertises about 3/4 of the receive buffer (its scaling_ratio charges skb overhead): measured
-# 0.74-0.80 on this kernel with MTU 9000. The buffer is sized so the advertised window is the spec's.
-# (A route's `window` metric is no substitute: it pins the window-scale factor at SYN time.)
-ADVERTISED_SHARE = 0.75
+# Linux advertises the share of a receive buffer that it measures per connection (scaling_ratio: a received
+# segment's length over its memory, since kernel 6.6; 1/2 before): 0.75 to 0.95 of the buffer here with MTU
+# 9000, varying with the buffer's size, between connections and with how promptly the reader reads
+# (docs/fidelity.md). Neither a buffer sized from one share nor a route's `window` metric (the kernel's window
+# clamp follows the buffer) gives a connection the spec's window. So every host's buffer holds twice the
+# window, fixed (autotuning would move the clamp), and the workers clamp each connection to the plan's window
+# (TCP_WINDOW_CLAMP). Processes that do not clamp (iperf3, testbed launch) get the kernel's share of it.
 MAX_LAN_BPS = 2e9
 
 
 def receive_buffer(window: int) -> int:
-    return int(window / ADVERTISED_SHARE)
+    """A host's fixed TCP receive buffer: enough for `window` at any advertised share of at least 1/2."""
+    return 2 * window + 4 * MSS
+
+
+def emulated_window(window_bytes: float, scale: float) -> int:
+    """A real-world window as one emulated connection carries it: divided by k, at least 64 KiB, and a whole
+    number of segments (a receiver advertises, and a sender fills, a window in whole segments; bench
+    tcp_fidelity.py measured a 128 KiB clamp carrying 14 segments' worth)."""
+    w = max(window_bytes / scale, MIN_WINDOW)
+    return max(1, round(w / MSS)) * MSS
 
 
 @dataclass
@@ -48,6 +61,7 @@ class Emulation:
     lan_gpus_per_host: int = 1  # GPUs whose NICs one emulated host stands for (a training run sets tp)
     # TCP's congestion-window restart after an idle RTO (net.ipv4.tcp_slow_start_after_idle), set on every host
     slow_start_after_idle: bool = False
+    congestion_control: str = "cubic"  # net.ipv4.tcp_congestion_control on every host
     claimed: bool = False  # `up` made this process the prefix's owner, so `down` gives it back
 
     def node(self, name: str) -> Node:
@@ -58,8 +72,7 @@ class Emulation:
 
     def window_bytes(self, a: str, b: str) -> int:
         link = self.topo.link(a, b)
-        w = self.topo.window_mb(link) * 2**20 / self.scale  # type: ignore[arg-type]
-        return max(int(w), MIN_WINDOW)
+        return emulated_window(self.topo.window_mb(link) * 2**20, self.scale)  # type: ignore[arg-type]
 
     def lan_rate_bps(self, dc: str) -> float | None:
         """Shaped rate of a host's link into its DC (None: unshaped, when the scaled fabric exceeds
@@ -91,8 +104,9 @@ def window_notes(topo: Topology, scale: float) -> list[str]:
     for dc in topo.dcs:
         wins = {topo.window_mb(link) for link in topo.links if dc.name in link.between}
         if len(wins) > 1:
-            notes.append(f"{dc.name}: its links have different TCP windows {sorted(wins)} MiB; the emulated hosts "
-                         f"use the largest for every peer (a receive buffer is per host)")
+            notes.append(f"{dc.name}: its links have different TCP windows {sorted(wins)} MiB; training workers clamp "
+                         f"each connection to its link's, other processes (testbed launch) get the kernel's window "
+                         f"for a receive buffer sized for the largest (a buffer is per host)")
     for link in topo.links:
         w = topo.window_mb(link) * 2**20 / scale
         if w < MIN_WINDOW:
@@ -105,7 +119,7 @@ def window_notes(topo: Topology, scale: float) -> list[str]:
 
 def up(topo: Topology, *, backend: str = "netns", prefix: str | None = "gdtb0", scale: float = 1.0,
        delay: str = "auto", lan_gpus_per_host: int = 1, slow_start_after_idle: bool = False,
-       mounts: list[str] | None = None) -> Emulation:
+       congestion_control: str = "cubic", mounts: list[str] | None = None) -> Emulation:
     """Build the topology (prefix None: the first free gdtb<N>). On any failure (or Ctrl-C) everything
     built so far is removed. `mounts`: host folders the container backends bind-mount at the same path in
     every host container."""
@@ -130,7 +144,7 @@ def up(topo: Topology, *, backend: str = "netns", prefix: str | None = "gdtb0", 
         be.mounts = list(mounts or [])
         emu = Emulation(prefix, topo, be, addr, scale, method, window_notes(topo, scale),
                         lan_gpus_per_host=lan_gpus_per_host, slow_start_after_idle=slow_start_after_idle,
-                        claimed=claimed)
+                        congestion_control=congestion_control, claimed=claimed)
         secure_dir(state.run_dir(prefix), run_gid(emu.backend))  # 0750, the run's group: its sockets live here
     except BaseException:
         if claimed:
@@ -146,8 +160,34 @@ def up(topo: Topology, *, backend: str = "netns", prefix: str | None = "gdtb0", 
     return emu
 
 
+def allow_congestion_control(name: str) -> None:
+    """A namespace may only pick a congestion control the root namespace allows: add `name` to
+    net.ipv4.tcp_allowed_congestion_control if the kernel has it (additive: no default changes)."""
+    from pathlib import Path
+
+    proc = Path("/proc/sys/net/ipv4")
+    available = (proc / "tcp_available_congestion_control").read_text().split()
+    if name not in available:
+        raise EmuError(f"this kernel has no {name} congestion control (it has {', '.join(available)}); "
+                       f"set network.tcp_congestion_control to one of those")
+    allowed = (proc / "tcp_allowed_congestion_control").read_text().split()
+    if name not in allowed:
+        (proc / "tcp_allowed_congestion_control").write_text(" ".join([*allowed, name]))
+
+
+def host_sysctls(emu: Emulation, dc: str) -> list[str]:
+    """TCP settings of a DC's hosts: every setting a run's timing depends on, set explicitly, so results do
+    not depend on the machine's defaults (this one's default congestion control is BBR)."""
+    rmem = receive_buffer(emu.host_window(dc))
+    return [f"net.ipv4.tcp_rmem=4096 {rmem} {rmem}", "net.ipv4.tcp_moderate_rcvbuf=0",
+            f"net.ipv4.tcp_slow_start_after_idle={int(emu.slow_start_after_idle)}",
+            f"net.ipv4.tcp_congestion_control={emu.congestion_control}",
+            "net.ipv4.tcp_no_metrics_save=1"]  # no ssthresh carried from one run's connections to the next
+
+
 def _build(emu: Emulation) -> None:
     be, topo, addr = emu.backend, emu.topo, emu.addr
+    allow_congestion_control(emu.congestion_control)
     gws: dict[str, Node] = {}
     for i, dc in enumerate(topo.dcs):
         gw_ns, gw_ip = addr.gateways[dc.name]
@@ -158,13 +198,12 @@ def _build(emu: Emulation) -> None:
         lan = be.attach_lan(i, gw, nodes, MTU)
         be.run(gw, ["ip", "addr", "add", f"{gw_ip}/24", "dev", lan])
         be.run(gw, ["sysctl", "-qw", "net.ipv4.ip_forward=1"])
-        rmem = receive_buffer(emu.host_window(dc.name))
         lan_bps = emu.lan_rate_bps(dc.name)
         for h, node in zip(hosts, nodes, strict=True):
             be.run(node, ["ip", "addr", "add", f"{h.ip}/24", "dev", "eth0"])
             be.run(node, ["ip", "route", "add", "default", "via", gw_ip])
-            be.run(node, ["sysctl", "-qw", f"net.ipv4.tcp_rmem=4096 {min(131072, rmem)} {rmem}"])
-            be.run(node, ["sysctl", "-qw", f"net.ipv4.tcp_slow_start_after_idle={int(emu.slow_start_after_idle)}"])
+            for setting in host_sysctls(emu, dc.name):
+                be.run(node, ["sysctl", "-qw", setting])
             if lan_bps is not None:  # the host's NIC into the DC fabric: a TP group's NICs, scaled
                 for cmd in htb_commands("eth0", lan_bps, 0.0, None):
                     be.run(node, cmd)

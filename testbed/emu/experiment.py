@@ -4,7 +4,7 @@ configuration, with the relative error per metric (validation.csv)."""
 from __future__ import annotations
 
 from testbed.analysis.metrics import add_speedups, summary_row
-from testbed.emu.build import MIN_WINDOW, down, up
+from testbed.emu.build import down, emulated_window, up
 from testbed.emu.scale import auto_scale, check_scale, check_transfer_bytes
 from testbed.emu.train import run_training
 from testbed.errors import NotYetError, SpecError
@@ -77,10 +77,11 @@ VALIDATION_HEADER = ("run_id", "scheduler", "metric", "sim", "emu", "rel_error",
 
 
 def as_emulated(topo: Topology, scale: float) -> Topology:
-    """The topology the emulator really builds: windows below 64 KiB (after scaling) are raised."""
+    """The topology the emulator really builds: each window as one emulated connection carries it (at least
+    64 KiB after scaling, a whole number of segments: emu/build.py emulated_window), in real-world terms."""
     links = []
     for link in topo.links:
-        w = max(topo.window_mb(link), MIN_WINDOW * scale / 2**20)
+        w = emulated_window(topo.window_mb(link) * 2**20, scale) * scale / 2**20
         links.append(link.model_copy(update={"tcp_window_mb": w}))
     return topo.model_copy(update={"links": links})
 
@@ -140,7 +141,8 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
     losses: list[tuple] = []
     flows: list[tuple] = []
     emu = up(exp.topology, backend=em.backend, prefix=em.prefix, scale=scale, delay=em.delay,
-             lan_gpus_per_host=exp.workload.tp, slow_start_after_idle=exp.network.tcp_slow_start_after_idle)
+             lan_gpus_per_host=exp.workload.tp, slow_start_after_idle=exp.network.tcp_slow_start_after_idle,
+             congestion_control=exp.network.tcp_congestion_control)
     try:
         if on_up is not None:
             on_up(emu)

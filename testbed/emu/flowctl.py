@@ -15,8 +15,8 @@ import time
 from typing import TYPE_CHECKING
 
 from testbed.emu.sh import EmuError
-from testbed.emu.shaping import BURST
-from testbed.runtime.htb import MIN_RATE_BPS, QUANTUM, RATE_BURST_BYTES, set_class
+from testbed.emu.shaping import MIN_QUEUE_BYTES
+from testbed.runtime.htb import MIN_RATE_BPS, QUANTUM, RATE_BURST_BYTES, burst_bytes, set_class
 
 if TYPE_CHECKING:
     from testbed.emu.build import Emulation
@@ -76,10 +76,10 @@ class FlowControl:
         ceil = max(int(ceil_bps or rate_bps), rate)
         self.emu.backend.run(self.wan, ["tc", "class", "add", "dev", self.dev, "parent", "1:1", "classid",
                                         f"1:{minor:x}", "htb", "rate", f"{rate}bit", "ceil", f"{ceil}bit",
-                                        "burst", str(RATE_BURST_BYTES), "cburst", BURST, "prio", str(prio),
-                                        "quantum", str(QUANTUM)])
+                                        "burst", str(RATE_BURST_BYTES), "cburst", str(burst_bytes(ceil)),
+                                        "prio", str(prio), "quantum", str(QUANTUM)])
         self.emu.backend.run(self.wan, ["tc", "qdisc", "add", "dev", self.dev, "parent", f"1:{minor:x}",
-                                        "bfifo", "limit", str(4 * 2**20)])
+                                        "bfifo", "limit", str(MIN_QUEUE_BYTES)])
         self.add_filter(minor, ports=ports, sports=sports)
         if mark is not None:
             self.emu.backend.run(self.wan, ["iptables", "-t", "mangle", "-A", "POSTROUTING", "-o", self.dev, "-m",

@@ -8,22 +8,29 @@ from __future__ import annotations
 
 import math
 
-BURST = "128k"  # FEASIBILITY.md section 4: the default burst loses 4-11 % of the rate on veth
+from testbed.runtime.htb import burst_bytes  # tc's default burst (a jiffy's worth) loses 4-11 % of the rate on veth
+
+# Deep enough that no window the runs open is ever dropped: the simulator has no loss model, and at scale k a
+# window is k times fewer packets than in the real world, so a drop costs a 200 ms retransmission timeout where
+# the real connection would recover within a round trip (a BDP-sized queue made emulated runs 10-30 % slower,
+# with iterations varying 2x: docs/fidelity.md). Packets only queue when the windows overfill the link.
+MIN_QUEUE_BYTES = 32 * 2**20
 
 
 def queue_bytes(rate_bps: float, rtt_s: float) -> int:
-    """A bandwidth-delay product of buffer (at least 256 KB): a router-like queue, not bufferbloat."""
-    return max(int(rate_bps / 8 * max(rtt_s, 0.01)), 256 * 1024)
+    """A shaper's queue: four bandwidth-delay products, at least MIN_QUEUE_BYTES."""
+    return max(4 * int(rate_bps / 8 * max(rtt_s, 0.01)), MIN_QUEUE_BYTES)
 
 
 def htb_commands(dev: str, rate_bps: float, rtt_s: float, netem_delay_ms: float | None) -> list[list[str]]:
     rate = f"{int(rate_bps)}bit"
+    burst = str(burst_bytes(rate_bps))
     cmds = [
         ["tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10"],
         ["tc", "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", rate, "ceil", rate,
-         "burst", BURST, "cburst", BURST],
+         "burst", burst, "cburst", burst],
         ["tc", "class", "add", "dev", dev, "parent", "1:1", "classid", "1:10", "htb", "rate", rate, "ceil", rate,
-         "burst", BURST, "cburst", BURST],
+         "burst", burst, "cburst", burst],
     ]
     if netem_delay_ms:
         packets = math.ceil(queue_bytes(rate_bps, rtt_s) / 1500) + 1000

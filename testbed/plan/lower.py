@@ -28,7 +28,8 @@ def pipe(plan: Plan, s: int, r: int, peer_stage: int) -> Pipe:
     wan = (a, b) if a != b else None
     conns = plan.links[(a, b)].connections if wan else 1
     classified = wan is not None and plan.links[(a, b)].temporal
-    return Pipe(group_name(peer_stage, r), conns, wan, port(plan, lo + 1, r), r if classified else None)
+    window = plan.links[(a, b)].window_bytes if wan else 0.0
+    return Pipe(group_name(peer_stage, r), conns, wan, port(plan, lo + 1, r), r if classified else None, window)
 
 
 def allreduce(plan: Plan, s: int) -> AllReduce:
@@ -41,11 +42,22 @@ def allreduce(plan: Plan, s: int) -> AllReduce:
     rings = tuple(tuple(by_dc[d]) for d in dcs)
     if len(dcs) == 1 or plan.ideal_wan:
         return AllReduce("ring", plan.grad_bytes[s], rings)
-    conns = []
+    conns, windows = [], []
     for k, d in enumerate(dcs):  # every GPU of a DC's shard has its own NCCL connection; multi-TCP may add more
         n = len(rings[k]) * plan.tp * plan.nccl_sockets
-        conns.append(max(n, plan.links[(d, dcs[(k + 1) % len(dcs)])].connections) if plan.mech.multi_tcp else n)
-    return AllReduce("hierarchical", plan.grad_bytes[s], rings, tuple(conns))
+        lp = plan.links[(d, dcs[(k + 1) % len(dcs)])]
+        conns.append(max(n, lp.connections) if plan.mech.multi_tcp else n)
+        windows.append(lp.window_bytes)
+    return AllReduce("hierarchical", plan.grad_bytes[s], rings, tuple(conns), tuple(windows))
+
+
+def host_index(plan: Plan, s: int, r: int) -> int:
+    """Which of its DC's emulated hosts group (s, r) runs on: the DC's groups in (replica, stage) order take
+    the hosts in turn, so no two groups share a host's NIC (which the simulator gives each group whole)
+    while the DC has a host for each."""
+    dc = plan.stage_dc[r][s]
+    k = sum(1 for q in range(r) for d in plan.stage_dc[q] if d == dc) + plan.stage_dc[r][:s].count(dc)
+    return k % plan.hosts.get(dc, 1)
 
 
 def lower_group(plan: Plan, s: int, r: int, reduce: AllReduce | None = None) -> Program:
@@ -69,7 +81,7 @@ def lower_group(plan: Plan, s: int, r: int, reduce: AllReduce | None = None) -> 
         steps.append(reduce or allreduce(plan, s))
     pipes = tuple(pipe(plan, s, r, q) for q in (s - 1, s + 1) if 0 <= q <= last)
     dc = plan.stage_dc[r][s]
-    return Program(name, s, r, dc, r % plan.hosts.get(dc, 1), port(plan, s, r), plan.replica_offset_s[r],
+    return Program(name, s, r, dc, host_index(plan, s, r), port(plan, s, r), plan.replica_offset_s[r],
                    tuple(steps), pipes)
 
 

@@ -6,7 +6,12 @@ Standard library only; the netlink handle (pyroute2's IPRoute) is the caller's."
 
 from __future__ import annotations
 
-BURST_BYTES = 128 * 1024  # a class's burst at its ceiling (cburst): the link's own, for full-rate turns
+# A class's burst at its ceiling: what it may send at the veth's speed after an idle spell, so 1 ms of the rate
+# (about the timer slack HTB needs to hold its rate), and at least two jumbo frames. A real WAN link has no such
+# head start: a fixed 128 KiB let every transfer's first 128 KiB through at once (5 ms early on a 200 Mbit/s
+# link, 2.6 ms on a 400 Mbit/s LAN: docs/fidelity.md).
+BURST_S = 1e-3
+MIN_BURST_BYTES = 2 * 9014
 # A class's burst at its guaranteed rate: about two jumbo frames. HTB serves a class within its own
 # rate before any class that borrows, whatever their priorities; with the link's 128 KiB, a replica
 # idle for half a second had saved enough to send 128 KiB (5 ms of a 200 Mbit/s link) during
@@ -16,9 +21,14 @@ QUANTUM = 64 * 1024  # at least one 9000-byte packet per round whatever the clas
 MIN_RATE_BPS = 8_000  # HTB needs a positive rate; a "paused" class gets this trickle and borrows nothing
 
 
+def burst_bytes(rate_bps: float) -> int:
+    """HTB burst for a rate in bits/s: BURST_S of it, at least MIN_BURST_BYTES."""
+    return max(MIN_BURST_BYTES, int(rate_bps * BURST_S / 8))
+
+
 def set_class(ipr, idx: int, minor: int, rate_bps: float, ceil_bps: float | None, prio: int) -> None:
     """One netlink change of an HTB class (pyroute2 replaces the whole class: pass everything)."""
     rate = max(int(rate_bps), MIN_RATE_BPS)
     ceil = max(int(ceil_bps or rate_bps), rate)
     ipr.tc("change-class", "htb", idx, handle=f"1:{minor:x}", parent="1:1", rate=f"{rate}bit", ceil=f"{ceil}bit",
-           burst=RATE_BURST_BYTES, cburst=BURST_BYTES, prio=prio, quantum=QUANTUM)
+           burst=RATE_BURST_BYTES, cburst=burst_bytes(ceil), prio=prio, quantum=QUANTUM)

@@ -88,8 +88,17 @@ class Inbox:
             return self.done.pop(key)
 
 
-def reader(sock: socket.socket, inbox: Inbox) -> None:
+def clamp_window(sock: socket.socket, window: int) -> None:
+    """Hold the window this connection advertises to `window` bytes (0: leave the kernel's). The kernel
+    resets the clamp when it first measures the connection's segments, so the reader applies it again after
+    every message (a no-op once it holds)."""
+    if window > 0:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_WINDOW_CLAMP, window)
+
+
+def reader(sock: socket.socket, inbox: Inbox, window: int = 0) -> None:
     buf = bytearray(4 * 2**20)
+    clamp_window(sock, window)
     try:
         while True:
             kind, it, mb, chunk, chunks, n, total, t_send = DATA.unpack(recv_exact(sock, DATA.size))
@@ -105,6 +114,7 @@ def reader(sock: socket.socket, inbox: Inbox) -> None:
                     recv_exact(sock, k, buf)
                     left -= k
             inbox.add(key, chunks, t_send)
+            clamp_window(sock, window)
     except (ConnectionError, OSError) as e:
         inbox.fail(e)
 
@@ -407,6 +417,24 @@ def connect(ip: str, port: int, hello: dict, deadline: float) -> socket.socket:
             time.sleep(0.05)  # the peer's listener is not up yet (start-up only)
 
 
+def window_of(cfg: WorkerConfig, peer: str, purpose: str) -> int:
+    """The emulated TCP window (bytes) of this worker's connections with `peer`: the plan's window of the WAN
+    link between them, divided by the scale factor; 0 inside a DC (the kernel's window)."""
+    prog = cfg.program
+    if purpose == "pipe":
+        w = next((p.window_bytes for p in prog.pipes if p.peer == peer), 0.0)
+    else:
+        ar = next((st for st in prog.steps if isinstance(st, AllReduce)), None)
+        if ar is None or not ar.wan_window_bytes:
+            return 0
+        me = next(k for k, ring in enumerate(ar.rings) if prog.group in ring)
+        them = next(k for k, ring in enumerate(ar.rings) if peer in ring)
+        if me == them:
+            return 0
+        w = ar.wan_window_bytes[me if them == (me + 1) % len(ar.rings) else them]  # the link between the two DCs
+    return round(w / cfg.scale)
+
+
 def connections_to_open(cfg: WorkerConfig) -> dict[str, tuple[int, str]]:
     """peer -> (connections, purpose) this worker opens: its pipe to the next stage, and one to each peer
     it sends all-reduce exchanges to (the WAN ring's share of the NCCL connections)."""
@@ -459,8 +487,9 @@ def main(cfg_path: str, ctl_path: str) -> None:
             c, _ = lst.accept()
             c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             hello = recv_ctrl(c)
-            accepted.setdefault((str(hello["group"]), str(hello["purpose"])), []).append(c)
-            threading.Thread(target=reader, args=(c, inbox), daemon=True).start()
+            peer, purpose = str(hello["group"]), str(hello["purpose"])
+            accepted.setdefault((peer, purpose), []).append(c)
+            threading.Thread(target=reader, args=(c, inbox, window_of(cfg, peer, purpose)), daemon=True).start()
 
     acc = threading.Thread(target=acceptor, daemon=True)
     acc.start()
@@ -470,7 +499,7 @@ def main(cfg_path: str, ctl_path: str) -> None:
         ep = cfg.peers[peer]
         socks = [connect(ep.ip, ep.port, {"group": prog.group, "purpose": purpose}, deadline) for _ in range(n)]
         for c in socks:
-            threading.Thread(target=reader, args=(c, inbox), daemon=True).start()
+            threading.Thread(target=reader, args=(c, inbox, window_of(cfg, peer, purpose)), daemon=True).start()
         out[(peer, purpose)] = Striped(socks)
     acc.join(CONNECT_TIMEOUT)
     if acc.is_alive():

@@ -4,10 +4,17 @@ Each (replica, stage) group runs its program in order: a Recv waits for its mess
 Backward occupy the group for their time, a Send queues its message and goes on, and the AllReduce
 joins the stage's replicas (the emulated workers execute the same programs). The transfers between two groups in one
 direction travel on one set of TCP connections, a FIFO pipe: each transfer starts when the one before
-it has left, and the set shares one n x W/RTT window cap (as NCCL send/recv on one communicator, or
-our workers' striped sockets, queue successive messages). Inside a DC a pipe costs latency +
-bytes/bandwidth with no contention between pipes; across DCs the pipe's head transfer is a flow on a
-WAN link (see network.py) and arrives one propagation latency after its last byte leaves. After a stage's last
+it has left (as NCCL send/recv on one communicator, or our workers' striped sockets, queue successive
+messages). Inside a DC a pipe costs latency + bytes/bandwidth with no contention between pipes; across
+DCs the pipe's head transfer is a flow on a WAN link (see network.py) and arrives one propagation
+latency after its last byte leaves.
+
+A WAN pipe's n connections keep at most n x W bytes unacknowledged, and an acknowledgement comes back
+one round trip after its byte left (`WindowRounds`): a pipe sends its window at whatever share of the
+link it gets, then waits for the round trip to end before the next window. Alone on a link that is
+n x W per RTT on average, but a transfer starting on an idle pipe gets its first window out at the
+link's rate, so a transfer of q windows takes (q - 1) round trips plus one window's time on the link,
+not q round trips (bench/tcp_fidelity.py measured it on the emulated WAN). After a stage's last
 backward on every replica its gradients are all-reduced (ring inside the DC; hierarchical with a
 ring across DCs for dp-wan). The iteration ends when every all-reduce is done.
 
@@ -28,6 +35,31 @@ from testbed.plan.turns import TURN_KEYS
 from testbed.program import AllReduce, Forward, Recv, Send
 from testbed.sim.network import Flow, LinkState
 from testbed.timeline import Timeline
+
+
+class WindowRounds:
+    """The window of one WAN pipe (its n connections together): `window` bytes may be sent in a round; a
+    round ends one round trip after it began, when the acknowledgements of its first bytes return. A pipe
+    idle for a round trip starts a fresh round with its whole window; if sending a window took longer than a
+    round trip (the link's share, not the window, was the limit) the next round starts at once."""
+
+    __slots__ = ("window", "rtt_s", "start", "left")
+
+    def __init__(self, window: float, rtt_s: float) -> None:
+        self.window, self.rtt_s = window, rtt_s
+        self.start, self.left = -float("inf"), 0.0
+
+    def budget(self, now: float) -> float:
+        """Bytes the pipe may send now without waiting (a new round if the last one is over)."""
+        if now >= self.start + self.rtt_s:
+            self.start, self.left = now, self.window
+        return self.left
+
+    def sent(self, nbytes: float) -> None:
+        self.left = max(0.0, self.left - nbytes)
+
+    def next_round_s(self) -> float:
+        return self.start + self.rtt_s
 
 
 def replica_classes(plan: Plan) -> dict[int, list[int]]:
@@ -68,6 +100,7 @@ class Simulation:
         self.turn_pos = {r: i for i, r in enumerate(plan.turn_order)}
         self.turn_key = TURN_KEYS[plan.turn_policy]
         self.pipes: dict[tuple[int, int], deque] = defaultdict(deque)  # (src, dst) -> queued WAN transfers
+        self.rounds: dict[tuple[int, int], WindowRounds] = {}  # (src, dst) -> its window's rounds
         self.pipe_free: dict[tuple[int, int], float] = {}  # (src, dst) inside a DC -> when its last byte leaves
         self.wan_ar: dict[int, dict] = {}  # stage -> pending cross-DC all-reduce state
         self.events = 0
@@ -151,15 +184,24 @@ class Simulation:
             self.push(arrive, self.arrival, dst, kind, i)
             return
         pipe = self.pipes[(src, dst)]
-        pipe.append((kind, i, nbytes, self.now))
+        pipe.append([kind, i, nbytes, self.now, nbytes])  # the last field: bytes not yet sent
         if len(pipe) == 1:
-            self._start_head(src, dst, p.links[(a, b)])
+            self._send_head(src, dst, p.links[(a, b)])
 
-    def _start_head(self, src: int, dst: int, lp) -> None:
-        kind, i, nbytes, t_issue = self.pipes[(src, dst)][0]
+    def _send_head(self, src: int, dst: int, lp) -> None:
+        """Put as much of the pipe's head transfer on the link as its window allows now, or wait for the round."""
+        kind, i, _nbytes, t_issue, left = self.pipes[(src, dst)][0]
+        rounds = self.rounds.get((src, dst))
+        if rounds is None:
+            rounds = self.rounds[(src, dst)] = WindowRounds(lp.connections * lp.window_bytes, lp.rtt_s)
+        budget = rounds.budget(self.now) if lp.rtt_s > 0 else float("inf")
+        if budget <= 0:
+            self.push(rounds.next_round_s(), self._send_head, src, dst, lp)
+            return
         k = src // self.p.pp
         prio = self.turn_key(i, self.turn_pos[self.reps[k]], kind, t_issue)
-        flow = Flow(nbytes, lp.transfer_cap_bps, prio, payload=(src, dst, kind, i, lp, t_issue), weight=self.weight[k])
+        flow = Flow(min(left, budget), float("inf"), prio, payload=(src, dst, kind, i, lp, t_issue),
+                    weight=self.weight[k])
         self.links[(lp.src, lp.dst)].add(flow, self.now)
 
     def _flow_done(self, flow: Flow, version: int) -> None:
@@ -170,14 +212,21 @@ class Simulation:
         if kind == "ar":
             self._wan_allreduce_part_done(src)
             return
-        arrive = self.now + lp.latency_s
-        self.out.append((src, "send", i, t_issue, self.now, flow.nbytes))
-        self.out.append((dst, "recv", i, t_issue, arrive, flow.nbytes))
-        self.push(arrive, self.arrival, dst, kind, i)
         pipe = self.pipes[(src, dst)]
+        head = pipe[0]
+        head[4] -= flow.nbytes
+        if (src, dst) in self.rounds:
+            self.rounds[(src, dst)].sent(flow.nbytes)
+        if head[4] > head[2] * 1e-12:
+            self._send_head(src, dst, lp)  # the window ran out: the rest goes in the next round
+            return
+        arrive = self.now + lp.latency_s
+        self.out.append((src, "send", i, t_issue, self.now, head[2]))
+        self.out.append((dst, "recv", i, t_issue, arrive, head[2]))
+        self.push(arrive, self.arrival, dst, kind, i)
         pipe.popleft()
         if pipe:
-            self._start_head(src, dst, lp)
+            self._send_head(src, dst, lp)
 
     def arrival(self, g: int, kind: str, i: int) -> None:
         (self.got_act if kind == "a" else self.got_grad)[g][i] = 1

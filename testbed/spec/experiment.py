@@ -27,6 +27,9 @@ class NetworkOptions(Strict):
     # Off by default, as deployments that move data across long round trips set it; the simulator does not
     # model slow start, so turning it on makes emulated runs slower than the simulator predicts (README).
     tcp_slow_start_after_idle: bool = False
+    # net.ipv4.tcp_congestion_control on every emulated host (the simulator's model: each connection fills its
+    # window, flows share a link fairly); Linux's default is cubic, whatever the machine running the emulation uses
+    tcp_congestion_control: Literal["cubic", "reno", "bbr"] = "cubic"
 
     @property
     def nccl_sockets(self) -> int:
