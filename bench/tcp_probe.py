@@ -7,6 +7,8 @@ receiver (both ends on one machine share CLOCK_MONOTONIC), or a bulk stream for 
   python bench/tcp_probe.py sink PORT SKIP_S                       after the sender closes, one JSON line: the
                                                                   goodput after the first SKIP_S seconds
   python bench/tcp_probe.py bulk IP PORT SECONDS                  send as fast as the connection takes
+  python bench/tcp_probe.py pipe-server PORT N COUNT WINDOW        the workers' striped transport: COUNT messages
+  python bench/tcp_probe.py pipe-client IP PORT N BYTES COUNT GAP_S  over N connections, each [start, arrival]
 """
 
 from __future__ import annotations
@@ -104,12 +106,55 @@ def bulk(ip: str, port: int, seconds: float) -> None:
     s.close()
 
 
+def pipe_server(port: int, n: int, count: int, window: int) -> None:
+    """Receive `count` messages striped over `n` connections with the workers' own reader (each connection's
+    window clamped to `window` as the workers do); print each message's [sender's start, last chunk in]."""
+    import threading
+
+    from testbed.runtime.worker import Inbox, reader
+
+    lst = socket.create_server(("0.0.0.0", port), backlog=n)
+    print("ready", flush=True)
+    inbox = Inbox()
+    for _ in range(n):
+        c, _ = lst.accept()
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        threading.Thread(target=reader, args=(c, inbox, window), daemon=True).start()
+    out = [list(inbox.wait((b"a", 0, i))) for i in range(count)]
+    print(json.dumps(out), flush=True)
+
+
+def pipe_client(ip: str, port: int, n: int, nbytes: int, count: int, gap_s: float) -> None:
+    """Send `count` messages of `nbytes` striped over `n` connections with the workers' own sender, `gap_s`
+    apart (each after the previous one left)."""
+    import threading
+
+    from testbed.runtime.worker import Striped
+
+    socks = []
+    for _ in range(n):
+        s = socket.create_connection((ip, port))
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        socks.append(s)
+    pipe = Striped(socks)
+    for i in range(count):
+        done = threading.Event()
+        pipe.send(b"a", 0, i, nbytes, lambda a, b, d=done: d.set())
+        done.wait()
+        time.sleep(gap_s)
+    time.sleep(1.0)  # let the last bytes arrive before the sockets close
+
+
 if __name__ == "__main__":
     mode, *a = sys.argv[1:]
     if mode == "server":
         server(int(a[0]), *map(int, a[1:]))
     elif mode == "messages":
         messages(a[0], int(a[1]), int(a[2]), int(a[3]), float(a[4]))
+    elif mode == "pipe-server":
+        pipe_server(int(a[0]), int(a[1]), int(a[2]), int(a[3]))
+    elif mode == "pipe-client":
+        pipe_client(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4]), float(a[5]))
     elif mode == "sink":
         sink(int(a[0]), float(a[1]), *map(int, a[2:]))
     else:

@@ -107,7 +107,9 @@ class Pipe:
     connections: int
     wan: tuple[str, str] | None  # (from DC, to DC) when the pipe crosses the WAN
     port: int  # the receiving group's listening port
-    flow_class: int | None  # the replica whose class carries it under temporal sharing, else None
+    # the replica whose class carries it across the WAN (replicas share a link fairly, or take turns under temporal
+    # sharing); None inside a DC
+    flow_class: int | None
     window_bytes: float = 0.0  # each connection's TCP window (real-world bytes) across the WAN; 0 inside a DC
 
 

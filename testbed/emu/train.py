@@ -51,7 +51,8 @@ def worker_configs(plan: Plan, emu: Emulation, compute: str = "modeled", torch_c
     for g, p in programs.items():
         peers = {q.peer for q in p.pipes} | {x for st in p.steps if isinstance(st, AllReduce)
                                               for ex in exchanges(st, g) for x in (ex.send_to, ex.recv_from)}
-        sidecars = {q.peer: sidecar_socket(emu, *q.wan) for q in p.pipes if q.flow_class is not None and q.wan}
+        sidecars = {q.peer: sidecar_socket(emu, *q.wan) for q in p.pipes
+                    if q.flow_class is not None and q.wan and plan.links[q.wan].temporal}
         cfgs[(p.stage, p.replica)] = WorkerConfig(
             program=p, ip=host[g].ip, peers={x: where[x] for x in sorted(peers)}, scale=plan.scale, compute=compute,
             dp=plan.dp, host_index=host[g].index, sidecars=sidecars, torch=(torch_cfg or {}).get(p.stage))
@@ -74,8 +75,10 @@ def remove_flow_classes(emu: Emulation, hops: dict) -> None:
 def classify_replicas(plan: Plan, emu: Emulation, hops: dict, cfgs: dict[tuple[int, int], WorkerConfig]) -> None:
     """An HTB class per flow class (replica) on each WAN hop a classified pipe crosses, matched by the
     receiving group's port, recorded in `hops` (so they can be removed even if this fails half-way).
-    All start at one priority until the sidecar ranks them. They also let FlowSampler see each
-    replica's share of the link."""
+    All start at one priority, where HTB serves them round robin: replicas share a link fairly, as the
+    simulator's spatial sharing has it (one FIFO would serve whole windows in arrival order, and this
+    kernel has no fair-queueing qdisc); under temporal sharing the sidecar ranks them. They also let
+    FlowSampler see each replica's share of the link."""
     from testbed.emu.flowctl import MIN_RATE_BPS, FlowControl
 
     for cfg in cfgs.values():
@@ -100,11 +103,13 @@ def classify_replicas(plan: Plan, emu: Emulation, hops: dict, cfgs: dict[tuple[i
 
 
 def start_sidecars(plan: Plan, emu: Emulation, hops: dict) -> list[subprocess.Popen]:
-    """One Atlas sidecar per WAN link whose replica classes `classify_replicas` made."""
+    """One Atlas sidecar per temporal WAN link whose replica classes `classify_replicas` made."""
     procs = []
     rdir = state.run_dir(emu.prefix)
     for (a, b), devs in hops.items():
         lp = plan.links[(a, b)]
+        if not lp.temporal:
+            continue  # fair sharing needs no sidecar
         w = emu.addr.wan(a, b)
         cfg = {"devs": devs, "turn_order": plan.turn_order, "turn_policy": plan.turn_policy,
                "socket": sidecar_socket(emu, a, b),
@@ -310,7 +315,7 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
     degraded = ""
     cap = None
     try:
-        # per-replica classes change how a FIFO link shares: only where the programs' pipes take turns
+        # a class per replica on every WAN hop: fair sharing, or turns where a sidecar ranks them
         if any(q.flow_class is not None for c in cfgs.values() for q in c.program.pipes):
             classify_replicas(plan, emu, hops, cfgs)
             sidecars = start_sidecars(plan, emu, hops)

@@ -27,9 +27,8 @@ def pipe(plan: Plan, s: int, r: int, peer_stage: int) -> Pipe:
     lo = min(s, peer_stage)
     wan = (a, b) if a != b else None
     conns = plan.links[(a, b)].connections if wan else 1
-    classified = wan is not None and plan.links[(a, b)].temporal
     window = plan.links[(a, b)].window_bytes if wan else 0.0
-    return Pipe(group_name(peer_stage, r), conns, wan, port(plan, lo + 1, r), r if classified else None, window)
+    return Pipe(group_name(peer_stage, r), conns, wan, port(plan, lo + 1, r), r if wan else None, window)
 
 
 def allreduce(plan: Plan, s: int) -> AllReduce:
