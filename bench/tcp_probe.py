@@ -38,14 +38,12 @@ def server(port: int, clamp: int = 0) -> None:
     c, _ = lst.accept()
     c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     buf = bytearray(1 << 20)
-    first = True
     while True:
         head = bytearray(HEAD.size)
         recv_exact(c, HEAD.size, head)
         n, t0 = HEAD.unpack(head)
-        if first and clamp:
+        if clamp:  # after every message, as the workers do
             c.setsockopt(socket.IPPROTO_TCP, socket.TCP_WINDOW_CLAMP, clamp)
-            first = False
         if n == 0:
             return
         recv_exact(c, n, buf)
@@ -84,11 +82,9 @@ def sink(port: int, skip_s: float, clamp: int = 0, rcvbuf: int = 0) -> None:
     buf = bytearray(1 << 20)
     t0 = time.monotonic()
     t_mark = got = 0
-    first = True
     while k := c.recv_into(buf):
-        if first and clamp:
+        if clamp:  # as the workers do: the kernel resets the clamp when it first measures the segments
             c.setsockopt(socket.IPPROTO_TCP, socket.TCP_WINDOW_CLAMP, clamp)
-            first = False
         now = time.monotonic()
         if now - t0 < skip_s:
             t_mark = now

@@ -78,13 +78,8 @@ class Queue:
                          + _attr(NFQA_CFG_MASK, struct.pack("!I", NFQA_CFG_F_GSO)))
 
     def release(self, now: float) -> None:
-        """Accept every packet due by `now` (deadlines brought forward by `early`), and learn how late this wake-up
-        was: `early` follows the mean lateness, so packets leave on time on average (0.2-0.3 ms late each way
-        without it, idle; more on a busy machine)."""
+        """Accept every packet due by `now`, deadlines brought forward by `early` (see `woke`)."""
         pend, last = self.pending, None
-        if pend and pend[0][0] - self.early <= now:
-            late = now - (pend[0][0] - self.early)
-            self.early = min(MAX_EARLY_S, self.early + EARLY_GAIN * (late - self.early))
         while pend and pend[0][0] - self.early <= now:
             deadline, last = pend.popleft()
             lag = now - deadline
@@ -94,6 +89,13 @@ class Queue:
         if last is not None:
             verdict = _attr(NFQA_VERDICT_HDR, struct.pack("!II", NF_ACCEPT, last))
             self.line.sock.send(self.msg(NFQNL_MSG_VERDICT_BATCH, verdict))
+
+    def woke(self, late: float) -> None:
+        """A timed wait for this queue's next deadline ended `late` seconds after it should have: `early`
+        follows the mean lateness of such wake-ups, so packets leave on time on average (0.2-0.3 ms late each way
+        without it, idle; more on a busy machine). Only timer wake-ups teach it: a release delayed by reading a
+        burst of packets says nothing about the next sleep."""
+        self.early = max(0.0, min(MAX_EARLY_S, self.early + EARLY_GAIN * (late - self.early)))
 
     def unbind(self) -> None:
         af = socket.htons(socket.AF_INET)
@@ -182,16 +184,18 @@ class DelayLine:
         next_stats = time.monotonic()
         while self.running:
             now = time.monotonic()
-            wait = 0.2  # finite, so SIGTERM is honoured even when idle
+            wait, next_q = 0.2, None  # finite, so SIGTERM is honoured even when idle
             for q in qs:
                 if q.pending and q.pending[0][0] - q.early <= now:
                     q.release(now)
-                if q.pending:
-                    wait = min(wait, q.pending[0][0] - q.early - now)
+                if q.pending and q.pending[0][0] - q.early - now < wait:
+                    wait, next_q = q.pending[0][0] - q.early - now, q
             try:
                 ready, _, _ = select.select([fd], [], [], max(wait, 0.0))  # select: microsecond timeout
             except InterruptedError:
                 continue
+            if not ready and next_q is not None:
+                next_q.woke(time.monotonic() - now - max(wait, 0.0))
             if ready:
                 while True:
                     try:

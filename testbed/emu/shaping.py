@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from testbed.runtime.htb import burst_bytes  # tc's default burst (a jiffy's worth) loses 4-11 % of the rate on veth
+from testbed.runtime.htb import burst_bytes, wire_bps
 
 # Deep enough that no window the runs open is ever dropped: the simulator has no loss model, and at scale k a
 # window is k times fewer packets than in the real world, so a drop costs a 200 ms retransmission timeout where
@@ -23,7 +23,9 @@ def queue_bytes(rate_bps: float, rtt_s: float) -> int:
 
 
 def htb_commands(dev: str, rate_bps: float, rtt_s: float, netem_delay_ms: float | None) -> list[list[str]]:
-    rate = f"{int(rate_bps)}bit"
+    """The link's classes at `rate_bps` of payload (HTB counts frames: wire_bps), with an explicit burst (tc's
+    default, a jiffy's worth, loses 4-11 % of the rate on veth) and a deep leaf queue."""
+    rate = f"{int(wire_bps(rate_bps))}bit"
     burst = str(burst_bytes(rate_bps))
     cmds = [
         ["tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10"],
