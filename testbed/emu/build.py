@@ -179,7 +179,10 @@ def host_sysctls(emu: Emulation, dc: str) -> list[str]:
     """TCP settings of a DC's hosts: every setting a run's timing depends on, set explicitly, so results do
     not depend on the machine's defaults (this one's default congestion control is BBR)."""
     rmem = receive_buffer(emu.host_window(dc))
+    # the send buffer holds unacknowledged data in skbs (about 5 % more than their bytes): room for the window
+    # twice over; autotuning grows it from 64 KiB as the congestion window opens (inherited defaults vary)
     return [f"net.ipv4.tcp_rmem=4096 {rmem} {rmem}", "net.ipv4.tcp_moderate_rcvbuf=0",
+            f"net.ipv4.tcp_wmem=4096 65536 {max(rmem, 4 * 2**20)}",
             f"net.ipv4.tcp_slow_start_after_idle={int(emu.slow_start_after_idle)}",
             f"net.ipv4.tcp_congestion_control={emu.congestion_control}",
             "net.ipv4.tcp_no_metrics_save=1"]  # no ssthresh carried from one run's connections to the next

@@ -27,6 +27,7 @@ from testbed.runtime.wire import DATA, chunk_offset, chunk_sizes, recv_ctrl, rec
 ZEROS = bytes(4 * 2**20)
 CONNECT_TIMEOUT = 30.0
 WAIT_TIMEOUT = 120.0
+SLICE_BYTES = 16 * 1024  # what one connection gets written per turn of a striped send
 MAX_LATE_S = 5e-3  # the most a modeled compute step is shortened to make up for late wake-ups
 
 
@@ -187,32 +188,54 @@ def _zeros(n: int) -> list[memoryview]:
 
 
 def _send_all(sel: selectors.BaseSelector, parts: list[tuple[socket.socket, list[memoryview]]]) -> None:
-    """Write every socket's buffers, each call as much as the socket takes without blocking (MSG_DONTWAIT: the
-    sockets stay blocking for their reader threads), waiting for room when all are full."""
+    """Write every socket's buffers, taking turns SLICE_BYTES at a time (as NCCL's socket threads do) so the
+    connections' packets leave interleaved, not one connection's window after another's; each call takes what
+    the socket accepts without blocking (MSG_DONTWAIT: the sockets stay blocking for their reader threads), and
+    when every socket is full, wait for room."""
     left = {sock: bufs for sock, bufs in parts if bufs}
     while left:
-        for sock in list(left):
-            bufs = left[sock]
-            while bufs:
+        progress = True
+        while progress and left:
+            progress = False
+            for sock in list(left):
+                bufs = left[sock]
                 try:
-                    k = sock.sendmsg(bufs[:64], [], socket.MSG_DONTWAIT)
+                    k = sock.sendmsg(_head(bufs, SLICE_BYTES), [], socket.MSG_DONTWAIT)
                 except BlockingIOError:
-                    break
-                while k and bufs:
-                    if k >= len(bufs[0]):
-                        k -= len(bufs[0])
-                        bufs.pop(0)
-                    else:
-                        bufs[0] = bufs[0][k:]
-                        k = 0
-            if not bufs:
-                del left[sock]
+                    continue
+                progress = True
+                _advance(bufs, k)
+                if not bufs:
+                    del left[sock]
         if left:
             for sock in left:
                 sel.register(sock, selectors.EVENT_WRITE)
             sel.select()
             for sock in left:
                 sel.unregister(sock)
+
+
+def _head(bufs: list[memoryview], limit: int) -> list[memoryview]:
+    """The first `limit` bytes of `bufs`, as views."""
+    out, n = [], 0
+    for b in bufs:
+        if n + len(b) >= limit:
+            out.append(b[:limit - n])
+            return out
+        out.append(b)
+        n += len(b)
+    return out
+
+
+def _advance(bufs: list[memoryview], k: int) -> None:
+    """Drop the first `k` bytes of `bufs` (sent)."""
+    while k and bufs:
+        if k >= len(bufs[0]):
+            k -= len(bufs[0])
+            bufs.pop(0)
+        else:
+            bufs[0] = bufs[0][k:]
+            k = 0
 
 
 class SidecarClient:
