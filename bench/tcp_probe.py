@@ -112,10 +112,12 @@ def pipe_server(port: int, n: int, count: int, window: int) -> None:
     lst = socket.create_server(("0.0.0.0", port), backlog=n)
     print("ready", flush=True)
     inbox = Inbox()
+    socks = []
     for _ in range(n):
         c, _ = lst.accept()
         c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        threading.Thread(target=reader, args=(c, inbox, window), daemon=True).start()
+        socks.append(c)
+    threading.Thread(target=reader, args=(socks, inbox, window), daemon=True).start()
     out = [list(inbox.wait((b"a", 0, i))) for i in range(count)]
     print(json.dumps(out), flush=True)
 

@@ -22,7 +22,7 @@ import time
 
 from testbed.program import AllReduce, Backward, Exchange, Forward, Recv, Send, exchanges
 from testbed.runtime.config import WorkerConfig
-from testbed.runtime.wire import DATA, chunk_offset, chunk_sizes, recv_ctrl, recv_exact, send_ctrl
+from testbed.runtime.wire import DATA, chunk_offset, chunk_sizes, recv_ctrl, send_ctrl
 
 ZEROS = bytes(4 * 2**20)
 CONNECT_TIMEOUT = 30.0
@@ -99,36 +99,72 @@ def clamp_window(sock: socket.socket, window: int) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_WINDOW_CLAMP, window)
 
 
-def reader(sock: socket.socket, inbox: Inbox, window: int = 0) -> None:
-    buf = bytearray(4 * 2**20)
-    clamp_window(sock, window)
+class _Incoming:
+    """Where one connection is in its stream: reading a chunk's header, or `left` bytes of its payload."""
+
+    __slots__ = ("head", "left", "key", "chunks", "t_send", "dst")
+
+    def __init__(self) -> None:
+        self.head = bytearray()
+        self.left = 0
+        self.key: tuple = ()
+        self.chunks = 0
+        self.t_send = 0.0
+        self.dst: memoryview | None = None  # where the payload goes (torch compute), else discarded
+
+
+def reader(socks: list[socket.socket], inbox: Inbox, window: int = 0) -> None:
+    """Read the chunks arriving on a group of connections (a pipe's, or a ring peer's) in one thread: as NCCL's
+    socket threads serve several sockets each, and because 70 threads, one per connection, each woken for its
+    5 KB of a message, cost milliseconds per message on a busy machine (docs/fidelity.md). Reads never block
+    (MSG_DONTWAIT), so the sockets stay blocking for the sender's writes."""
+    buf = memoryview(bytearray(4 * 2**20))
+    sel = selectors.DefaultSelector()
+    for s in socks:
+        clamp_window(s, window)
+        sel.register(s, selectors.EVENT_READ, _Incoming())
     try:
         while True:
-            kind, it, mb, chunk, chunks, n, total, t_send = DATA.unpack(recv_exact(sock, DATA.size))
-            key = (kind, it, mb)
-            if inbox.keep:
-                dst = memoryview(inbox.buffer(key, total))
-                off = chunk_offset(total, chunks, chunk)
-                _recv_into(sock, dst[off:off + n])
-            else:
-                left = n
-                while left:
-                    k = min(left, len(buf))
-                    recv_exact(sock, k, buf)
-                    left -= k
-            inbox.add(key, chunks, t_send)
-            clamp_window(sock, window)
+            for key, _ in sel.select():
+                _read(key.fileobj, key.data, inbox, buf, window)  # type: ignore[arg-type]
     except (ConnectionError, OSError) as e:
         inbox.fail(e)
+    finally:
+        sel.close()
 
 
-def _recv_into(sock: socket.socket, view: memoryview) -> None:
-    got = 0
-    while got < len(view):
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            raise ConnectionError("peer closed the connection")
-        got += k
+def _read(sock: socket.socket, st: _Incoming, inbox: Inbox, buf: memoryview, window: int) -> None:
+    """Take what `sock` has ready, chunk by chunk, without blocking."""
+    while True:
+        try:
+            if st.left == 0:  # a header
+                k = sock.recv_into(buf, DATA.size - len(st.head), socket.MSG_DONTWAIT)
+                if k == 0:
+                    raise ConnectionError("peer closed the connection")
+                st.head += buf[:k]
+                if len(st.head) < DATA.size:
+                    continue
+                kind, it, mb, chunk, chunks, n, total, t_send = DATA.unpack(st.head)
+                st.head.clear()
+                st.key, st.chunks, st.t_send, st.left = (kind, it, mb), chunks, t_send, n
+                st.dst = None
+                if inbox.keep:
+                    off = chunk_offset(total, chunks, chunk)
+                    st.dst = memoryview(inbox.buffer(st.key, total))[off:off + n]
+                if n:
+                    continue
+            else:  # payload
+                view = st.dst[len(st.dst) - st.left:] if st.dst is not None else buf[:min(st.left, len(buf))]
+                k = sock.recv_into(view, len(view), socket.MSG_DONTWAIT)
+                if k == 0:
+                    raise ConnectionError("peer closed the connection")
+                st.left -= k
+                if st.left:
+                    continue
+            inbox.add(st.key, st.chunks, st.t_send)
+            clamp_window(sock, window)
+        except BlockingIOError:
+            return
 
 
 def transfer_id(replica: int, kind: bytes, it: int, mb: int) -> str:
@@ -546,9 +582,7 @@ def main(cfg_path: str, ctl_path: str) -> None:
             c, _ = lst.accept()
             c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             hello = recv_ctrl(c)
-            peer, purpose = str(hello["group"]), str(hello["purpose"])
-            accepted.setdefault((peer, purpose), []).append(c)
-            threading.Thread(target=reader, args=(c, inbox, window_of(cfg, peer, purpose)), daemon=True).start()
+            accepted.setdefault((str(hello["group"]), str(hello["purpose"])), []).append(c)
 
     acc = threading.Thread(target=acceptor, daemon=True)
     acc.start()
@@ -557,12 +591,13 @@ def main(cfg_path: str, ctl_path: str) -> None:
     for peer, (n, purpose) in connections_to_open(cfg).items():
         ep = cfg.peers[peer]
         socks = [connect(ep.ip, ep.port, {"group": prog.group, "purpose": purpose}, deadline) for _ in range(n)]
-        for c in socks:
-            threading.Thread(target=reader, args=(c, inbox, window_of(cfg, peer, purpose)), daemon=True).start()
         out[(peer, purpose)] = Striped(socks)
     acc.join(CONNECT_TIMEOUT)
     if acc.is_alive():
         raise TimeoutError("peers did not connect in time")
+    # one reader per group of connections, before anyone is ready: nothing is sent before the first "go"
+    for (peer, purpose), socks in [*((k, v.socks) for k, v in out.items()), *accepted.items()]:
+        threading.Thread(target=reader, args=(socks, inbox, window_of(cfg, peer, purpose)), daemon=True).start()
     # a pipe carries activations one way and gradients back on the connections its earlier stage opened
     pipes = {p.peer: out.get((p.peer, "pipe")) or Striped(accepted[(p.peer, "pipe")]) for p in prog.pipes}
     ring = {peer: st for (peer, purpose), st in out.items() if purpose == "ring"}

@@ -1,0 +1,162 @@
+"""The fidelity mechanisms (docs/fidelity.md), each against its closed form or its contract: the emulated
+window, buffers, HTB rates and bursts, host placement, the workers' window clamp and striped sends, the
+delay line's arrival stamps and on-time release."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+
+import pytest
+
+from testbed.emu import delayline
+from testbed.emu.build import MIN_WINDOW, MSS, MTU, emulated_window, receive_buffer
+from testbed.emu.shaping import MIN_QUEUE_BYTES, htb_commands, queue_bytes
+from testbed.plan.lower import host_index, lower
+from testbed.program import AllReduce, Pipe, Program
+from testbed.runtime import htb
+from testbed.runtime.config import WorkerConfig
+from testbed.runtime.worker import _advance, _head, _send_all, window_of
+from tests.conftest import make_plan
+
+
+@pytest.mark.parametrize(("window", "scale"), [(6 * 2**20, 50), (2**20, 22.7), (2**20, 1), (16 * 2**20, 4.5)])
+def test_emulated_window_is_whole_segments_near_the_scaled_window(window, scale):
+    w = emulated_window(window, scale)
+    assert w % MSS == 0
+    target = max(window / scale, MIN_WINDOW)
+    assert abs(w - target) <= MSS / 2
+
+
+def test_receive_buffer_covers_the_window_at_any_advertised_share_of_a_half():
+    for w in (7 * MSS, 14 * MSS, 400 * MSS):
+        assert receive_buffer(w) * 0.5 >= w + MSS
+
+
+def test_wire_rate_carries_the_payload_rate_in_full_frames():
+    assert htb.FRAME_BYTES == MTU + 14 and htb.PAYLOAD_BYTES == MSS  # the emulator's MTU, one definition each
+    assert htb.wire_bps(1e8) == pytest.approx(1e8 * (MTU + 14) / (MTU - 52))
+    cmds = htb_commands("west", 1e8, 0.05, None)
+    assert f"{int(htb.wire_bps(1e8))}bit" in cmds[1]
+
+
+def test_htb_burst_is_a_millisecond_of_the_rate_and_at_least_two_frames():
+    assert htb.burst_bytes(1e9) == int(1e9 * 1e-3 / 8)
+    assert htb.burst_bytes(1e6) == 2 * htb.FRAME_BYTES
+    assert htb.QUANTUM == htb.FRAME_BYTES  # round robin between replica classes, packet by packet
+
+
+def test_shaper_queues_hold_any_window_without_a_drop():
+    assert queue_bytes(2e8, 0.1) >= MIN_QUEUE_BYTES >= 32 * 2**20
+    assert queue_bytes(1e10, 0.2) == 4 * int(1e10 / 8 * 0.2)
+
+
+def test_every_group_of_a_dc_gets_its_own_host_while_there_are_hosts():
+    plan = make_plan(pp=4, dp=3, dcs=["a", "a", "b", "b"])
+    plan.hosts = {"a": 6, "b": 4}
+    hosts = {(s, r): host_index(plan, s, r) for r in range(3) for s in range(4)}
+    assert sorted(hosts[(s, r)] for r in range(3) for s in (0, 1)) == list(range(6))  # a: 6 groups, 6 hosts
+    assert sorted(hosts[(s, r)] for r in range(3) for s in (2, 3)) == [0, 0, 1, 1, 2, 3]  # b: 6 groups, 4 hosts
+    assert all(p.host == hosts[(p.stage, p.replica)] for p in lower(plan).values())
+
+
+def _cfg(prog: Program, scale: float) -> WorkerConfig:
+    return WorkerConfig(program=prog, ip="10.0.0.1", peers={}, scale=scale, compute="modeled", dp=1,
+                        host_index=0, sidecars={}, torch=None)
+
+
+def test_workers_clamp_wan_connections_to_the_scaled_window():
+    pipes = (Pipe("s0r0", 2, ("a", "b"), 7001, 0, 14 * MSS * 50.0), Pipe("s2r0", 1, None, 7002, None, 0.0))
+    ar = AllReduce("hierarchical", 1e9, (("s1r0",), ("s1r1",), ("s1r2",)), (4, 4, 4), (1e6, 2e6, 3e6))
+    prog = Program("s1r0", 1, 0, "a", 0, 7001, 0.0, (ar,), pipes)
+    cfg = _cfg(prog, 50.0)
+    assert window_of(cfg, "s0r0", "pipe") == 14 * MSS
+    assert window_of(cfg, "s2r0", "pipe") == 0  # inside a DC: the kernel's window
+    assert window_of(cfg, "s1r1", "ring") == round(1e6 / 50)  # to the next DC: the link from DC 0 to DC 1
+    assert window_of(cfg, "s1r2", "ring") == round(3e6 / 50)  # from the previous DC: the link from DC 2 to DC 0
+
+
+def test_lowered_wan_pipes_carry_their_window_and_replica_class():
+    plan = make_plan(pp=2, dp=2, dcs=["a", "b"], window=3e6, connections=3, act_bytes=1e6, capacity=1e9,
+                     latency=0.01)
+    progs = lower(plan)
+    p = progs["s0r1"].pipes[0]
+    assert (p.window_bytes, p.connections, p.flow_class, p.wan) == (3e6, 3, 1, ("a", "b"))
+    assert Program.from_json(progs["s0r1"].to_json()) == progs["s0r1"]
+
+
+def test_head_and_advance_walk_a_message_in_slices():
+    bufs = [memoryview(b"hdr"), memoryview(b"abcdefgh")]
+    assert b"".join(_head(bufs, 5)) == b"hdrab"
+    _advance(bufs, 5)
+    assert b"".join(bufs) == b"cdefgh"
+    _advance(bufs, 6)
+    assert bufs == []
+
+
+def test_striped_send_delivers_every_connection_whole():
+    """Real sockets, each sent far more than its buffer holds, in turns of SLICE_BYTES without blocking: every
+    byte arrives, in order, on its own connection."""
+    import selectors
+
+    pairs = [socket.socketpair() for _ in range(3)]
+    size = 3 * 2**20
+    got = [bytearray() for _ in pairs]
+
+    def drain(i: int, s: socket.socket) -> None:
+        while len(got[i]) < size + 3:
+            got[i] += s.recv(65536)
+
+    readers = [threading.Thread(target=drain, args=(i, b)) for i, (_, b) in enumerate(pairs)]
+    for t in readers:
+        t.start()
+    payload = [bytes([65 + i]) * size for i in range(3)]
+    with selectors.DefaultSelector() as sel:
+        _send_all(sel, [(a, [memoryview(b"hd%d" % i), memoryview(payload[i])]) for i, (a, _) in enumerate(pairs)])
+    for t in readers:
+        t.join(10)
+    assert [bytes(g) for g in got] == [b"hd%d" % i + payload[i] for i in range(3)]
+    for a, b in pairs:
+        a.close()
+        b.close()
+
+
+def _queue(delay_s: float):
+    line = object.__new__(delayline.DelayLine)
+    line.seq = 0
+    q = delayline.Queue(line, 0, delay_s)
+    line.queues = {0: q}
+    return line, q
+
+
+def _packet(pid: int, stamp: float | None) -> bytes:
+    attrs = delayline._attr(delayline.NFQA_PACKET_HDR, struct.pack("!IHB", pid, 0x0800, 3))
+    if stamp is not None:
+        attrs += delayline._attr(delayline.NFQA_TIMESTAMP, struct.pack("!QQ", int(stamp), round(stamp % 1 * 1e6)))
+    body = struct.pack("=BBH", socket.AF_INET, 0, socket.htons(0)) + attrs
+    return struct.pack("=IHHII", 16 + len(body), (delayline.NFNL_SUBSYS_QUEUE << 8) | delayline.NFQNL_MSG_PACKET,
+                       0, 0, 0) + body
+
+
+def test_delay_line_counts_the_delay_from_the_kernels_arrival_stamp():
+    import time
+
+    line, q = _queue(0.020)
+    stamp = time.time() - 0.005  # the kernel saw it 5 ms before this process read it
+    line.dispatch(_packet(7, stamp) + _packet(8, None))
+    (d7, id7), (d8, id8) = q.pending
+    now = time.monotonic()
+    assert (id7, id8) == (7, 8) and q.stamped == 1
+    assert d7 == pytest.approx(now - 0.005 + 0.020, abs=2e-3)  # from the stamp, not from now
+    assert d8 >= d7  # an unstamped packet counts from now, and deadlines never go backwards
+
+
+def test_delay_line_learns_its_wake_up_lateness_and_releases_that_much_early():
+    _, q = _queue(0.020)
+    for _ in range(200):
+        q.woke(0.0003)
+    assert q.early == pytest.approx(0.0003, rel=1e-3)
+    for _ in range(200):
+        q.woke(0.5)  # a stalled machine: never more than MAX_EARLY_S early
+    assert q.early == delayline.MAX_EARLY_S
