@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from testbed.emu.build import MSS, receive_buffer, window_notes
+from testbed.emu.build import FOREIGN_SHARE, receive_buffer, window_notes
 from testbed.emu.delayline import parse_specs
 from testbed.emu.flowctl import port_blocks
 from testbed.emu.measure import ping_stats
@@ -71,7 +71,7 @@ def test_scale_and_window_notes():
     notes = window_notes(TOPO, 2000)
     assert len(notes) == 3 and "below 64 KiB" in notes[0]
     assert window_notes(TOPO, 10) == []
-    assert receive_buffer(65536) == 2 * 65536 + 4 * MSS
+    assert receive_buffer(65536) == int(65536 / FOREIGN_SHARE)
 
 
 def test_htb_has_explicit_burst_and_leaf():

@@ -11,13 +11,13 @@ import threading
 import pytest
 
 from testbed.emu import delayline
-from testbed.emu.build import MIN_WINDOW, MSS, MTU, emulated_window, receive_buffer
+from testbed.emu.build import FOREIGN_SHARE, MIN_WINDOW, MSS, MTU, emulated_window, receive_buffer
 from testbed.emu.shaping import MIN_QUEUE_BYTES, htb_commands, queue_bytes
 from testbed.plan.lower import host_index, lower
 from testbed.program import AllReduce, Pipe, Program
 from testbed.runtime import htb
 from testbed.runtime.config import WorkerConfig
-from testbed.runtime.worker import _advance, _head, _send_all, window_of
+from testbed.runtime.worker import _advance, _head, _send_all, listen_window, socket_buffer, window_of
 from tests.conftest import make_plan
 
 
@@ -29,9 +29,11 @@ def test_emulated_window_is_whole_segments_near_the_scaled_window(window, scale)
     assert abs(w - target) <= MSS / 2
 
 
-def test_receive_buffer_covers_the_window_at_any_advertised_share_of_a_half():
+def test_worker_buffers_cover_the_clamped_window_at_any_advertised_share_of_a_half():
     for w in (7 * MSS, 14 * MSS, 400 * MSS):
-        assert receive_buffer(w) * 0.5 >= w + MSS
+        assert 2 * socket_buffer(w) * 0.5 >= w + 4 * MSS  # the kernel doubles SO_RCVBUF
+    assert socket_buffer(0) == 0  # inside a DC: the kernel's autotuned buffer
+    assert receive_buffer(2**20) == int(2**20 / FOREIGN_SHARE)  # unclamped processes: sized from a share
 
 
 def test_wire_rate_carries_the_payload_rate_in_full_frames():
@@ -75,6 +77,7 @@ def test_workers_clamp_wan_connections_to_the_scaled_window():
     assert window_of(cfg, "s2r0", "pipe") == 0  # inside a DC: the kernel's window
     assert window_of(cfg, "s1r1", "ring") == round(1e6 / 50)  # to the next DC: the link from DC 0 to DC 1
     assert window_of(cfg, "s1r2", "ring") == round(3e6 / 50)  # from the previous DC: the link from DC 2 to DC 0
+    assert listen_window(cfg) == max(14 * MSS, round(3e6 / 50))
 
 
 def test_lowered_wan_pipes_carry_their_window_and_replica_class():

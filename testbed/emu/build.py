@@ -29,15 +29,17 @@ MIN_WINDOW = 64 * 1024  # below this one TCP connection no longer behaves like o
 # segment's length over its memory, since kernel 6.6; 1/2 before): 0.75 to 0.95 of the buffer here with MTU
 # 9000, varying with the buffer's size, between connections and with how promptly the reader reads
 # (docs/fidelity.md). Neither a buffer sized from one share nor a route's `window` metric (the kernel's window
-# clamp follows the buffer) gives a connection the spec's window. So every host's buffer holds twice the
-# window, fixed (autotuning would move the clamp), and the workers clamp each connection to the plan's window
-# (TCP_WINDOW_CLAMP). Processes that do not clamp (iperf3, testbed launch) get the kernel's share of it.
+# clamp follows the buffer) gives a connection the spec's window. So the training workers give each WAN
+# connection a fixed buffer of twice its window and clamp its window to the plan's (runtime/worker.py); the
+# hosts' autotuned buffer, for processes that do not clamp (iperf3, testbed launch), is sized from a share of
+# 0.9, which gives them 0.83-1.05 of the window here.
+FOREIGN_SHARE = 0.9
 MAX_LAN_BPS = 2e9
 
 
 def receive_buffer(window: int) -> int:
-    """A host's fixed TCP receive buffer: enough for `window` at any advertised share of at least 1/2."""
-    return 2 * window + 4 * MSS
+    """A host's largest autotuned TCP receive buffer for a window (what unclamped connections get)."""
+    return int(window / FOREIGN_SHARE)
 
 
 def emulated_window(window_bytes: float, scale: float) -> int:
@@ -160,6 +162,16 @@ def up(topo: Topology, *, backend: str = "netns", prefix: str | None = "gdtb0", 
     return emu
 
 
+def allow_receive_buffer(nbytes: int) -> None:
+    """The workers' SO_RCVBUF is capped by net.core.rmem_max, which is the machine's (not a namespace's): raise it
+    to `nbytes` if it is lower (never lowers it)."""
+    from pathlib import Path
+
+    path = Path("/proc/sys/net/core/rmem_max")
+    if int(path.read_text()) < nbytes:
+        path.write_text(str(nbytes))
+
+
 def allow_congestion_control(name: str) -> None:
     """A namespace may only pick a congestion control the root namespace allows: add `name` to
     net.ipv4.tcp_allowed_congestion_control if the kernel has it (additive: no default changes)."""
@@ -180,9 +192,9 @@ def host_sysctls(emu: Emulation, dc: str) -> list[str]:
     not depend on the machine's defaults (this one's default congestion control is BBR)."""
     rmem = receive_buffer(emu.host_window(dc))
     # the send buffer holds unacknowledged data in skbs (about 5 % more than their bytes): room for the window
-    # twice over; autotuning grows it from 64 KiB as the congestion window opens (inherited defaults vary)
-    return [f"net.ipv4.tcp_rmem=4096 {rmem} {rmem}", "net.ipv4.tcp_moderate_rcvbuf=0",
-            f"net.ipv4.tcp_wmem=4096 65536 {max(rmem, 4 * 2**20)}",
+    # several times over; autotuning grows it from 64 KiB as the congestion window opens (inherited defaults vary)
+    return [f"net.ipv4.tcp_rmem=4096 {min(131072, rmem)} {rmem}", "net.ipv4.tcp_moderate_rcvbuf=1",
+            f"net.ipv4.tcp_wmem=4096 65536 {max(4 * rmem, 4 * 2**20)}",
             f"net.ipv4.tcp_slow_start_after_idle={int(emu.slow_start_after_idle)}",
             f"net.ipv4.tcp_congestion_control={emu.congestion_control}",
             "net.ipv4.tcp_no_metrics_save=1"]  # no ssthresh carried from one run's connections to the next
@@ -191,6 +203,9 @@ def host_sysctls(emu: Emulation, dc: str) -> list[str]:
 def _build(emu: Emulation) -> None:
     be, topo, addr = emu.backend, emu.topo, emu.addr
     allow_congestion_control(emu.congestion_control)
+    from testbed.runtime.worker import socket_buffer
+
+    allow_receive_buffer(socket_buffer(max((emu.window_bytes(*link.between) for link in topo.links), default=0)))
     gws: dict[str, Node] = {}
     for i, dc in enumerate(topo.dcs):
         gw_ns, gw_ip = addr.gateways[dc.name]

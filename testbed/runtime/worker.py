@@ -27,6 +27,7 @@ from testbed.runtime.wire import DATA, chunk_offset, chunk_sizes, recv_ctrl, sen
 ZEROS = bytes(4 * 2**20)
 CONNECT_TIMEOUT = 30.0
 WAIT_TIMEOUT = 120.0
+RCVBUF_MARGIN = 64 * 1024
 SLICE_BYTES = 16 * 1024  # what one connection gets written per turn of a striped send
 MAX_LATE_S = 5e-3  # the most a modeled compute step is shortened to make up for late wake-ups
 
@@ -89,6 +90,19 @@ class Inbox:
             if not ok:
                 raise TimeoutError(f"waited {WAIT_TIMEOUT:g} s for {key}")
             return self.done.pop(key)
+
+
+def socket_buffer(window: int) -> int:
+    """SO_RCVBUF for a connection with a clamped `window`: the kernel doubles it, and advertises a share of at least
+    half, so the buffer never holds the window below the clamp (margin: a few segments in flight to the reader)."""
+    return window + RCVBUF_MARGIN if window > 0 else 0
+
+
+def set_buffer(sock: socket.socket, window: int) -> None:
+    """A fixed receive buffer for `window` (before connecting or listening: the window scale is chosen from it;
+    fixed, so the kernel's autotuning does not move the clamp)."""
+    if window > 0:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, socket_buffer(window))
 
 
 def clamp_window(sock: socket.socket, window: int) -> None:
@@ -286,7 +300,8 @@ class SidecarClient:
         threading.Thread(target=self._run, args=(path,), daemon=True).start()
 
     def notice(self, msg: dict) -> None:
-        if self.degraded is None:
+        if self.degraded is None:  # "t": when it was sent (CLOCK_MONOTONIC, one kernel): the sidecar's reaction
+            msg = {**msg, "t": time.monotonic()}
             self.q.put({**msg, "dev": self.dev} if msg["op"] == "start" else msg)
 
     def _run(self, path: str) -> None:
@@ -498,10 +513,17 @@ class Prefill:
             self.degraded = f"BubbleTea service lost ({e}): no prefill"
 
 
-def connect(ip: str, port: int, hello: dict, deadline: float) -> socket.socket:
+def connect(ip: str, port: int, hello: dict, deadline: float, window: int = 0) -> socket.socket:
     while True:
         try:
-            s = socket.create_connection((ip, port), timeout=5)
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            set_buffer(s, window)
+            s.settimeout(5)
+            try:
+                s.connect((ip, port))
+            except OSError:
+                s.close()
+                raise
             s.settimeout(None)
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             send_ctrl(s, hello)
@@ -528,6 +550,16 @@ def window_of(cfg: WorkerConfig, peer: str, purpose: str) -> int:
             return 0
         w = ar.wan_window_bytes[me if them == (me + 1) % len(ar.rings) else them]  # the link between the two DCs
     return round(w / cfg.scale)
+
+
+def listen_window(cfg: WorkerConfig) -> int:
+    """The largest window of the WAN connections this worker may accept (its pipes' and its ring peers')."""
+    prog = cfg.program
+    wins = [window_of(cfg, p.peer, "pipe") for p in prog.pipes]
+    for st in prog.steps:
+        if isinstance(st, AllReduce):
+            wins += [window_of(cfg, ex.recv_from, "ring") for ex in exchanges(st, prog.group)]
+    return max(wins, default=0)
 
 
 def connections_to_open(cfg: WorkerConfig) -> dict[str, tuple[int, str]]:
@@ -574,6 +606,7 @@ def main(cfg_path: str, ctl_path: str) -> None:
     torch_mode = cfg.compute == "torch"
     inbox = Inbox(keep=torch_mode)
     lst = socket.create_server((cfg.ip, prog.port), backlog=64)
+    set_buffer(lst, listen_window(cfg))  # the connections it accepts inherit the buffer
     expect = connections_to_accept(cfg)
     accepted: dict[tuple[str, str], list[socket.socket]] = {}
 
@@ -590,7 +623,9 @@ def main(cfg_path: str, ctl_path: str) -> None:
     out: dict[tuple[str, str], Striped] = {}  # (peer, purpose) -> connections to it
     for peer, (n, purpose) in connections_to_open(cfg).items():
         ep = cfg.peers[peer]
-        socks = [connect(ep.ip, ep.port, {"group": prog.group, "purpose": purpose}, deadline) for _ in range(n)]
+        window = window_of(cfg, peer, purpose)
+        socks = [connect(ep.ip, ep.port, {"group": prog.group, "purpose": purpose}, deadline, window)
+                 for _ in range(n)]
         out[(peer, purpose)] = Striped(socks)
     acc.join(CONNECT_TIMEOUT)
     if acc.is_alive():

@@ -36,6 +36,13 @@ from testbed.program import AllReduce, Forward, Recv, Send
 from testbed.sim.network import Flow, LinkState
 from testbed.timeline import Timeline
 
+# The Atlas sidecar learns that a transfer started or ended from the workers' notices: the sender's when it
+# issues the transfer, the receiver's once its last byte has arrived (runtime/sidecar.py), and a notice takes this
+# long to become an HTB change (measured by the sidecar on the emulated WAN: notice, netlink change;
+# docs/fidelity.md). Until then the transfer still ranks its replica.
+SIDECAR_REACTION_S = 0.5e-3
+IDLE_RANK = (float("inf"),)  # a replica with no transfer the sidecar knows of: after every other
+
 
 class WindowRounds:
     """The window of one WAN pipe (its n connections together): `window` bytes may be sent in a round; a
@@ -101,6 +108,8 @@ class Simulation:
         self.turn_key = TURN_KEYS[plan.turn_policy]
         self.pipes: dict[tuple[int, int], deque] = defaultdict(deque)  # (src, dst) -> queued WAN transfers
         self.rounds: dict[tuple[int, int], WindowRounds] = {}  # (src, dst) -> its window's rounds
+        # temporal links: (link, replica) -> the turn keys of its transfers the sidecar knows to be in flight
+        self.known: dict[tuple, list[tuple]] = defaultdict(list)
         self.pipe_free: dict[tuple[int, int], float] = {}  # (src, dst) inside a DC -> when its last byte leaves
         self.wan_ar: dict[int, dict] = {}  # stage -> pending cross-DC all-reduce state
         self.events = 0
@@ -184,13 +193,35 @@ class Simulation:
             self.push(arrive, self.arrival, dst, kind, i)
             return
         pipe = self.pipes[(src, dst)]
-        pipe.append([kind, i, nbytes, self.now, nbytes])  # the last field: bytes not yet sent
+        lp = p.links[(a, b)]
+        key = self.turn_key(i, self.turn_pos[r], kind, self.now)
+        pipe.append([kind, i, nbytes, self.now, nbytes, key])  # [4]: bytes not yet sent
+        if lp.temporal:
+            self.push(self.now + SIDECAR_REACTION_S, self._sidecar, (a, b), r, key, True)
         if len(pipe) == 1:
-            self._send_head(src, dst, p.links[(a, b)])
+            self._send_head(src, dst, lp)
+
+    def rank(self, link: tuple[str, str], r: int) -> tuple:
+        """A replica's place in the turns on a link, as the sidecar ranks it: by the smallest turn key of its
+        transfers there that it knows to be in flight (from the start notice until the end notice)."""
+        keys = self.known.get((link, r))
+        return (min(keys), r) if keys else (IDLE_RANK, r)
+
+    def _sidecar(self, link: tuple[str, str], r: int, key: tuple, start: bool) -> None:
+        """A notice reaches the sidecar: re-rank the replica's flows on the link."""
+        keys = self.known[(link, r)]
+        if start:
+            keys.append(key)
+        else:
+            keys.remove(key)
+        ls = self.links[link]
+        prio = self.rank(link, r)
+        for f in [f for f in ls.flows if f.payload[2] != "ar" and self.replica(f.payload[0]) == r]:
+            ls.reprioritize(f, prio, self.now)
 
     def _send_head(self, src: int, dst: int, lp) -> None:
         """Put as much of the pipe's head transfer on the link as its window allows now, or wait for the round."""
-        kind, i, _nbytes, t_issue, left = self.pipes[(src, dst)][0]
+        kind, i, _nbytes, t_issue, left, _key = self.pipes[(src, dst)][0]
         rounds = self.rounds.get((src, dst))
         if rounds is None:
             rounds = self.rounds[(src, dst)] = WindowRounds(lp.connections * lp.window_bytes, lp.rtt_s)
@@ -199,7 +230,7 @@ class Simulation:
             self.push(rounds.next_round_s(), self._send_head, src, dst, lp)
             return
         k = src // self.p.pp
-        prio = self.turn_key(i, self.turn_pos[self.reps[k]], kind, t_issue)
+        prio = self.rank((lp.src, lp.dst), self.reps[k]) if lp.temporal else ()
         flow = Flow(min(left, budget), float("inf"), prio, payload=(src, dst, kind, i, lp, t_issue),
                     weight=self.weight[k])
         self.links[(lp.src, lp.dst)].add(flow, self.now)
@@ -224,6 +255,8 @@ class Simulation:
         self.out.append((src, "send", i, t_issue, self.now, head[2]))
         self.out.append((dst, "recv", i, t_issue, arrive, head[2]))
         self.push(arrive, self.arrival, dst, kind, i)
+        if lp.temporal:  # the receiver's end notice
+            self.push(arrive + SIDECAR_REACTION_S, self._sidecar, (lp.src, lp.dst), self.replica(src), head[5], False)
         pipe.popleft()
         if pipe:
             self._send_head(src, dst, lp)

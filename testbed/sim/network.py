@@ -110,6 +110,22 @@ class LinkState:
         flow.rate = 0.0
         self._reallocate(now)
 
+    def reprioritize(self, flow: Flow, prio: tuple, now: float) -> None:
+        """Move an active flow to a new priority (temporal sharing: the sidecar re-ranked its replica)."""
+        if flow.prio == prio:
+            return
+        if not self.temporal:
+            flow.prio = prio
+            return
+        i = bisect.bisect_left(self.keys, (flow.prio, flow.seq))
+        del self.keys[i]
+        del self.flows[i]
+        flow.prio = prio
+        j = bisect.bisect(self.keys, (prio, flow.seq))
+        self.keys.insert(j, (prio, flow.seq))
+        self.flows.insert(j, flow)
+        self._reallocate(now)
+
     def _set_rate(self, f: Flow, r: float, now: float) -> None:
         if r == f.rate and f.version:
             return  # unchanged: its completion event still holds
