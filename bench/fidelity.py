@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
 
+from testbed.columns import FIDELITY
 from testbed.costs.gpus import GPUS
 from testbed.costs.models import resolve_model
 from testbed.emu.build import MIN_WINDOW
@@ -37,8 +38,7 @@ from testbed.emu.scale import TARGET_MBPS
 from testbed.spec.experiment import Experiment
 
 SCHEDULERS = ("pp-wan", "pp-wan+mtcp", "atlas")
-HEADER = ("topology", "seed", "dcs", "latency_ms", "wan_gbps", "tcp_window_mb", "pp", "dp", "schedule",
-          "microbatches", "mfu", "scale", "scheduler", "sim_s", "emu_s", "emu_min_s", "emu_max_s", "error")
+HEADER = tuple(c.name for c in FIDELITY.columns)  # fidelity.csv, documented in testbed/columns.py
 HIDDEN, SEQ, LAYERS_PER_STAGE, VOCAB = 1024, 4096, 4, 1024
 LAN_MBPS = 400.0  # a host's emulated NIC into its DC fabric (the DC's intra_gbps is k x this), at least
 # twice the fastest emulated WAN link: the simulator does not bound a WAN transfer by the sender's NIC

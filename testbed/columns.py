@@ -155,7 +155,7 @@ LOSS = CsvFile("loss.csv", "`testbed experiment run` with `emulation.compute: to
     ("loss", "", "mean cross-entropy of the last stage's microbatches"),
 ))
 
-FLOWS = CsvFile("flows.csv", "`testbed experiment run` (schedulers with the Atlas sidecar)",
+FLOWS = CsvFile("flows.csv", "`testbed experiment run` (every run whose pipes cross the WAN)",
                 "HTB class byte counters per replica and WAN direction, sampled every 20 ms", _cols(
     _RUN,
     ("scheduler", "", "scheduler"),
@@ -266,8 +266,30 @@ CLAIM_POINTS = CsvFile("claims_points.csv", "`testbed claims`", "one row per cla
     ("kept", "", "1 if the point meets the card's `where` conditions"),
 ))
 
+FIDELITY = CsvFile("fidelity.csv", "`bench/fidelity.py`", "one row per random topology and scheduler, simulated and "
+                   "emulated (docs/fidelity.md)", _cols(
+    ("topology", "", "the topology's index in the seed's draw"),
+    ("seed", "", "the random seed that drew it"),
+    ("dcs", "", "DCs in the topology (every pair linked)"),
+    ("latency_ms", "ms", "one-way latency of each link, `|`-separated, in the order of the DC pairs (0-1, 0-2, ...)"),
+    ("wan_gbps", "Gbit/s", "capacity of each link, in the same order"),
+    ("tcp_window_mb", "MiB", "the TCP window of every link (real-world)"),
+    ("pp", "", "pipeline stages"),
+    ("dp", "", "data-parallel replicas"),
+    ("schedule", "", "`1f1b` or `gpipe`"),
+    ("microbatches", "", "microbatches per replica per iteration"),
+    ("mfu", "share", "the model's MFU, chosen so compute is comparable to the transfers"),
+    ("scale", "", "emulation scale factor k"),
+    ("scheduler", "", "scheduler"),
+    ("sim_s", "s", "simulated iteration time"),
+    ("emu_s", "s", "emulated iteration time (mean over the iterations after the first)"),
+    ("emu_min_s", "s", "fastest of those emulated iterations"),
+    ("emu_max_s", "s", "slowest of them"),
+    ("error", "share", "(sim_s - emu_s) / emu_s: above 0 the simulator predicts a slower iteration"),
+))
+
 FILES: tuple[CsvFile, ...] = (SUMMARY, MULTITCP, TIMELINE, REQUESTS, BUBBLES, VALIDATION, LOSS, FLOWS, CAPTURE,
-                              LINKS, PLAN, RANKS, BACKENDS, CLAIMS, CLAIM_POINTS)
+                              LINKS, PLAN, RANKS, BACKENDS, CLAIMS, CLAIM_POINTS, FIDELITY)
 _BY_NAME = {c.name: c for f in FILES for c in f.columns}
 _BY_NAME.update({c.name: c for c in SUMMARY.columns})  # summary.csv's meaning wins for shared names
 
