@@ -152,8 +152,10 @@ bench: venv
 	$(BIN)/python bench/sim_scale.py
 	$(BIN)/python bench/mechanisms_example.py
 	$(BIN)/python bench/paper_speedups.py
+	$(BIN)/python bench/turn_orders.py
 	$(BIN)/python bench/prefill_model_error.py
-	@if [ "$$(id -u)" -eq 0 ]; then $(BIN)/python bench/link_fidelity.py; else echo "link_fidelity needs root"; fi
+	@if [ "$$(id -u)" -eq 0 ]; then $(BIN)/python bench/link_fidelity.py && $(BIN)/python bench/gpipe_arrivals.py; \
+	 else echo "link_fidelity and gpipe_arrivals need root"; fi
 
 # Removes leftovers of emulated runs (namespaces, links, rules, processes with our prefix), then caches.
 clean:

@@ -4,7 +4,7 @@ Runs inside a WAN namespace: iptables sends each direction's forwarded packets t
 this process holds each packet's id until its deadline, then accepts every id up to the newest due
 one with a single batch verdict (valid because a queue's delay is constant, so packets leave in
 arrival order). Only metadata is copied (COPY_META) and GSO skbs are queued whole, which keeps a
-2-vCPU VM transparent at 100-200 Mbit/s with MTU 9000 (see FEASIBILITY.md section 3). Pure
+2-vCPU VM transparent at 100-200 Mbit/s with MTU 9000 (bench/link_fidelity.py, docs/emulation.md). Pure
 Python: the PyPI NetfilterQueue binding has no GSO flag and measured 51-62 Mbit/s at 100 Mbit/s.
 
 No fail-open flag and no --queue-bypass: if this process dies, the link stops instead of silently

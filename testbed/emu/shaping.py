@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-BURST = "128k"  # FEASIBILITY.md section 4: the default burst loses 4-11 % of the rate on veth
+BURST = "128k"  # measured here: HTB's default burst loses 4-11 % of the rate on veth (docs/emulation.md)
 
 
 def queue_bytes(rate_bps: float, rtt_s: float) -> int:
