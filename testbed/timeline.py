@@ -1,7 +1,8 @@
 """The one timeline type shared by the simulator and the emulator, with CSV and Chrome-trace export.
 
 An interval is one thing a GPU group (the tp GPUs of one stage of one replica) did: compute
-(fwd, bwd), communication (send, recv, allreduce), idle (a bubble), or prefill (BubbleTea).
+(fwd, bwd), communication (send, recv, allreduce), the optimizer step, idle (a bubble), or prefill
+(BubbleTea).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
     from testbed.plan.plan import Plan
 
 COMPUTE = ("fwd", "bwd")
-BUSY = ("fwd", "bwd", "allreduce", "prefill")  # what occupies the GPU; the rest of the time is idle
+BUSY = ("fwd", "bwd", "allreduce", "optimizer", "prefill")  # what occupies the GPU; the rest is idle
 HEADER = ("run_id", "source", "iteration", "gpu", "dc", "stage", "replica", "kind", "microbatch",
           "start_s", "end_s", "bytes")
 
@@ -71,6 +72,25 @@ def group_gaps(intervals: list[Interval], iteration_s: list[float], busy_kinds: 
         gpu, dc = where[key]
         for a, b in idle_gaps(busy[key], starts[it], starts[it] + iteration_s[it]):
             out.append(Interval(it, gpu, dc, s, r, "idle", -1, a, b, 0.0))
+    return out
+
+
+def optimizer_steps(plan: Plan, raw: list[tuple], reps: list[int]) -> list[tuple]:
+    """Each group's optimizer step (`plan.optimizer_s`), right after its last compute or all-reduce.
+    Nothing else in the iteration waits on it, so adding it after the event loop is exact. Raw group
+    indices are k * pp + stage for replica reps[k]."""
+    if not plan.optimizer_s:
+        return []
+    last: dict[int, float] = {}
+    for g, kind, _mb, _t0, t1, _b in raw:
+        if kind in ("fwd", "bwd", "allreduce") and t1 > last.get(g, -1.0):
+            last[g] = t1
+    out = []
+    for g in sorted(last):
+        k, s = divmod(g, plan.pp)
+        opt = plan.optimizer_s[reps[k]][s]
+        if opt > 0:
+            out.append((g, "optimizer", -1, last[g], last[g] + opt, 0.0))
     return out
 
 
@@ -130,8 +150,10 @@ class Timeline:
     @classmethod
     def from_sim(cls, plan: Plan, raw: list[tuple], reps: list[int] | None = None,
                  copies: dict[int, list[int]] | None = None) -> Timeline:
-        """Iteration 0 from the executor's raw tuples (group index k * pp + stage for replica reps[k])."""
+        """Iteration 0 from the executor's raw tuples (group index k * pp + stage for replica reps[k]), with
+        each group's optimizer step."""
         reps = reps or list(range(plan.dp))
+        raw = raw + optimizer_steps(plan, raw, reps)
         end = max((t1 for *_, t1, _b in raw), default=0.0)
         return cls(plan.run_id, "sim", None, [end], plan.pp * plan.dp, copies, (plan, reps, raw))
 

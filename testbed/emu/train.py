@@ -54,7 +54,8 @@ def worker_configs(plan: Plan, emu: Emulation, compute: str = "modeled", torch_c
         sidecars = {q.peer: sidecar_socket(emu, *q.wan) for q in p.pipes if q.flow_class is not None and q.wan}
         cfgs[(p.stage, p.replica)] = WorkerConfig(
             program=p, ip=host[g].ip, peers={x: where[x] for x in sorted(peers)}, scale=plan.scale, compute=compute,
-            dp=plan.dp, host_index=host[g].index, sidecars=sidecars, torch=(torch_cfg or {}).get(p.stage))
+            dp=plan.dp, host_index=host[g].index, sidecars=sidecars, torch=(torch_cfg or {}).get(p.stage),
+            optimizer_s=plan.optimizer_s[p.replica][p.stage] if plan.optimizer_s else 0.0)
     return cfgs
 
 
@@ -238,8 +239,9 @@ def torch_config(plan: Plan, exp_model, lr: float) -> dict[int, dict]:
     from testbed.costs.stage import split_layers
 
     m = exp_model
+    layers = plan.layers or split_layers(m.layers, plan.pp)  # the plan's split (balanced by GPU speed)
     return {s: {"layers": n, "hidden": m.hidden, "heads": m.heads, "vocab": m.vocab, "seq": m.seq_len,
-                "micro": plan.microbatch_size, "lr": lr} for s, n in enumerate(split_layers(m.layers, plan.pp))}
+                "micro": plan.microbatch_size, "lr": lr} for s, n in enumerate(layers)}
 
 
 def start_bubbletea(emu: Emulation, jobs: dict[str, dict[str, list]]) -> tuple[subprocess.Popen, str, str]:

@@ -18,7 +18,7 @@ import pandas as pd
 
 from testbed.figures.style import KIND_COLOURS, plt, save
 
-COMPUTE_KINDS = ("fwd", "bwd", "allreduce", "prefill")
+COMPUTE_KINDS = ("fwd", "bwd", "allreduce", "optimizer", "prefill")
 KIND_NAMES = {"fwd": "forward", "bwd": "backward", "allreduce": "gradient all-reduce", "prefill": "prefill (BubbleTea)"}
 
 

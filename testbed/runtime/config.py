@@ -28,6 +28,7 @@ class WorkerConfig:
     host_index: int  # the host's index in its DC (torch on GPUs: its pinned device)
     sidecars: dict[str, str]  # peer group -> the Atlas sidecar's socket for the pipe to it (temporal sharing)
     torch: dict | None = None  # the real model's shape and optimizer for `compute: torch`
+    optimizer_s: float = 0.0  # the cost model's AdamW step after the all-reduce (modeled compute waits it)
     bubbletea: str | None = None  # the BubbleTea service's socket
 
     def to_json(self) -> str:

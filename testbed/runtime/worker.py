@@ -231,7 +231,7 @@ class Modeled:
             inbox.wait((b"r", it, k))
 
     def step(self) -> None:
-        pass
+        time.sleep(self.cfg.optimizer_s)
 
 
 class TorchCompute(Modeled):
@@ -551,7 +551,9 @@ def main(cfg_path: str, ctl_path: str) -> None:
                 t0 = time.monotonic()
                 comp.allreduce(exchanges(st, prog.group), ring, inbox, it)
                 rec("allreduce", -1, t0, time.monotonic(), st.bytes)
+        t0 = time.monotonic()
         comp.step()
+        rec("optimizer", -1, t0, time.monotonic())
         for _ in range(sends):
             pending.acquire()
         bt.run_due(rec)  # jobs planned after this worker's last training op (the drain bubble)
