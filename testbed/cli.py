@@ -185,50 +185,72 @@ def plan(
     topology: Annotated[Path, typer.Argument(help="Topology YAML with the candidate DCs")],
     model: Annotated[str, typer.Option(help="Model from the zoo")] = "gpt3-175b",
     global_batch: Annotated[int, typer.Option(help="Sequences per iteration")] = 1728,
-    microbatch: Annotated[int, typer.Option()] = 1,
-    tp: Annotated[int, typer.Option()] = 8,
-    pp: Annotated[int, typer.Option()] = 12,
+    tp: Annotated[list[int] | None, typer.Option(help="Only these tp (repeat the option); default: search")] = None,
+    pp: Annotated[list[int] | None, typer.Option(help="Only these pp; default: search")] = None,
+    microbatch: Annotated[list[int] | None, typer.Option(help="Only these microbatch sizes; default: 1, 2, 4, 8")
+                          ] = None,
+    sequence_parallel: Annotated[bool, typer.Option(help="Megatron sequence parallelism")] = True,
+    scheduler: Annotated[str, typer.Option(help="How the WAN is used: atlas, or pp-wan+greedy (+mtcp, ...)")
+                         ] = "atlas",
     set_: SetOpt = None,
-    top: Annotated[int, typer.Option(help="Candidates scored by the simulator")] = 8,
-    out: Annotated[Path, typer.Option(help="CSV of every candidate")] = Path("results/plan/plan.csv"),
+    top: Annotated[int, typer.Option(help="Layouts per DC set scored by the simulator")] = 2,
+    jobs: Annotated[int | None, typer.Option(help="Processes for the simulations (default: CPU count)")] = None,
+    out: Annotated[Path, typer.Option(help="CSV of every layout")] = Path("results/plan/plan.csv"),
 ) -> None:
-    """DC selection what-if: which DCs, in which order, with how many stages and replicas each."""
-    from testbed.costs.models import resolve_model
-    from testbed.plan.build import check_workload
-    from testbed.plan.select import select_dcs
+    """Which DCs (one site or several), in which order, with which tp, pp, dp and microbatch size."""
+    from testbed.plan.select import PLAN_HEADER, plan_rows, search
     from testbed.results import write_csv
     from testbed.spec.experiment import Experiment
     from testbed.spec.load import _read_yaml, parse_value, set_dotted, split_assignment, validate
 
-    data = {"topology": _read_yaml(topology), "schedulers": ["atlas"],
-            "workload": {"model": model, "global_batch": global_batch, "microbatch": microbatch, "tp": tp, "pp": pp}}
+    data = {"topology": _read_yaml(topology), "schedulers": [scheduler],
+            "workload": {"model": model, "global_batch": global_batch, "sequence_parallel": sequence_parallel}}
     for s in set_ or []:
         k, v = split_assignment(s)
         set_dotted(data, k, parse_value(v, k))
-    exp = validate(Experiment, data)
-    if top < 1:
-        raise SpecError("--top", f"{top} candidates to simulate", "simulate at least 1")
-    check_workload(exp, resolve_model(exp.workload.model, exp.workload.seq_len))  # before any candidate
-    with console.status("enumerating and simulating candidate DC chains"):
-        cands = select_dcs(exp, top)
-    if not any(c.status in ("best", "simulated") for c in cands):
-        why = cands[0].status.removeprefix("rejected: ") if cands else "the topology has no chain of linked DCs"
-        raise SpecError("workload", f"no chain of DCs can run the job: {why}",
-                        "lower --tp, --pp or --global-batch, or add GPUs")
-    cols = ["order", "stages", "dp", "gpus", "iteration_s", "lower_bound_s", "tokens_per_s", "tokens_per_s_per_gpu",
-            "estimate_s", "status"]
-    rows = [[" > ".join(c.order) if k == "order" else getattr(c, k) for k in cols] for c in cands]
-    write_csv(out, cols, rows)
-    for title, sel in (("best plans (simulated)", [r for r in rows if r[-1] in ("best", "simulated")][:5]),
-                       ("alternatives rejected", [r for r in rows if r[-1].startswith("rejected")][:8])):
-        t = Table(title=title)
-        for c in cols:
-            t.add_column(c.replace("tokens_per_s", "tok/s"), justify="left" if c in ("order", "stages", "status")
-                         else "right")
-        for r in sel:
-            t.add_row(*[f"{v:,.3f}" if isinstance(v, float) else str(v) for v in r])
-        console.print(t)
-    console.print(f"{len(rows)} candidates; wrote {out}")
+    try:
+        exp = validate(Experiment, data)
+    except SpecError as e:
+        raise SpecError(e.field.replace("schedulers", "--scheduler"), e.problem, e.fix) from None
+    with console.status("searching tp, pp, dp, microbatch and the DCs; simulating the best of each DC set"):
+        res = search(exp, scheduler, top, tp, pp, microbatch, jobs)
+    write_csv(out, PLAN_HEADER, plan_rows(res))
+    best = res.best
+    t = Table(title="One site or several? The best layout of every DC set (simulated)")
+    for c in ("DCs", "order", "tp", "pp", "dp", "mb", "stages", "GPUs", "idle", "iteration_s", "tok/s", "tok/s/GPU",
+              "vs best"):
+        t.add_column(c, justify="left" if c in ("DCs", "order", "stages") else "right")
+    for sr in res.sets:
+        c = sr.best
+        if c is None:
+            t.add_row(sr.dcs.replace("|", " + "), f"[red]nothing fits: {sr.problem}[/red]", *[""] * 5,
+                      "", f"{sr.free_gpus:,}", *[""] * 4)
+            continue
+        lay = c.layout
+        ratio = (best.tokens_per_s or 0) / (c.tokens_per_s or 1) if best else 0.0
+        t.add_row(sr.dcs.replace("|", " + "), " > ".join(lay.order), str(lay.tp), str(lay.pp), str(lay.dp),
+                  str(lay.microbatch), " ".join(f"{d}:{n}" for d, n in zip(lay.order, lay.counts, strict=True)),
+                  f"{c.gpus:,}", f"{c.idle_gpus:,}", f"{c.iteration_s:.3f}", f"{c.tokens_per_s:,.0f}",
+                  f"{c.tokens_per_s_per_gpu:,.1f}", "best" if c is best else f"{ratio:.2f}x slower")
+    console.print(t)
+    console.print(f"searched {res.layouts:,} layouts ({res.fit:,} fit in memory) over {len(res.sets)} DC sets, "
+                  f"simulated {res.simulated}; {res.estimate_wall_s:.1f} s estimating, {res.wall_s:.1f} s in all")
+    if best is None:
+        console.print("[red]no layout fits on any DC set[/red]: raise the GPUs, or try --set "
+                      "workload.recompute=full")
+        raise typer.Exit(1)
+    lay = best.layout
+    stages = ", ".join(f"{d}: {n}" for d, n in zip(lay.order, lay.counts, strict=True))
+    console.print(f"[bold]best plan[/bold] ({res.scheduler}): {' > '.join(lay.order)}, tp {lay.tp}, pp {lay.pp}, "
+                  f"dp {lay.dp}, microbatch {lay.microbatch}: {best.iteration_s:.3f} s per iteration "
+                  f"(lower bound {best.lower_bound_s:.3f} s), {best.tokens_per_s:,.0f} tokens/s, "
+                  f"{best.tokens_per_s_per_gpu:,.1f} per GPU, {best.gpus:,} GPUs, {best.idle_gpus:,} idle; "
+                  f"[bold]planner wall time {res.wall_s:.1f} s[/bold]")
+    console.print(f"simulate it: testbed sim EXP.yaml --set workload.tp={lay.tp} --set workload.pp={lay.pp} "
+                  f"--set workload.dp={lay.dp} --set workload.microbatch={lay.microbatch} "
+                  f"--set workload.sequence_parallel={str(exp.workload.sequence_parallel).lower()} "
+                  f"--set 'workload.stages_per_dc={{{stages}}}'", soft_wrap=True, highlight=False)
+    console.print(f"wrote {out} (every layout; columns in docs/planner.md)")
 
 
 @app.command()

@@ -1,0 +1,194 @@
+"""A fast analytic estimate of one iteration, for ranking thousands of layouts before simulating a few.
+
+It keeps what makes geo-distributed training slow: the busiest WAN link's bytes under the scheduler's
+sharing and TCP window caps, the WAN latency in pipeline fill and drain, 1F1B stalls when too few
+microbatches are in flight to cover a WAN round trip, and the gradient all-reduce and optimizer
+step after the last backward. Formulas: docs/planner.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from testbed.costs.models import ModelConfig
+from testbed.costs.stage import ADAMW_BYTES_PER_PARAM, BF16, WORKSPACE_GB, LayerCosts, layer_costs
+from testbed.plan.layers import choose_layers
+from testbed.plan.mechanisms import Mechanisms
+from testbed.plan.plan import LinkPlan
+from testbed.spec.experiment import Experiment
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One candidate: the DC chain, stages per DC, and the parallelism."""
+
+    order: tuple[str, ...]
+    counts: tuple[int, ...]  # stages per DC of `order`
+    tp: int
+    pp: int
+    dp: int
+    microbatch: int
+
+    def stage_dcs(self) -> list[str]:
+        return [d for d, c in zip(self.order, self.counts, strict=True) for _ in range(c)]
+
+
+@dataclass
+class Estimate:
+    iteration_s: float  # inf when it does not fit
+    layers: list[int]
+    mem_gb: float  # the fullest GPU, before the latency warm-up's extra microbatches
+    problem: str = ""  # why it does not fit
+
+
+@dataclass(frozen=True)
+class _Stages:
+    """What a layout's stages cost, whatever DCs they sit in (shared by layouts with the same GPUs).
+    Arrays are per stage."""
+
+    layers: list[int]
+    problem: str
+    mem_gb: float  # the fullest GPU
+    f: np.ndarray
+    b: np.ndarray
+    free_gb: np.ndarray  # memory left per GPU
+    act_gb: np.ndarray  # what one more in-flight microbatch costs per GPU
+    grad_bytes: np.ndarray
+    opt_s: np.ndarray
+
+
+class Estimator:
+    """Estimates layouts of one job; caches per-layer costs by (GPU, tp, dp, microbatch) and stage
+    costs by the GPUs along the pipeline."""
+
+    def __init__(self, exp: Experiment, model: ModelConfig, mech: Mechanisms, links: dict[tuple[str, str], LinkPlan]):
+        self.exp, self.model, self.mech, self.links = exp, model, mech, links
+        self.dc = {d.name: d for d in exp.topology.dcs}
+        self._costs: dict[tuple, LayerCosts] = {}
+        self._stages: dict[tuple, _Stages] = {}
+
+    def costs(self, gpu: str, tp: int, dp: int, microbatch: int) -> LayerCosts:
+        key = (gpu, tp, dp, microbatch)
+        if key not in self._costs:
+            w = self.exp.workload
+            self._costs[key] = layer_costs(self.model, gpu, tp=tp, dp=dp, microbatch=microbatch, mfu=w.mfu,
+                                           recompute=w.recompute, distributed_optimizer=w.distributed_optimizer,
+                                           sequence_parallel=w.sequence_parallel)
+        return self._costs[key]
+
+    def stages(self, segments: tuple[tuple[str, int], ...], tp: int, dp: int, microbatch: int) -> _Stages:
+        """Stage costs for `segments` (GPU type, stages) along the pipeline."""
+        key = (segments, tp, dp, microbatch)
+        got = self._stages.get(key)
+        if got is not None:
+            return got
+        w, model = self.exp.workload, self.model
+        segs = [(self.costs(g, tp, dp, microbatch), n) for g, n in segments]
+        lc = [c for c, n in segs for _ in range(n)]
+        pp = len(lc)
+        last = pp - 1
+        m = w.global_batch // (microbatch * dp)
+        # per stage, as LayerCosts.max_layers and mem_gb compute them one by one
+        weight, act, layer_s, fwd, bwd, gpu_bytes, hbm = np.repeat(
+            [(c.weight_bytes, c.act_bytes, c.layer_s, c.fwd_s, c.bwd_s, c.gpu.memory_gb * 1e9, c.gpu.hbm_bytes_per_s)
+             for c, _ in segs], [n for _, n in segs], axis=0).T
+        fl = np.minimum(pp - np.arange(pp), m) if w.schedule == "1f1b" else np.full(pp, m)
+        fixed = np.full(pp, WORKSPACE_GB * 1e9)
+        fixed[0] = lc[0].fixed_bytes(True, last == 0)
+        fixed[last] = lc[last].fixed_bytes(last == 0, True)
+        per_layer = weight + act * fl
+        room = np.where(gpu_bytes > fixed, np.floor_divide(gpu_bytes - fixed, per_layer), 0).astype(int).tolist()
+        head = [0.0] * pp
+        head[last] = lc[last].head_fwd_s + lc[last].head_bwd_s
+        layers, fits = choose_layers(model.layers, layer_s.tolist(), head, room, w.layer_split)
+        n = np.array(layers, dtype=float)
+        mem = (fixed + n * per_layer) / 1e9
+        problem = ""
+        if not fits:
+            s = int(np.argmax(mem - gpu_bytes / 1e9))
+            problem = (f"stage {s} needs {mem[s]:.0f} GB per {lc[s].gpu.name} GPU (it has "
+                       f"{lc[s].gpu.memory_gb:.0f} GB)")
+        emb = model.embedding_params()
+        params = n * model.layer_params()
+        params[0] += emb
+        params[last] += emb
+        f = n * fwd
+        b = n * bwd
+        f[last] += lc[last].head_fwd_s
+        b[last] += lc[last].head_bwd_s
+        shard = tp * (dp if w.distributed_optimizer else 1)
+        got = _Stages(layers=layers, problem=problem, mem_gb=float(mem.max()), f=f, b=b,
+                      free_gb=gpu_bytes / 1e9 - mem, act_gb=n * act / 1e9,
+                      grad_bytes=params * BF16, opt_s=params / shard * ADAMW_BYTES_PER_PARAM / hbm)
+        self._stages[key] = got
+        return got
+
+    def __call__(self, lay: Layout) -> Estimate:
+        w, mech, model, dc = self.exp.workload, self.mech, self.model, self.dc
+        pp, tp, dp = lay.pp, lay.tp, lay.dp
+        m = w.global_batch // (lay.microbatch * dp)
+        segs: list[tuple[str, int]] = []
+        for d, n in zip(lay.order, lay.counts, strict=True):
+            if segs and segs[-1][0] == dc[d].gpu:
+                segs[-1] = (dc[d].gpu, segs[-1][1] + n)
+            else:
+                segs.append((dc[d].gpu, n))
+        st = self.stages(tuple(segs), tp, dp, lay.microbatch)
+        if st.problem:
+            return Estimate(float("inf"), st.layers, st.mem_gb, st.problem)
+        f, b = st.f, st.b
+        fb = f + b
+        A = model.seq_len * lay.microbatch * model.hidden * BF16
+        # per stage boundary k -> k+1: delay of the activation (fd) and of the gradient (bd); a WAN link
+        # direction is busy with every replica's transfer of each microbatch (service)
+        fd, bd = np.empty(pp), np.empty(pp)  # the last entries stay 0: no boundary after the last stage
+        intra_bps = np.empty(pp)  # a stage's DP all-reduce bandwidth (one NIC per GPU of its TP group)
+        intra_lat = np.empty(pp)
+        round_trips = np.zeros(pp)  # WAN round trip at each boundary, for the latency warm-up
+        service, wan_caps, s0 = 0.0, [], 0
+        for i, (name, n) in enumerate(zip(lay.order, lay.counts, strict=True)):
+            d = dc[name]
+            bw, lat = tp * d.intra_gbps * 1e9 / 8, d.intra_latency_us / 1e6
+            fd[s0:s0 + n] = bd[s0:s0 + n] = A / bw + lat
+            intra_bps[s0:s0 + n], intra_lat[s0:s0 + n] = bw, lat
+            s0 += n
+            if i + 1 < len(lay.order):
+                k, nxt = s0 - 1, lay.order[i + 1]
+                for src, dst, out in ((name, nxt, fd), (nxt, name, bd)):
+                    lp = self.links[(src, dst)]
+                    alone = min(lp.capacity_bps, lp.transfer_cap_bps)
+                    busy = dp * A / min(lp.capacity_bps, dp * lp.transfer_cap_bps)
+                    service = max(service, busy)
+                    # turns: a replica's transfer goes alone at its full rate; fair sharing: all finish together
+                    out[k] = lp.latency_s + (A / alone if mech.temporal else busy)
+                    round_trips[k] += lp.latency_s + A / alone
+                    wan_caps.append(lp.capacity_bps)
+        fd[pp - 1] = bd[pp - 1] = 0.0
+        if w.schedule == "1f1b":
+            extra = np.zeros(pp)
+            if mech.warmup and wan_caps:
+                # as build.latency_warmup: cover the downstream WAN round trips, memory permitting,
+                # never increasing along the pipeline
+                downstream = np.cumsum(round_trips[::-1])[::-1]
+                want = np.ceil(downstream / fb)
+                fits = np.floor(st.free_gb / st.act_gb)
+                extra = np.maximum(0, np.minimum.accumulate(np.minimum(np.minimum(want, fits), m)))
+            # steady state: a stage alternates F and B; it stalls when its in-flight microbatches cannot
+            # cover the round trip through the stages (and boundaries) downstream of it
+            d = fd + bd
+            rt = np.cumsum((fb + d)[::-1])[::-1] - fb  # from stage s on: later stages and all boundaries
+            in_fl = np.minimum(pp - np.arange(pp) + extra, m)
+            period = max(float(fb.max()), service, float(((fb + rt) / in_fl).max()))
+            pipe = float(fb.sum() + d.sum()) + (m - 1) * period
+        else:
+            pipe = (float(f.sum() + fd.sum()) + (m - 1) * max(float(f.max()), service)
+                    + float(b.sum() + bd.sum()) + (m - 1) * max(float(b.max()), service))
+        # after its last backward a stage all-reduces its gradients inside its DC, then steps AdamW
+        back = np.concatenate(([0.0], np.cumsum(b + bd)[:-1]))  # how much earlier stage s finishes
+        ar = (2 * (dp - 1) / dp * st.grad_bytes / intra_bps + 2 * (dp - 1) * intra_lat) if dp > 1 else 0.0
+        end = pipe + float((ar + st.opt_s - back).max())
+        if mech.stagger and wan_caps:
+            end += (dp - 1) * A / min(wan_caps)  # the last replica starts this much later
+        return Estimate(end, st.layers, st.mem_gb)
