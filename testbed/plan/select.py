@@ -16,7 +16,7 @@ import math
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from testbed.costs.gpus import GPUS
 from testbed.costs.models import resolve_model
@@ -77,7 +77,6 @@ class Search:
     simulated: int = 0
     wall_s: float = 0.0
     estimate_wall_s: float = 0.0
-    notes: list[str] = field(default_factory=list)
 
     @property
     def layouts(self) -> int:
@@ -224,7 +223,8 @@ def _equivalence(topo: Topology, lay: Layout) -> tuple:
             lay.microbatch)
 
 
-def _simulate(args: tuple) -> tuple[float, float | None, list[int]]:
+def _simulate(args: tuple) -> tuple[float, list[int]]:
+    """Iteration time (or, with `lower_bound`, the lower bound) of one layout, and its layer split."""
     exp, scheduler, lay, lower_bound = args
     from testbed.sim.executor import simulate
     from testbed.sim.run import lower_bound_s
@@ -232,13 +232,41 @@ def _simulate(args: tuple) -> tuple[float, float | None, list[int]]:
     w = exp.workload.model_copy(update={"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "microbatch": lay.microbatch})
     plan = build_plan(exp.model_copy(update={"workload": w}), scheduler, run_id="-".join(lay.order), dp=lay.dp,
                       order=list(lay.order), counts=list(lay.counts))
-    tl, _ = simulate(plan)
-    return tl.iteration_s[0], (lower_bound_s(plan) if lower_bound else None), plan.layers
+    return (lower_bound_s(plan) if lower_bound else simulate(plan)[0].iteration_s[0]), plan.layers
+
+
+def _estimate(args: tuple) -> list[tuple[float, list[int], float, str]]:
+    exp, scheduler, lays = args
+    mech = parse_scheduler(scheduler)
+    est = Estimator(exp, resolve_model(exp.workload.model, exp.workload.seq_len), mech, link_plans(exp, mech))
+    return [(e.iteration_s, e.layers, e.mem_gb, e.problem) for e in map(est, lays)]
+
+
+def _estimate_all(exp: Experiment, scheduler: str, lays: list[Layout], pool: ProcessPoolExecutor | None, jobs: int
+                  ) -> list[tuple[float, list[int], float, str]]:
+    """Estimates in layout order; with a pool, chains are spread over `jobs` processes (a chain's layouts
+    stay together: they share cached stage costs)."""
+    if pool is None or len(lays) < 2000:
+        return _estimate((exp, scheduler, lays))
+    by_chain: dict[tuple[str, ...], list[int]] = {}
+    for i, lay in enumerate(lays):
+        by_chain.setdefault(lay.order, []).append(i)
+    bins: list[list[int]] = [[] for _ in range(jobs)]
+    for idx in sorted(by_chain.values(), key=len, reverse=True):
+        min(bins, key=len).extend(idx)
+    bins = [b for b in bins if b]
+    out: list = [None] * len(lays)
+    for b, res in zip(bins, pool.map(_estimate, [(exp, scheduler, [lays[i] for i in b]) for b in bins]),
+                      strict=True):
+        for i, r in zip(b, res, strict=True):
+            out[i] = r
+    return out
 
 
 def search(exp: Experiment, scheduler: str = "atlas", top: int = 2, tps: list[int] | None = None,
            pps: list[int] | None = None, microbatch_sizes: list[int] | None = None, jobs: int | None = None
            ) -> Search:
+    """Estimate every layout, simulate the best `top` of every DC set, return them all (best first)."""
     t0 = time.perf_counter()
     mech = parse_scheduler(scheduler)
     if mech.placement != "atlas":
@@ -246,15 +274,27 @@ def search(exp: Experiment, scheduler: str = "atlas", top: int = 2, tps: list[in
                         "use atlas (or pp-wan+greedy for today's single-connection, fair-shared WAN)")
     if top < 1:
         raise SpecError("--top", "simulates no candidate", "use --top 1 or more")
+    jobs = max(1, jobs or os.cpu_count() or 1)
+    pool = ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else None
+    try:
+        return _search(exp, scheduler, top, tps, pps, microbatch_sizes, pool, jobs, t0)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+
+
+def _search(exp: Experiment, scheduler: str, top: int, tps: list[int] | None, pps: list[int] | None,
+            microbatch_sizes: list[int] | None, pool: ProcessPoolExecutor | None, jobs: int, t0: float) -> Search:
     topo, w = exp.topology, exp.workload
-    model = resolve_model(w.model, w.seq_len)
-    tokens = w.global_batch * model.seq_len
-    est = Estimator(exp, model, mech, link_plans(exp, mech))
+    tokens = w.global_batch * resolve_model(w.model, w.seq_len).seq_len
     order_of = {d.name: i for i, d in enumerate(topo.dcs)}
+    found = layouts(exp, tps, pps, microbatch_sizes)
+    placed = [lay for lay, _, _ in found if lay is not None]
+    estimates = iter(_estimate_all(exp, scheduler, placed, pool, jobs))
     cands: list[Candidate] = []
     set_free: dict[str, int] = {}
     set_problem: dict[str, str] = {}
-    for lay, (order, tp, pp, mb), why in layouts(exp, tps, pps, microbatch_sizes):
+    for lay, (order, tp, pp, mb), why in found:
         names = sorted(order, key=order_of.__getitem__)
         dcs = "|".join(names)
         set_free[dcs] = sum(topo.dc(n).gpus for n in names)
@@ -263,13 +303,13 @@ def search(exp: Experiment, scheduler: str = "atlas", top: int = 2, tps: list[in
                                    math.inf, status=f"rejected: {why}", tokens=tokens))
             set_problem.setdefault(dcs, why)
             continue
-        e = est(lay)
+        it, layers, mem, problem = next(estimates)
         c = Candidate(lay, dcs, lay.tp * lay.pp * lay.dp, set_free[dcs] - lay.tp * lay.pp * lay.dp,
-                      w.global_batch // (lay.microbatch * lay.dp), e.layers, e.mem_gb, e.iteration_s, tokens=tokens)
-        if e.problem:
-            c.status = f"rejected: {e.problem}"
+                      w.global_batch // (lay.microbatch * lay.dp), layers, mem, it, tokens=tokens)
+        if problem:
+            c.status = f"rejected: {problem}"
             if dcs not in set_problem or "needs" not in set_problem[dcs]:
-                set_problem[dcs] = e.problem
+                set_problem[dcs] = problem
         cands.append(c)
     t_est = time.perf_counter()
 
@@ -281,16 +321,12 @@ def search(exp: Experiment, scheduler: str = "atlas", top: int = 2, tps: list[in
     # layouts on identical DCs and links (e.g. each of three identical sites alone) simulate once
     same = {c.key(): _equivalence(topo, c.layout) for c in chosen}
     unique = list({same[c.key()]: c for c in reversed(chosen)}.values())[::-1]
-    unique.sort(key=lambda c: -c.gpus * c.microbatches)  # the longest first, so the pool ends together
+    unique.sort(key=lambda c: -c.gpus * c.microbatches)  # the longest first, so the processes end together
     tasks = [(exp, scheduler, c.layout, False) for c in unique]
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(tasks)))
-    if jobs > 1:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            done = dict(zip((same[c.key()] for c in unique), pool.map(_simulate, tasks), strict=True))
-    else:
-        done = {same[c.key()]: _simulate(t) for c, t in zip(unique, tasks, strict=True)}
-    results = [done[same[c.key()]] for c in chosen]
-    for c, (it, _lb, layers) in zip(chosen, results, strict=True):
+    results = list(pool.map(_simulate, tasks)) if pool is not None and len(tasks) > 1 else list(map(_simulate, tasks))
+    done = dict(zip((same[c.key()] for c in unique), results, strict=True))
+    for c in chosen:
+        it, layers = done[same[c.key()]]
         if layers != c.layers:
             raise RuntimeError(f"planner and plan disagree on the layer split: {c.layers} vs {layers}")
         c.iteration_s = it
@@ -309,7 +345,7 @@ def search(exp: Experiment, scheduler: str = "atlas", top: int = 2, tps: list[in
     best = sorted(bests, key=lambda c: (-(c.tokens_per_s or 0.0), c.gpus, c.key()))[0] if bests else None
     if best is not None:
         best.status = "best"
-        best.lower_bound_s = _simulate((exp, scheduler, best.layout, True))[1]
+        best.lower_bound_s = _simulate((exp, scheduler, best.layout, True))[0]
 
     def rank(c: Candidate) -> tuple:
         if c.iteration_s is not None:
