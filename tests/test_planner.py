@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from testbed.costs.models import resolve_model
 from testbed.errors import SpecError
-from testbed.plan.build import build_plan, link_plans
+from testbed.plan.build import build_plan
 from testbed.plan.estimate import Estimator, Layout
 from testbed.plan.layers import balance_layers, slowest, stage_layers
 from testbed.plan.mechanisms import parse_scheduler
@@ -108,7 +108,7 @@ def test_estimate_agrees_with_the_plan_and_is_exact_without_wan():
     t = Topology(dcs=[{"name": "a", "gpus": 64, "intra_gbps": 1e9, "intra_latency_us": 0}])
     exp = experiment(t, model=model, tp=2, pp=4, global_batch=32)
     mech = parse_scheduler("atlas")
-    est = Estimator(exp, resolve_model(exp.workload.model), mech, link_plans(exp, mech))
+    est = Estimator(exp, resolve_model(exp.workload.model), mech)
     for dp in (1, 2, 4):
         e = est(Layout(("a",), (4,), 2, 4, dp, 1))
         plan = build_plan(exp, "atlas", dp=dp)
@@ -119,7 +119,7 @@ def test_estimate_agrees_with_the_plan_and_is_exact_without_wan():
 def test_estimate_rejects_what_the_plan_rejects():
     exp = experiment(topo([("a", "H100", 1024)]), model="gpt3-175b", tp=8, pp=2, global_batch=512)
     mech = parse_scheduler("atlas")
-    e = Estimator(exp, resolve_model("gpt3-175b"), mech, link_plans(exp, mech))(Layout(("a",), (2,), 8, 2, 64, 1))
+    e = Estimator(exp, resolve_model("gpt3-175b"), mech)(Layout(("a",), (2,), 8, 2, 64, 1))
     assert e.problem.startswith("stage 0 needs") and "H100" in e.problem
     with pytest.raises(SpecError, match="needs"):
         build_plan(exp, "atlas", dp=64)

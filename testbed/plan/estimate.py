@@ -8,12 +8,14 @@ step after the last backward. Formulas: docs/planner.md.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from testbed.costs.models import ModelConfig
 from testbed.costs.stage import ADAMW_BYTES_PER_PARAM, BF16, WORKSPACE_GB, LayerCosts, layer_costs
+from testbed.plan.build import link_plans
 from testbed.plan.layers import choose_layers
 from testbed.plan.mechanisms import Mechanisms
 from testbed.plan.plan import LinkPlan
@@ -63,11 +65,19 @@ class Estimator:
     """Estimates layouts of one job; caches per-layer costs by (GPU, tp, dp, microbatch) and stage
     costs by the GPUs along the pipeline."""
 
-    def __init__(self, exp: Experiment, model: ModelConfig, mech: Mechanisms, links: dict[tuple[str, str], LinkPlan]):
-        self.exp, self.model, self.mech, self.links = exp, model, mech, links
+    def __init__(self, exp: Experiment, model: ModelConfig, mech: Mechanisms):
+        self.exp, self.model, self.mech = exp, model, mech
         self.dc = {d.name: d for d in exp.topology.dcs}
         self._costs: dict[tuple, LayerCosts] = {}
         self._stages: dict[tuple, _Stages] = {}
+        self._links: dict[int, dict[tuple[str, str], LinkPlan]] = {}
+
+    def links(self, tp: int) -> dict[tuple[str, str], LinkPlan]:
+        """The WAN plan at this tp (a boundary's NCCL connections grow with it)."""
+        if tp not in self._links:
+            w = self.exp.workload.model_copy(update={"tp": tp})
+            self._links[tp] = link_plans(self.exp.model_copy(update={"workload": w}), self.mech)
+        return self._links[tp]
 
     def costs(self, gpu: str, tp: int, dp: int, microbatch: int) -> LayerCosts:
         key = (gpu, tp, dp, microbatch)
@@ -125,6 +135,22 @@ class Estimator:
         self._stages[key] = got
         return got
 
+    def starved(self, f: np.ndarray, b: np.ndarray, burst_f: np.ndarray, burst_b: np.ndarray, busy_f: np.ndarray,
+                busy_b: np.ndarray, own_f: np.ndarray, own_b: np.ndarray) -> float:
+        """How late the replica last in a fixed turn order finishes. A stage sends bursts: the warm-up's
+        forwards (burst_f[k] from stage k) and the cool-down's backwards (burst_b[k] from stage k + 1); GPipe
+        sends all m each way. When the link needs more time for every replica's transfer (busy) than the
+        stage takes to make one, the last replica's burst crosses only after the others', back to back, and
+        its next stage then computes the whole burst without overlap: per burst transfer it loses the next
+        stage's compute less its own transfer time. Other turn orders share the link in rounds instead."""
+        if not self.mech.temporal or self.exp.network.turn_order != "replica":
+            return 0.0
+        f_next = np.concatenate((f[1:], [0.0]))
+        lag_f = np.where(busy_f > f, burst_f * np.maximum(0.0, f_next - own_f), 0.0)
+        b_next = np.concatenate((b[1:], [0.0]))
+        lag_b = np.where(busy_b > b_next, burst_b * np.maximum(0.0, b - own_b), 0.0)
+        return float(lag_f.sum() + lag_b.sum())
+
     def __call__(self, lay: Layout) -> Estimate:
         w, mech, model, dc = self.exp.workload, self.mech, self.model, self.dc
         pp, tp, dp = lay.pp, lay.tp, lay.dp
@@ -141,13 +167,17 @@ class Estimator:
         f, b = st.f, st.b
         fb = f + b
         A = model.seq_len * lay.microbatch * model.hidden * BF16
-        # per stage boundary k -> k+1: delay of the activation (fd) and of the gradient (bd); a WAN link
-        # direction is busy with every replica's transfer of each microbatch (service)
+        # per stage boundary k -> k+1: delay of the activation (fd) and of the gradient (bd). A boundary's
+        # transfers queue on one pipe per replica and direction (n connections, one n W/RTT cap), and a WAN
+        # link direction carries every replica's pipe: both bound the time per microbatch (service)
+        links = self.links(tp)
         fd, bd = np.empty(pp), np.empty(pp)  # the last entries stay 0: no boundary after the last stage
         intra_bps = np.empty(pp)  # a stage's DP all-reduce bandwidth (one NIC per GPU of its TP group)
         intra_lat = np.empty(pp)
         round_trips = np.zeros(pp)  # WAN round trip at each boundary, for the latency warm-up
-        service, wan_caps, s0 = 0.0, [], 0
+        busy_f, busy_b = np.zeros(pp), np.zeros(pp)  # link time per microbatch (all replicas) at WAN boundaries
+        own_f, own_b = np.zeros(pp), np.zeros(pp)  # one transfer alone at its full rate there
+        service, wan_caps, turn, group, s0 = 0.0, [], 0.0, dp, 0
         for i, (name, n) in enumerate(zip(lay.order, lay.counts, strict=True)):
             d = dc[name]
             bw, lat = tp * d.intra_gbps * 1e9 / 8, d.intra_latency_us / 1e6
@@ -157,14 +187,18 @@ class Estimator:
             if i + 1 < len(lay.order):
                 k, nxt = s0 - 1, lay.order[i + 1]
                 for src, dst, out in ((name, nxt, fd), (nxt, name, bd)):
-                    lp = self.links[(src, dst)]
-                    alone = min(lp.capacity_bps, lp.transfer_cap_bps)
+                    lp = links[(src, dst)]
+                    alone = lp.transfer_rate_bps
                     busy = dp * A / min(lp.capacity_bps, dp * lp.transfer_cap_bps)
-                    service = max(service, busy)
+                    service = max(service, busy, A / alone)
+                    (busy_f if out is fd else busy_b)[k] = busy
+                    (own_f if out is fd else own_b)[k] = A / alone
                     # turns: a replica's transfer goes alone at its full rate; fair sharing: all finish together
                     out[k] = lp.latency_s + (A / alone if mech.temporal else busy)
-                    round_trips[k] += lp.latency_s + A / alone
+                    round_trips[k] += lp.latency_s + A / min(lp.capacity_bps / dp, lp.transfer_cap_bps)
                     wan_caps.append(lp.capacity_bps)
+                    if out is fd and A / alone > turn:  # as build.stagger_offsets
+                        turn, group = A / alone, max(1, math.floor(lp.capacity_bps / alone * (1 + 1e-12)))
         fd[pp - 1] = bd[pp - 1] = 0.0
         if w.schedule == "1f1b":
             extra = np.zeros(pp)
@@ -175,20 +209,28 @@ class Estimator:
                 want = np.ceil(downstream / fb)
                 fits = np.floor(st.free_gb / st.act_gb)
                 extra = np.maximum(0, np.minimum.accumulate(np.minimum(np.minimum(want, fits), m)))
-            # steady state: a stage alternates F and B; it stalls when its in-flight microbatches cannot
-            # cover the round trip through the stages (and boundaries) downstream of it
+            # steady state with period T: stage s runs F(i + w_s) then B(i), w_s = in-flight - 1. A microbatch
+            # entering stages s..t and coming back must fit in the slack the in-flight counts leave:
+            # T (w_s - w_t + 1) >= sum of fb over s..t + the boundary delays between them, for every s <= t
+            # (t = last stage: the round trip; t = s + 1 across a WAN hop: only two microbatches of slack)
             d = fd + bd
-            rt = np.cumsum((fb + d)[::-1])[::-1] - fb  # from stage s on: later stages and all boundaries
-            in_fl = np.minimum(pp - np.arange(pp) + extra, m)
-            period = max(float(fb.max()), service, float(((fb + rt) / in_fl).max()))
-            pipe = float(fb.sum() + d.sum()) + (m - 1) * period
+            w = np.minimum(pp - 1 - np.arange(pp) + extra, m - 1)
+            F = np.concatenate(([0.0], np.cumsum(fb)))
+            D = np.concatenate(([0.0], np.cumsum(d)))
+            num = F[1:][None, :] - F[:-1][:, None] + D[:-1][None, :] - D[:-1][:, None]
+            den = w[:, None] - w[None, :] + 1.0
+            ratio = np.where(np.triu(np.ones((pp, pp), dtype=bool)), num / np.maximum(den, 1.0), 0.0)
+            period = max(float(ratio.max()), service)
+            burst = self.starved(f, b, w + 1, np.concatenate((w[1:] + 1, [0.0])), busy_f, busy_b, own_f, own_b)
+            pipe = float(fb.sum() + d.sum()) + (m - 1) * period + burst
         else:
             pipe = (float(f.sum() + fd.sum()) + (m - 1) * max(float(f.max()), service)
                     + float(b.sum() + bd.sum()) + (m - 1) * max(float(b.max()), service))
+            pipe += self.starved(f, b, np.full(pp, m), np.full(pp, m), busy_f, busy_b, own_f, own_b)
         # after its last backward a stage all-reduces its gradients inside its DC, then steps AdamW
         back = np.concatenate(([0.0], np.cumsum(b + bd)[:-1]))  # how much earlier stage s finishes
         ar = (2 * (dp - 1) / dp * st.grad_bytes / intra_bps + 2 * (dp - 1) * intra_lat) if dp > 1 else 0.0
         end = pipe + float((ar + st.opt_s - back).max())
         if mech.stagger and wan_caps:
-            end += (dp - 1) * A / min(wan_caps)  # the last replica starts this much later
+            end += (dp - 1) // group * turn  # the last replica starts this much later
         return Estimate(end, st.layers, st.mem_gb)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from testbed.costs.gpus import GPUS
 from testbed.costs.models import resolve_model
 from testbed.errors import SpecError
-from testbed.plan.build import build_plan, divisors_desc, link_plans
+from testbed.plan.build import build_plan, divisors_desc
 from testbed.plan.estimate import Estimator, Layout
 from testbed.plan.mechanisms import parse_scheduler
 from testbed.results import fmt
@@ -238,7 +238,7 @@ def _simulate(args: tuple) -> tuple[float, list[int]]:
 def _estimate(args: tuple) -> list[tuple[float, list[int], float, str]]:
     exp, scheduler, lays = args
     mech = parse_scheduler(scheduler)
-    est = Estimator(exp, resolve_model(exp.workload.model, exp.workload.seq_len), mech, link_plans(exp, mech))
+    est = Estimator(exp, resolve_model(exp.workload.model, exp.workload.seq_len), mech)
     return [(e.iteration_s, e.layers, e.mem_gb, e.problem) for e in map(est, lays)]
 
 
