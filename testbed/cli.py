@@ -212,10 +212,15 @@ def plan(
         exp = validate(Experiment, data)
     except SpecError as e:
         raise SpecError(e.field.replace("schedulers", "--scheduler"), e.problem, e.fix) from None
+    check_pins(exp, tp, pp, microbatch)
     with console.status("searching tp, pp, dp, microbatch and the DCs; simulating the best of each DC set"):
         res = search(exp, scheduler, top, tp, pp, microbatch, jobs)
-    write_csv(out, PLAN_HEADER, plan_rows(res))
     best = res.best
+    if best is None:
+        why = next((s.problem for s in res.sets if s.problem), "the topology has no chain of linked DCs")
+        raise SpecError("workload", f"no layout fits on any DC set ({res.layouts:,} searched): {why}",
+                        "pin other --tp/--pp/--microbatch, --set workload.recompute=full, or add GPUs")
+    write_csv(out, PLAN_HEADER, plan_rows(res))
     t = Table(title="One site or several? The best layout of every DC set (simulated)")
     for c in ("DCs", "order", "tp", "pp", "dp", "mb", "stages", "GPUs", "idle", "iteration_s", "tok/s", "tok/s/GPU",
               "vs best"):
@@ -235,10 +240,6 @@ def plan(
     console.print(t)
     console.print(f"searched {res.layouts:,} layouts ({res.fit:,} fit in memory) over {len(res.sets)} DC sets, "
                   f"simulated {res.simulated}; {res.estimate_wall_s:.1f} s estimating, {res.wall_s:.1f} s in all")
-    if best is None:
-        console.print("[red]no layout fits on any DC set[/red]: raise the GPUs, or try --set "
-                      "workload.recompute=full")
-        raise typer.Exit(1)
     lay = best.layout
     stages = ", ".join(f"{d}: {n}" for d, n in zip(lay.order, lay.counts, strict=True))
     console.print(f"[bold]best plan[/bold] ({res.scheduler}): {' > '.join(lay.order)}, tp {lay.tp}, pp {lay.pp}, "
@@ -271,6 +272,22 @@ def claims(
     written = run_claims(paths, out, jobs, progress=lambda msg: console.print(msg, highlight=False),
                          extra=set_)
     console.print(f"wrote {', '.join(map(str, written))} in {time.perf_counter() - t0:.0f} s")
+
+
+def check_pins(exp, tps: list[int] | None, pps: list[int] | None, microbatches: list[int] | None) -> None:
+    """`testbed plan`'s --tp/--pp/--microbatch, checked against the model and batch before any search."""
+    from testbed.costs.models import resolve_model
+
+    model = resolve_model(exp.workload.model, exp.workload.seq_len)
+    for opt, values, ok, fix in (
+            ("--tp", tps, lambda t: t >= 1 and model.heads % t == 0 and model.kv_heads % t == 0,
+             f"use a divisor of the model's {model.heads} heads and {model.kv_heads} key/value heads"),
+            ("--pp", pps, lambda p: 1 <= p <= model.layers, f"use 1 to {model.layers} (the model's layers)"),
+            ("--microbatch", microbatches, lambda b: b >= 1 and exp.workload.global_batch % b == 0,
+             f"use a divisor of --global-batch {exp.workload.global_batch}")):
+        for v in values or []:
+            if not ok(v):
+                raise SpecError(opt, f"{v} does not fit {model.name}", fix)
 
 
 def _raise_interrupt(*_: object) -> None:

@@ -101,7 +101,8 @@ TIMELINE = CsvFile("timeline.csv", "`testbed sim`, `testbed experiment run`",
     ("dc", "", "DC of the group"),
     ("stage", "", "pipeline stage"),
     ("replica", "", "data-parallel replica"),
-    ("kind", "", "`fwd`, `bwd`, `send`, `recv`, `allreduce`, `prefill` (BubbleTea) or `idle` (a bubble)"),
+    ("kind", "", "`fwd`, `bwd`, `send`, `recv`, `allreduce`, `optimizer` (the AdamW step), `prefill` (BubbleTea) "
+                 "or `idle` (a bubble)"),
     ("microbatch", "", "microbatch of a fwd/bwd/send/recv (-1 otherwise)"),
     ("start_s", "s", "start, on the run's clock (iteration k starts after iterations 0..k-1)"),
     ("end_s", "s", "end (a recv ends when the last byte has arrived)"),
@@ -215,20 +216,32 @@ LINKS = CsvFile("links.csv", "`testbed topology check`, `topology up --check`, `
     ("window_kib", "KiB", "emulated TCP window cap per connection"),
 ))
 
-PLAN = CsvFile("plan.csv", "`testbed plan`", "one row per candidate DC chain", _cols(
-    ("order", "", "the DCs in pipeline order"),
-    ("stages", "", "pipeline stages per DC, in that order"),
-    ("dp", "", "data-parallel replicas"),
-    ("gpus", "GPUs", "GPUs used"),
-    ("iteration_s", "s", "simulated iteration time (0 when not simulated)"),
-    ("lower_bound_s", "s", "the same placement with an ideal WAN (0 when not simulated)"),
-    ("tokens_per_s", "tokens/s", "simulated training throughput"),
-    ("tokens_per_s_per_gpu", "tokens/s", "tokens_per_s / gpus"),
-    ("estimate_s", "s", "analytic iteration time that ranks candidates before the best are simulated: "
-                        "max(1F1B compute bound (microbatches + pp - 1) x (fwd + bwd of the slowest stage), "
-                        "busiest WAN hop's activation bytes / min(capacity, dp x window / RTT)) "
-                        "+ 2 x the sum of the WAN hops' one-way latencies"),
-    ("status", "", "`best`, `simulated`, `estimated`, or `rejected: <why>`"),
+PLAN = CsvFile("plan.csv", "`testbed plan`",
+               "one row per layout searched (DC chain x tp x pp x microbatch size, with the largest dp that fits); "
+               "simulated rows first (fastest first), then estimated ones (by estimate_s), then rejected ones. "
+               "Formulas: docs/planner.md", _cols(
+    ("dcs", "", "the DC set, in topology order, `|`-separated: the \"one site or several?\" group"),
+    ("order", "", "the DCs in pipeline order (`a > b`)"),
+    ("stages", "", "pipeline stages per DC, in that order (`a:4 b:4`); empty when no dp fits"),
+    ("layers", "", "transformer layers per stage, space-separated (balanced by GPU speed and memory)"),
+    ("tp", "", "tensor-parallel degree"),
+    ("pp", "", "pipeline stages"),
+    ("dp", "", "data-parallel replicas: the largest dividing global_batch / microbatch whose stages fit"),
+    ("microbatch", "sequences", "sequences per microbatch"),
+    ("microbatches", "", "microbatches per replica per iteration: global_batch / (microbatch x dp)"),
+    ("gpus", "GPUs", "GPUs used: tp x pp x dp"),
+    ("idle_gpus", "GPUs", "free GPUs of the DC set this layout leaves unused"),
+    ("mem_gb", "GB", "peak memory of the fullest GPU (weights, gradients, optimizer state, 1F1B activations; "
+                     "before Atlas's extra warm-up microbatches)"),
+    ("estimate_s", "s", "the planner's analytic iteration time that ranks layouts before the best `--top` of each DC "
+                        "set are simulated: 1F1B fill and drain plus (microbatches - 1) x the steady-state period "
+                        "(slowest stage, busiest WAN direction and pipe, in-flight slack across WAN hops), the "
+                        "replica last in turn order's starvation, the DP all-reduce and AdamW tail; empty if rejected"),
+    ("iteration_s", "s", "simulated iteration time (empty when not simulated)"),
+    ("lower_bound_s", "s", "the best plan only: the same placement with an ideal WAN"),
+    ("tokens_per_s", "tokens/s", "simulated training throughput: global_batch x seq_len / iteration_s"),
+    ("tokens_per_s_per_gpu", "tokens/s", "tokens_per_s / gpus (GPUs used, not idle ones)"),
+    ("status", "", "`best` (chosen), `best of its DC set`, `simulated`, `estimated`, or `rejected: <why>`"),
 ))
 
 BACKENDS = CsvFile("backends.csv", "`bench/backend_compare.py`", "one emulated experiment on several backends", _cols(

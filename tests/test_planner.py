@@ -105,7 +105,7 @@ def test_estimate_agrees_with_the_plan_and_is_exact_without_wan():
     """One DC, even stages, a WAN-free pipeline: 1F1B takes (m + pp - 1)(f + b), then the last stage to
     finish (stage 0) all-reduces and steps its optimizer; the simulator and the estimate agree."""
     model = dict(SMALL, vocab=1)  # a negligible output head: every stage costs the same
-    t = Topology(dcs=[{"name": "a", "gpus": 64, "intra_gbps": 1e9, "intra_latency_us": 0}])
+    t = Topology(dcs=[{"name": "a", "gpus": 64, "intra_gbps": 100_000, "intra_latency_us": 0}])
     exp = experiment(t, model=model, tp=2, pp=4, global_batch=32)
     mech = parse_scheduler("atlas")
     est = Estimator(exp, resolve_model(exp.workload.model), mech)

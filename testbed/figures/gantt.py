@@ -19,7 +19,8 @@ import pandas as pd
 from testbed.figures.style import KIND_COLOURS, plt, save
 
 COMPUTE_KINDS = ("fwd", "bwd", "allreduce", "optimizer", "prefill")
-KIND_NAMES = {"fwd": "forward", "bwd": "backward", "allreduce": "gradient all-reduce", "prefill": "prefill (BubbleTea)"}
+KIND_NAMES = {"fwd": "forward", "bwd": "backward", "allreduce": "gradient all-reduce", "optimizer": "optimizer step",
+              "prefill": "prefill (BubbleTea)"}
 
 
 def with_peers(tl: pd.DataFrame) -> pd.DataFrame:

@@ -208,8 +208,10 @@ def build_plan(
                               distributed_optimizer=w.distributed_optimizer, sequence_parallel=w.sequence_parallel)
                for g in sorted(set(gpu_of.values()))}
     stage_gpus = [sorted({gpu_of[row[s]] for row in stage_dc}) for s in range(w.pp)]
-    layers, _ = stage_layers(model.layers, [[per_gpu[g] for g in gs] for gs in stage_gpus], m, w.schedule,
-                             w.layer_split)
+    # dp-wan keeps the even split: its iteration is bound by each stage's gradient all-reduce over the WAN,
+    # which balancing compute would make larger on the embedding's stage
+    split = "even" if mech.placement == "dp-wan" else w.layer_split
+    layers, _ = stage_layers(model.layers, [[per_gpu[g] for g in gs] for gs in stage_gpus], m, w.schedule, split)
     by_gpu = {g: [c.stage(n, s == 0, s == w.pp - 1, in_flight(s, w.pp, m, w.schedule)) for s, n in enumerate(layers)]
               for g, c in per_gpu.items()}
     for r_row in stage_dc:

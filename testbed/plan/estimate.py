@@ -135,15 +135,25 @@ class Estimator:
         self._stages[key] = got
         return got
 
+    def turn_order(self, fb: np.ndarray, wan_s: float) -> str:
+        """As build.turn_policy: under `auto`, replica order when the WAN bounds the iteration (Plan.wan_load:
+        the busiest WAN direction's bytes per microbatch at capacity, over the slowest stage's fwd + bwd)."""
+        order = self.exp.network.turn_order
+        if order == "auto":
+            return "replica" if wan_s >= fb.max() else "microbatch"
+        return order
+
     def starved(self, f: np.ndarray, b: np.ndarray, burst_f: np.ndarray, burst_b: np.ndarray, busy_f: np.ndarray,
-                busy_b: np.ndarray, own_f: np.ndarray, own_b: np.ndarray) -> float:
+                busy_b: np.ndarray, own_f: np.ndarray, own_b: np.ndarray, wan_s: float) -> float:
         """How late the replica last in a fixed turn order finishes. A stage sends bursts: the warm-up's
         forwards (burst_f[k] from stage k) and the cool-down's backwards (burst_b[k] from stage k + 1); GPipe
         sends all m each way. When the link needs more time for every replica's transfer (busy) than the
         stage takes to make one, the last replica's burst crosses only after the others', back to back, and
         its next stage then computes the whole burst without overlap: per burst transfer it loses the next
         stage's compute less its own transfer time. Other turn orders share the link in rounds instead."""
-        if not self.mech.temporal or self.exp.network.turn_order != "replica":
+        if not self.mech.temporal:
+            return 0.0
+        if self.turn_order(f + b, wan_s) != "replica":
             return 0.0
         f_next = np.concatenate((f[1:], [0.0]))
         lag_f = np.where(busy_f > f, burst_f * np.maximum(0.0, f_next - own_f), 0.0)
@@ -177,7 +187,7 @@ class Estimator:
         round_trips = np.zeros(pp)  # WAN round trip at each boundary, for the latency warm-up
         busy_f, busy_b = np.zeros(pp), np.zeros(pp)  # link time per microbatch (all replicas) at WAN boundaries
         own_f, own_b = np.zeros(pp), np.zeros(pp)  # one transfer alone at its full rate there
-        service, wan_caps, turn, group, s0 = 0.0, [], 0.0, dp, 0
+        service, wan_s, wan_caps, turn, group, s0 = 0.0, 0.0, [], 0.0, dp, 0
         for i, (name, n) in enumerate(zip(lay.order, lay.counts, strict=True)):
             d = dc[name]
             bw, lat = tp * d.intra_gbps * 1e9 / 8, d.intra_latency_us / 1e6
@@ -190,6 +200,7 @@ class Estimator:
                     lp = links[(src, dst)]
                     alone = lp.transfer_rate_bps
                     busy = dp * A / min(lp.capacity_bps, dp * lp.transfer_cap_bps)
+                    wan_s = max(wan_s, dp * A / lp.capacity_bps)
                     service = max(service, busy, A / alone)
                     (busy_f if out is fd else busy_b)[k] = busy
                     (own_f if out is fd else own_b)[k] = A / alone
@@ -221,12 +232,12 @@ class Estimator:
             den = w[:, None] - w[None, :] + 1.0
             ratio = np.where(np.triu(np.ones((pp, pp), dtype=bool)), num / np.maximum(den, 1.0), 0.0)
             period = max(float(ratio.max()), service)
-            burst = self.starved(f, b, w + 1, np.concatenate((w[1:] + 1, [0.0])), busy_f, busy_b, own_f, own_b)
+            burst = self.starved(f, b, w + 1, np.concatenate((w[1:] + 1, [0.0])), busy_f, busy_b, own_f, own_b, wan_s)
             pipe = float(fb.sum() + d.sum()) + (m - 1) * period + burst
         else:
             pipe = (float(f.sum() + fd.sum()) + (m - 1) * max(float(f.max()), service)
                     + float(b.sum() + bd.sum()) + (m - 1) * max(float(b.max()), service))
-            pipe += self.starved(f, b, np.full(pp, m), np.full(pp, m), busy_f, busy_b, own_f, own_b)
+            pipe += self.starved(f, b, np.full(pp, m), np.full(pp, m), busy_f, busy_b, own_f, own_b, wan_s)
         # after its last backward a stage all-reduces its gradients inside its DC, then steps AdamW
         back = np.concatenate(([0.0], np.cumsum(b + bd)[:-1]))  # how much earlier stage s finishes
         ar = (2 * (dp - 1) / dp * st.grad_bytes / intra_bps + 2 * (dp - 1) * intra_lat) if dp > 1 else 0.0
