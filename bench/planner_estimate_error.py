@@ -4,7 +4,8 @@ The estimate's terms were checked against the simulator on GPT-3 175B over topol
 pp-wan+greedy, default latencies). This script measures it elsewhere: mixed GPUs, another model and
 batch, longer WAN latencies, GPipe. For each job it runs the planner with the best 3 layouts of every
 DC set simulated and prints the relative error (estimate - simulated) / simulated over those layouts,
-and whether the estimate's first choice in each DC set was the simulator's. A benchmark, not a test.
+and how much slower than the set's simulated best the estimate's first choice in each DC set is (at
+worst over the sets: what trusting the estimate alone would cost). A benchmark, not a test.
 Run: .venv/bin/python bench/planner_estimate_error.py
 """
 
@@ -45,7 +46,7 @@ def topology(spec):
 
 def main() -> None:
     print(f"{'job':<44}{'scheduler':<16}{'layouts':>8}{'median':>9}{'max':>9}{'bias':>9}"
-          f"{'multi-DC median':>17}  first choice right")
+          f"{'multi-DC median':>17}{'first choice slower by':>24}")
     for title, topo, workload, sched in JOBS:
         exp = Experiment(topology=topology(topo), schedulers=[sched], network=NETWORK.get(title, {}),
                          workload={"model": "gpt3-175b", "global_batch": 1728, "sequence_parallel": True, **workload})
@@ -53,14 +54,15 @@ def main() -> None:
         sims = [c for c in res.candidates if c.iteration_s]
         errs = [(c.estimate_s - c.iteration_s) / c.iteration_s for c in sims]
         multi = [abs(e) for e, c in zip(errs, sims, strict=True) if "|" in c.dcs]
-        right = 0
+        worst = 0.0
         for s in res.sets:
             mine = [c for c in sims if c.dcs == s.dcs]
             if mine:
-                right += min(mine, key=lambda c: c.estimate_s) is s.best
+                first = min(mine, key=lambda c: (c.estimate_s, -c.gpus, c.key()))
+                worst = max(worst, first.iteration_s / s.best.iteration_s - 1)
         print(f"{title:<44}{sched:<16}{len(errs):>8}{statistics.median(map(abs, errs)):>9.1%}"
               f"{max(map(abs, errs)):>9.1%}{statistics.mean(errs):>+9.1%}{statistics.median(multi):>17.1%}"
-              f"  {right} of {len(res.sets)} DC sets")
+              f"{worst:>24.2%}")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ step after the last backward. Formulas: docs/planner.md.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -59,6 +60,12 @@ class _Stages:
     act_gb: np.ndarray  # what one more in-flight microbatch costs per GPU
     grad_bytes: np.ndarray
     opt_s: np.ndarray
+
+
+@functools.cache
+def _pairs(pp: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every (s, t) with s <= t < pp, as two index arrays."""
+    return np.triu_indices(pp)
 
 
 class Estimator:
@@ -226,11 +233,10 @@ class Estimator:
             # (t = last stage: the round trip; t = s + 1 across a WAN hop: only two microbatches of slack)
             d = fd + bd
             w = np.minimum(pp - 1 - np.arange(pp) + extra, m - 1)
-            F = np.concatenate(([0.0], np.cumsum(fb)))
+            F = np.cumsum(fb)
             D = np.concatenate(([0.0], np.cumsum(d)))
-            num = F[1:][None, :] - F[:-1][:, None] + D[:-1][None, :] - D[:-1][:, None]
-            den = w[:, None] - w[None, :] + 1.0
-            ratio = np.where(np.triu(np.ones((pp, pp), dtype=bool)), num / np.maximum(den, 1.0), 0.0)
+            s_, t_ = _pairs(pp)
+            ratio = (F[t_] - F[s_] + fb[s_] + D[t_] - D[s_]) / (w[s_] - w[t_] + 1.0)
             period = max(float(ratio.max()), service)
             burst = self.starved(f, b, w + 1, np.concatenate((w[1:] + 1, [0.0])), busy_f, busy_b, own_f, own_b, wan_s)
             pipe = float(fb.sum() + d.sum()) + (m - 1) * period + burst
