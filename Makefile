@@ -7,13 +7,13 @@ RESULTS := results
 
 .PHONY: all venv sysdeps test unit integration lint experiment sim-paper sim-bubbletea claims emu-multitcp emu-training \
         figures bench base-image docker-setup wheels images testbed-image emu-docker emu-docker-if-ready \
-        topology-3dc topology-down clean distclean
+        topology-3dc topology-down clean distclean wan-change
 
 all: test
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q -e '.[dev,mininet,docker]'
+	$(BIN)/pip install -q -e '.[dev,mininet,docker,ray]'
 	@# torch compute: only the CPU wheel from this machine's wheel dir, never a CUDA build from an index
 	@if ls /opt/wheels/torch-2.13.0+cpu-*.whl >/dev/null 2>&1; then $(BIN)/pip install -q 'torch==2.13.0'; \
 	 else echo "no local CPU torch wheel: torch compute (emu-torch, its test) is skipped"; fi
@@ -164,3 +164,10 @@ clean:
 
 distclean: clean
 	rm -rf $(VENV)
+
+# A WAN that changes (docs/wan-change.md): simulated, then emulated with the changes applied live (root).
+wan-change: venv sysdeps
+	$(TESTBED) sim experiments/wan-change.yaml --out $(RESULTS)/wan-change-sim
+	@if [ "$$(id -u)" -ne 0 ]; then echo "skipping the emulated run: it needs root"; \
+	 else $(TESTBED) clean --prefix gdtb1 && $(TESTBED) experiment run experiments/wan-change.yaml $(EMU) \
+	   --out $(RESULTS)/wan-change && $(TESTBED) figures $(RESULTS)/wan-change --out $(RESULTS)/figures/wan-change; fi

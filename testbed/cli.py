@@ -83,13 +83,21 @@ def sim(
     set_: SetOpt = None,
     sweep: SweepOpt = None,
     jobs: Annotated[int | None, typer.Option(help="Processes for sweep points (default: CPU count)")] = None,
+    engine: Annotated[str, typer.Option(help="process (a local pool) | ray (a local Ray, or --address)")]
+    = "process",
+    address: Annotated[str | None, typer.Option(help="An existing Ray cluster, e.g. 10.0.0.5:6379 (--engine ray)")]
+    = None,
 ) -> None:
     """Simulate every scheduler of an experiment (and every sweep point); write summary/timeline/trace."""
     from testbed.progress import Progress
     from testbed.results import write_spec
-    from testbed.sim.run import run_experiment, write_outputs
+    from testbed.sim.run import ENGINES, run_experiment, write_outputs
     from testbed.spec.load import load_experiment, resolved_spec
 
+    if engine not in ENGINES:
+        raise SpecError("--engine", f"unknown engine {engine!r}", f"use one of {', '.join(ENGINES)}")
+    if address and engine != "ray":
+        raise SpecError("--address", "only Ray connects to a cluster", "add --engine ray")
     points = load_experiment(experiment, set_, sweep)
     exp0 = points[0][0]
     what = f"{escape(exp0.name)}: simulating {len(points)} point(s) x {len(exp0.schedulers)} scheduler(s)"
@@ -99,7 +107,7 @@ def sim(
                                                             f"{float(r.summary['iteration_s']):.4g} s") for r in res)
             prog.step(f"point {i} ({point_text(points[i][1])}) done: {its}")
 
-        results = run_experiment(points, jobs, on_point=done)
+        results = run_experiment(points, jobs, on_point=done, engine=engine, address=address)
         failed = [r for r in results if r.error is not None]
         if len(failed) == len(results):  # nothing could run: the spec itself is the problem
             raise failed[0].error  # type: ignore[misc]
@@ -201,9 +209,11 @@ def plan(
     from testbed.plan.select import PLAN_HEADER, plan_rows, search
     from testbed.results import write_csv
     from testbed.spec.experiment import Experiment
-    from testbed.spec.load import _read_yaml, parse_value, set_dotted, split_assignment, validate
+    from testbed.spec.load import _read_yaml, parse_value, resolve_traces, set_dotted, split_assignment, validate
 
-    data = {"topology": _read_yaml(topology), "schedulers": [scheduler],
+    topo_data = _read_yaml(topology)
+    resolve_traces(topo_data, topology.parent)
+    data = {"topology": topo_data, "schedulers": [scheduler],
             "workload": {"model": model, "global_batch": global_batch, "sequence_parallel": sequence_parallel}}
     for s in set_ or []:
         k, v = split_assignment(s)

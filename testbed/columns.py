@@ -75,6 +75,8 @@ SUMMARY = CsvFile("summary.csv", "`testbed sim`, `testbed experiment run`",
     ("sweep", "", "this row's sweep point: `key=value` pairs, `;`-separated (empty without a sweep)"),
     ("degraded", "", "why an emulated run is not what was asked (e.g. the Atlas sidecar died), else empty"),
     ("status", "", "`ok`, or `infeasible: <why>` for a sweep point and scheduler that could not run (no numbers)"),
+    ("wan_stall_s", "s", "a WAN that changes (written only then, last): seconds during which some transfer waited "
+                         "on a link that was down (docs/wan-change.md)"),
 ))
 
 MULTITCP = CsvFile("summary.csv (multitcp)", "`testbed experiment run` with a `multitcp:` section",
@@ -142,7 +144,8 @@ VALIDATION = CsvFile("validation.csv", "`testbed experiment run` (modeled comput
                      "the simulator's prediction vs the emulated measurement, per metric", _cols(
     _RUN,
     ("scheduler", "", "scheduler"),
-    ("metric", "", "a summary.csv column (`iteration_s`, `gpu_util`, `bubble_frac`)"),
+    ("metric", "", "a summary.csv column (`iteration_s`, `gpu_util`, `bubble_frac`), or `iteration_s@K`: "
+                   "iteration K's length, on a WAN that changes"),
     ("sim", "", "the simulator's value (the metric's unit)"),
     ("emu", "", "the emulated value (the metric's unit)"),
     ("rel_error", "share", "(sim - emu) / emu"),
@@ -279,8 +282,36 @@ CLAIM_POINTS = CsvFile("claims_points.csv", "`testbed claims`", "one row per cla
     ("kept", "", "1 if the point meets the card's `where` conditions"),
 ))
 
+_WAN_RUN = "`testbed sim`, `testbed experiment run` on a topology whose links change (docs/wan-change.md)"
+ITERATIONS = CsvFile("iterations.csv", _WAN_RUN, "one row per iteration of a run", _cols(
+    _RUN, _SOURCE,
+    ("scheduler", "", "the run's scheduler"),
+    ("iteration", "", "iteration index (0 first)"),
+    ("start_s", "s", "the iteration's start on the timeline clock (iterations back to back)"),
+    ("iteration_s", "s", "its length"),
+    ("wan_stall_s", "s", "seconds of it during which some transfer waited on a link that was down"),
+))
+
+LINKCHANGES = CsvFile("linkchanges.csv", _WAN_RUN, "one row per link change (and each link's state at 0)", _cols(
+    _RUN, _SOURCE,
+    ("link", "", "`<dc>-<dc>` as the topology names it (both directions change)"),
+    ("t_s", "s", "when the schedule has the change, on the timeline clock"),
+    ("applied_s", "s", "when it took effect on the timeline clock (the simulator: t_s)"),
+    ("gbps", "Gbit/s", "the link's real-world capacity from then on (when up)"),
+    ("latency_ms", "ms", "its one-way latency from then on"),
+    ("up", "", "1 if the link carries traffic, 0 while it is down"),
+    ("apply_ms", "ms", "how long applying the change took on the emulated WAN (0 in the simulator)"),
+))
+
+LINKRATES = CsvFile("linkrates.csv", _WAN_RUN, "each link direction's throughput over the run", _cols(
+    _RUN, _SOURCE,
+    ("link", "", "`<from dc>><to dc>`: one direction"),
+    ("t_s", "s", "from this time on (timeline clock): the simulator's exact steps, the emulator's 20 ms bins"),
+    ("gbps", "Gbit/s", "real-world throughput (emulated bytes times the scale k)"),
+))
+
 FILES: tuple[CsvFile, ...] = (SUMMARY, MULTITCP, TIMELINE, REQUESTS, BUBBLES, VALIDATION, LOSS, FLOWS, CAPTURE,
-                              LINKS, PLAN, RANKS, BACKENDS, CLAIMS, CLAIM_POINTS)
+                              LINKS, PLAN, RANKS, BACKENDS, CLAIMS, CLAIM_POINTS, ITERATIONS, LINKCHANGES, LINKRATES)
 _BY_NAME = {c.name: c for f in FILES for c in f.columns}
 _BY_NAME.update({c.name: c for c in SUMMARY.columns})  # summary.csv's meaning wins for shared names
 

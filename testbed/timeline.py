@@ -178,6 +178,16 @@ class Timeline:
                for k in range(iterations) for iv in self.rep_intervals()]
         return Timeline(self.run_id, self.source, ivs, [T] * iterations, self.groups, self.copies)
 
+    @classmethod
+    def joined(cls, parts: list[Timeline]) -> Timeline:
+        """One-iteration timelines run back to back (a WAN that changes makes every iteration its own)."""
+        ivs, t = [], 0.0
+        for k, part in enumerate(parts):
+            ivs += [iv._replace(iteration=k, start_s=iv.start_s + t, end_s=iv.end_s + t) for iv in part.intervals]
+            t += part.iteration_s[0]
+        first = parts[0]
+        return Timeline(first.run_id, first.source, ivs, [p.iteration_s[0] for p in parts], first.groups)
+
     def steady(self) -> Timeline:
         """Without iteration 0 (connection set-up, TCP slow start) when there is more than one."""
         if len(self.iteration_s) < 2:

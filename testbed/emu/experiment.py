@@ -11,7 +11,8 @@ from testbed.errors import NotYetError, SpecError
 from testbed.plan.build import build_plan, resolve_dp
 from testbed.results import fmt
 from testbed.sim.executor import simulate
-from testbed.sim.run import RunResult, lower_bound_s
+from testbed.sim.linkchange import WanSchedule, union_length
+from testbed.sim.run import RunResult, WanRecord, lower_bound_s, simulate_changing_run, stall_rows
 from testbed.spec.experiment import Experiment
 from testbed.spec.topology import Topology
 
@@ -85,6 +86,58 @@ def as_emulated(topo: Topology, scale: float) -> Topology:
     return topo.model_copy(update={"links": links})
 
 
+def opened_connections(exp: Experiment, scheduler: str, wan: WanSchedule) -> dict[tuple[str, str], int]:
+    """Per WAN hop, the most connections any iteration's plan stripes over on a changing WAN: the workers open
+    them all at the start, and each iteration uses as many as its plan says."""
+    from testbed.plan.build import transfer_connections
+    from testbed.plan.mechanisms import parse_scheduler
+
+    mech, topo, out = parse_scheduler(scheduler), exp.topology, {}
+    for link in topo.links:
+        states = wan.links.get(tuple(link.between), ([], []))[1]  # type: ignore[arg-type]
+        rates = [(link.gbps * 1e9 / 8, link.latency_ms / 1e3)] + [(st.capacity_bps, st.latency_s) for st in states]
+        n = max(transfer_connections(exp, mech, c, topo.window_mb(link) * 2**20, 2 * lat) for c, lat in rates)
+        a, b = link.between
+        out[(a, b)] = out[(b, a)] = n
+    return out
+
+
+def changing_run(exp: Experiment, plan, sched: str, dp: int, emu, scale: float, progress, capture: bool,
+                 wan: WanSchedule):
+    """An emulated run on a WAN that changes, and the simulator's run of it; returns (emulated run, the
+    simulated timeline, events, the simulator's record, the emulator's record)."""
+    from testbed.emu.wanchange import LiveWan
+    from testbed.plan.build import build_plan
+    from testbed.sim.linkchange import Pair
+
+    def replan(t: float):
+        at = exp.model_copy(update={"topology": wan.topology_at(exp.topology, t)})
+        p = build_plan(at, sched, run_id=plan.run_id, dp=dp)
+        p.scale = scale
+        return p
+
+    hops: list[Pair] = []
+    for row in plan.stage_dc:
+        for a, b in zip(row, row[1:], strict=False):
+            if a != b and (a, b) not in hops and (b, a) not in hops:
+                hops.append((a, b))
+    live = LiveWan(emu, wan, scale, hops)
+    try:
+        run = run_training(plan, emu, exp.iterations, progress, exp.emulation.compute, None, None, capture=capture,
+                           live=live, replan=replan, conns=opened_connections(exp, sched, wan))
+    finally:
+        live.close()
+    durations = run.timeline.iteration_s
+    starts = run.starts
+    rates, changes, stalls = live.report(plan.run_id, starts, durations)
+    rec = WanRecord(rates, changes, [], stalls)
+    clock = [sum(durations[:k]) for k in range(len(durations))]
+    for k, (c, d, st) in enumerate(zip(clock, durations, stall_rows(stalls, durations), strict=True)):
+        rec.iterations.append((plan.run_id, "emu", sched, k, fmt(c, 6), fmt(d, 6), st))
+    _, tl_sim, events, sim_rec = simulate_changing_run(exp, sched, plan.run_id, dp, wan, scale)
+    return run, tl_sim, events, sim_rec, rec
+
+
 def check_emulable(exp: Experiment) -> None:
     if exp.emulation.backend == "mininet":
         raise NotYetError("emulated training runs on the mininet backend: use netns, docker or containernet")
@@ -141,10 +194,17 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
     flows: list[tuple] = []
     emu = up(exp.topology, backend=em.backend, prefix=em.prefix, scale=scale, delay=em.delay,
              lan_gpus_per_host=exp.workload.tp, slow_start_after_idle=exp.network.tcp_slow_start_after_idle)
+    wan = WanSchedule.from_topology(same.topology)
     try:
         if on_up is not None:
             on_up(emu)
         for sched in exp.schedulers:
+            if wan is not None:
+                plan = build_plan(same, sched, run_id=f"p{index:02d}-{sched}", dp=dp)
+                plan.scale = scale
+                results += _changing_point(same, plan, sched, dp, emu, scale, progress, capture, wan, sweep,
+                                           validation, flows)
+                continue
             plan = build_plan(same, sched, run_id=f"p{index:02d}-{sched}", dp=dp)
             plan.scale = scale
             torch_cfg = None
@@ -190,9 +250,39 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
     finally:
         down(emu)
     base = {r.summary["scheduler"]: r.summary["iteration_s"] for r in results if r.summary["source"] == "emu"}
+    if wan is not None:
+        add_speedups([r.summary for r in results])
+        return results, validation, losses, flows
     for r in results:
         name = str(r.summary["scheduler"])
         if r.summary["source"] == "emu" and name.endswith("+bubbletea") and name[:-10] in base:
             r.summary["train_slowdown"] = round(float(r.summary["iteration_s"]) / float(base[name[:-10]]) - 1, 6)
     add_speedups([r.summary for r in results])
     return results, validation, losses, flows
+
+
+def _changing_point(exp: Experiment, plan, sched: str, dp: int, emu, scale: float, progress, capture: bool,
+                    wan: WanSchedule, sweep: dict, validation: list, flows: list) -> list[RunResult]:
+    """The emulated and simulated rows of one scheduler on a changing WAN, and the validation of each
+    iteration's time (the first, with TCP's slow start, is left out of the summary as usual)."""
+    if exp.emulation.compute != "modeled":
+        raise NotYetError("a changing WAN with torch compute: use compute: modeled")
+    run, tl_sim, events, sim_rec, emu_rec = changing_run(exp, plan, sched, dp, emu, scale, progress, capture, wan)
+    flows += run.captured
+    for it, t, link, dev, r, sent in run.flows:
+        flows.append((plan.run_id, sched, link, dev, r, it, fmt(t, 6), sent, scale))
+    lb = lower_bound_s(plan)
+    tl_emu, tl_s = run.timeline.steady(), tl_sim.steady()
+    skip = sum(run.timeline.iteration_s) - sum(tl_emu.iteration_s)  # the steady rows start after iteration 0
+    skip_sim = sum(tl_sim.iteration_s) - sum(tl_s.iteration_s)
+    row_emu = summary_row(plan, tl_emu, lb, sweep, degraded=run.degraded)
+    row_emu["wan_stall_s"] = round(union_length(emu_rec.stalls, skip), 6)
+    row_sim = summary_row(plan, tl_s, lb, sweep)
+    row_sim["wan_stall_s"] = round(union_length(sim_rec.stalls, skip_sim), 9)
+    for m in VALIDATED:
+        a, b = float(row_sim[m]), float(row_emu[m])
+        validation.append((plan.run_id, sched, m, a, b, round((a - b) / b, 6) if b else "", run.degraded))
+    for k, (a, b) in enumerate(zip(tl_sim.iteration_s, run.timeline.iteration_s, strict=True)):
+        validation.append((plan.run_id, sched, f"iteration_s@{k}", round(a, 6), round(b, 6), round((a - b) / b, 6),
+                           run.degraded))
+    return [RunResult(row_sim, tl_sim, events, wan=sim_rec), RunResult(row_emu, run.timeline, 0, wan=emu_rec)]

@@ -33,3 +33,10 @@ def htb_commands(dev: str, rate_bps: float, rtt_s: float, netem_delay_ms: float 
         cmds.append(["tc", "qdisc", "add", "dev", dev, "parent", "1:10", "handle", "10:", "bfifo", "limit",
                      str(queue_bytes(rate_bps, rtt_s))])
     return cmds
+
+
+def rate_change_commands(dev: str, rate_bps: float) -> list[list[str]]:
+    """Re-rate a link made by `htb_commands` (its class 1:1 and default class 1:10) as a running link changes."""
+    rate = f"{int(rate_bps)}bit"
+    return [["tc", "class", "change", "dev", dev, "parent", parent, "classid", cid, "htb", "rate", rate, "ceil", rate,
+             "burst", BURST, "cburst", BURST] for parent, cid in (("1:", "1:1"), ("1:1", "1:10"))]

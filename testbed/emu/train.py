@@ -37,9 +37,13 @@ def sidecar_socket(emu: Emulation, a: str, b: str) -> str:
     return str(state.run_dir(emu.prefix) / f"sidecar-{emu.addr.wan(a, b).ns}.sock")
 
 
-def worker_configs(plan: Plan, emu: Emulation, compute: str = "modeled", torch_cfg: dict[int, dict] | None = None
-                   ) -> dict[tuple[int, int], WorkerConfig]:
-    """Each group's lowered program and where its peers listen, on the host the program names."""
+def worker_configs(plan: Plan, emu: Emulation, compute: str = "modeled", torch_cfg: dict[int, dict] | None = None,
+                   conns: dict[tuple[str, str], int] | None = None) -> dict[tuple[int, int], WorkerConfig]:
+    """Each group's lowered program and where its peers listen, on the host the program names. `conns`: the
+    connections to open per WAN hop when a changing WAN makes later iterations stripe over more (wanchange.py)."""
+    if conns:
+        plan = dataclasses.replace(plan, links={k: dataclasses.replace(lp, connections=max(lp.connections, conns[k]))
+                                                for k, lp in plan.links.items()})
     programs = lower(plan)
     problems = dry_run(programs)
     if problems:
@@ -272,6 +276,7 @@ class TrainingRun:
     flows: list[tuple] = field(default_factory=list)  # (iteration, t_s on the timeline, link, towards, replica, bytes)
     captured: list[tuple] = field(default_factory=list)  # flows.csv rows of a packet capture (run's timeline clock)
     capture_summary: str = ""
+    starts: list[float] = field(default_factory=list)  # each iteration's monotonic start
 
 
 def capture_rows(plan: Plan, emu: Emulation, cfgs: dict, res, starts: list[float], durations: list[float]
@@ -296,11 +301,13 @@ def capture_rows(plan: Plan, emu: Emulation, cfgs: dict, res, starts: list[float
 
 def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, compute: str = "modeled",
                  torch_cfg: dict[int, dict] | None = None, prefill_jobs: dict | None = None,
-                 capture: bool = False) -> TrainingRun:
+                 capture: bool = False, live=None, replan=None, conns: dict | None = None) -> TrainingRun:
     """Run `iterations` iterations of `plan` on `emu`; return the emulated timeline (barrier gaps removed).
     `capture`: packet headers on every WAN link for the whole run (testbed/emu/capture.py) instead of the
-    HTB class counters of one iteration."""
-    cfgs = worker_configs(plan, emu, compute, torch_cfg)
+    HTB class counters of one iteration. On a changing WAN, `live` (wanchange.LiveWan) applies the link
+    schedule, `replan(clock)` gives each iteration's plan (its programs go out with the iteration's go) and
+    `conns` the connections to open per WAN hop."""
+    cfgs = worker_configs(plan, emu, compute, torch_cfg, conns)
     rdir = state.run_dir(emu.prefix)
     ctl = Controller(str(rdir / "ctl.sock"), len(cfgs), run_gid(emu.backend), worker_uid(emu.backend))
     procs: list[subprocess.Popen] = []
@@ -338,12 +345,24 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
             from testbed.emu.capture import Capture
 
             cap = Capture(emu, seconds=ITERATION_TIMEOUT * iterations).start()
+        if live is not None:
+            live.sidecar_paths.update({frozenset(link): sidecar_socket(emu, *link) for link in hops})
+            live.prepare()
         for it in range(iterations):
             t_start = time.monotonic() + 0.05
             starts.append(t_start)
-            ctl.broadcast({"go": it, "t": t_start})
+            if live is not None:
+                live.begin(it, t_start, sum(durations))
+            if replan is not None:
+                programs = lower(replan(sum(durations)))
+                for (s, r), c in ctl.conns.items():
+                    send_ctrl(c, {"go": it, "t": t_start, "program": json.loads(programs[group_name(s, r)].to_json())})
+            else:
+                ctl.broadcast({"go": it, "t": t_start})
             with sampler if it == min(1, iterations - 1) else contextlib.nullcontext():  # one steady iteration
                 done = ctl.expect("done", procs, ITERATION_TIMEOUT)
+            if live is not None:
+                live.end()
             end = max((iv[3] for d in done.values() for iv in d["log"] if iv[0] != "prefill"), default=t_start)
             degraded = degraded or next((d["degraded"] for d in done.values() if d.get("degraded")), "")
             it_losses = [d["loss"] for d in done.values() if d.get("loss") is not None]
@@ -382,7 +401,7 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
             prefill_ran = json.load(f)["ran"]
     ivs = intervals + group_gaps(intervals, durations)
     run = TrainingRun(Timeline(plan.run_id, "emu", sort_intervals(ivs), durations, plan.pp * plan.dp), degraded,
-                      losses, prefill_ran)
+                      losses, prefill_ran, starts=starts)
     if cap_res is not None:
         run.captured, run.capture_summary = capture_rows(plan, emu, cfgs, cap_res, starts, durations), cap_res.summary()
     k = min(1, iterations - 1)

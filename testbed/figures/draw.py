@@ -41,6 +41,15 @@ def draw_all(folder: Path, out: Path, notes: list[str] | None = None) -> list[Pa
         for sub in sorted(p for p in folder.iterdir() if (p / "summary.csv").exists()):
             paths += draw_all(sub, out / sub.name, notes)
     paths += _captured(folder, out, notes)
+    rfile = folder / "linkrates.csv"
+    if rfile.exists() and (folder / "linkchanges.csv").exists():  # a WAN that changes
+        from testbed.figures.wan import link_throughput
+
+        rates, changes = pd.read_csv(rfile), pd.read_csv(folder / "linkchanges.csv")
+        ifile = folder / "iterations.csv"
+        its = pd.read_csv(ifile) if ifile.exists() else None
+        for run_id in list(dict.fromkeys(rates.run_id))[:8]:
+            paths.append(link_throughput(rates, changes, its, run_id, out / f"wan_throughput_{run_id}.png"))
     sfile = folder / "summary.csv"
     if not sfile.exists():
         return paths

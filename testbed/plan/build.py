@@ -117,17 +117,23 @@ def pinned_chain(exp: Experiment, mech: Mechanisms) -> tuple[list[str] | None, l
     return list(w.stages_per_dc), list(w.stages_per_dc.values())
 
 
+def transfer_connections(exp: Experiment, mech: Mechanisms, capacity_bps: float, window_bytes: float,
+                         rtt_s: float) -> int:
+    """Connections one stage boundary's transfers use on a link of this capacity, window and RTT."""
+    base = boundary_connections(mech, exp.workload.tp, exp.network)
+    if mech.multi_tcp:
+        return max(base, connections_for(capacity_bps, window_bytes, rtt_s, exp.network.max_tcp_connections))
+    return base
+
+
 def link_plans(exp: Experiment, mech: Mechanisms) -> dict[tuple[str, str], LinkPlan]:
     """Both directions of every WAN link, with the connections one stage boundary's transfers use."""
     topo, out = exp.topology, {}
-    base = boundary_connections(mech, exp.workload.tp, exp.network)
     for link in topo.links:
         cap = link.gbps * 1e9 / 8
         lat = link.latency_ms / 1e3
         win = topo.window_mb(link) * 2**20
-        n = base
-        if mech.multi_tcp:
-            n = max(base, connections_for(cap, win, 2 * lat, exp.network.max_tcp_connections))
+        n = transfer_connections(exp, mech, cap, win, 2 * lat)
         a, b = link.between
         for src, dst in ((a, b), (b, a)):
             out[(src, dst)] = LinkPlan(src, dst, cap, lat, win, n, mech.temporal)

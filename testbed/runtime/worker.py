@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 
-from testbed.program import AllReduce, Backward, Exchange, Forward, Recv, Send, exchanges
+from testbed.program import AllReduce, Backward, Exchange, Forward, Recv, Send, exchanges, program_from_dict
 from testbed.runtime.config import WorkerConfig
 from testbed.runtime.wire import DATA, chunk_offset, chunk_sizes, recv_ctrl, recv_exact, send_ctrl
 
@@ -153,9 +153,10 @@ class Striped:
                 done()
 
     def send(self, kind: bytes, it: int, mb: int, nbytes: int, on_done, sidecar: SidecarClient | None = None,
-             replica: int = 0, payload: memoryview | None = None) -> None:
-        """Stripe one message; `payload` (real bytes) or `nbytes` of zeros (modeled compute)."""
-        n = len(self.socks)
+             replica: int = 0, payload: memoryview | None = None, stripes: int | None = None) -> None:
+        """Stripe one message over the first `stripes` connections (all by default); `payload` (real bytes) or
+        `nbytes` of zeros (modeled compute)."""
+        n = min(stripes or len(self.socks), len(self.socks))
         if payload is not None:
             nbytes = len(payload)
         sizes = chunk_sizes(nbytes, n)
@@ -172,7 +173,7 @@ class Striped:
                 if left[0] == 0:
                     on_done(t0, time.monotonic())
 
-        for i, (q, size) in enumerate(zip(self.queues, sizes, strict=True)):
+        for i, (q, size) in enumerate(zip(self.queues[:n], sizes, strict=True)):
             off = chunk_offset(nbytes, n, i)
             part = payload[off:off + size] if payload is not None else None
             q.put((DATA.pack(kind, it, mb, i, n, size, nbytes, t0), size, part, one_done))
@@ -524,16 +525,19 @@ def main(cfg_path: str, ctl_path: str) -> None:
         if "stop" in msg:
             break
         it, t_start = msg["go"], msg["t"]
+        # a changing WAN re-plans each iteration (testbed/emu/wanchange.py): this iteration's program, run over
+        # the connections opened at the start (as many as any iteration needs), striping as its pipes say
+        p_it = program_from_dict(msg["program"]) if "program" in msg else prog
         log.clear()
         comp.losses.clear()
         pending = threading.Semaphore(0)
         sends = 0
         bt.begin(it, t_start)
-        wake = t_start + prog.offset_s
+        wake = t_start + p_it.offset_s
         if (d := wake - time.monotonic()) > 0:
             time.sleep(d)
         data = out_data = None  # the last message in (for the next compute), the last compute's output
-        for st in prog.steps:
+        for st in p_it.steps:
             t = type(st)
             if t is Recv:
                 data = receive(st, it)
@@ -545,7 +549,7 @@ def main(cfg_path: str, ctl_path: str) -> None:
             elif t is Send:
                 nbytes = max(1, round(st.bytes / cfg.scale))
                 pipes[st.peer].send(st.kind.encode(), it, st.microbatch, nbytes, sent(st.bytes, st.microbatch, pending),
-                                    sidecars.get(st.peer), r, out_data)
+                                    sidecars.get(st.peer), r, out_data, p_it.pipe(st.peer).connections)
                 sends += 1
             else:  # AllReduce
                 t0 = time.monotonic()

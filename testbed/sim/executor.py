@@ -26,6 +26,7 @@ from testbed.plan.lower import lower
 from testbed.plan.plan import Plan
 from testbed.plan.turns import TURN_KEYS
 from testbed.program import AllReduce, Forward, Recv, Send
+from testbed.sim.linkchange import LiveLinks, WanSchedule
 from testbed.sim.network import Flow, LinkState
 from testbed.timeline import Timeline
 
@@ -42,7 +43,7 @@ def replica_classes(plan: Plan) -> dict[int, list[int]]:
 
 
 class Simulation:
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, wan: WanSchedule | None = None, t0: float = 0.0) -> None:
         self.p = plan
         self.heap: list = []
         self.seq = 0
@@ -65,12 +66,14 @@ class Simulation:
         self.links = {
             k: LinkState(lp.capacity_bps, lp.temporal, self._schedule_flow) for k, lp in plan.links.items()
         }
+        self.lp = dict(plan.links)  # each link as it is now (a changing WAN replaces entries)
         self.turn_pos = {r: i for i, r in enumerate(plan.turn_order)}
         self.turn_key = TURN_KEYS[plan.turn_policy]
         self.pipes: dict[tuple[int, int], deque] = defaultdict(deque)  # (src, dst) -> queued WAN transfers
         self.pipe_free: dict[tuple[int, int], float] = {}  # (src, dst) inside a DC -> when its last byte leaves
         self.wan_ar: dict[int, dict] = {}  # stage -> pending cross-DC all-reduce state
         self.events = 0
+        self.wan = LiveLinks(self, wan, t0) if wan is not None else None  # the schedule's clock is t0 + now
 
     def replica(self, g: int) -> int:
         return self.reps[g // self.p.pp]
@@ -88,6 +91,8 @@ class Simulation:
         for k, r in enumerate(self.reps):
             for s in range(p.pp):
                 self.push(p.replica_offset_s[r], self.try_start, k * p.pp + s)
+        if self.wan is not None:
+            self.wan.start()
         heap, pop = self.heap, heapq.heappop
         while heap:
             t, _, fn, args = pop(heap)
@@ -153,13 +158,14 @@ class Simulation:
         pipe = self.pipes[(src, dst)]
         pipe.append((kind, i, nbytes, self.now))
         if len(pipe) == 1:
-            self._start_head(src, dst, p.links[(a, b)])
+            self._start_head(src, dst, self.lp[(a, b)])
 
     def _start_head(self, src: int, dst: int, lp) -> None:
         kind, i, nbytes, t_issue = self.pipes[(src, dst)][0]
         k = src // self.p.pp
         prio = self.turn_key(i, self.turn_pos[self.reps[k]], kind, t_issue)
-        flow = Flow(nbytes, lp.transfer_cap_bps, prio, payload=(src, dst, kind, i, lp, t_issue), weight=self.weight[k])
+        flow = Flow(nbytes, lp.transfer_cap_bps, prio, payload=(src, dst, kind, i, lp, t_issue),
+                    weight=self.weight[k], window=lp.connections * lp.window_bytes)
         self.links[(lp.src, lp.dst)].add(flow, self.now)
 
     def _flow_done(self, flow: Flow, version: int) -> None:
@@ -170,14 +176,14 @@ class Simulation:
         if kind == "ar":
             self._wan_allreduce_part_done(src)
             return
-        arrive = self.now + lp.latency_s
+        arrive = self.now + self.lp[(lp.src, lp.dst)].latency_s
         self.out.append((src, "send", i, t_issue, self.now, flow.nbytes))
         self.out.append((dst, "recv", i, t_issue, arrive, flow.nbytes))
         self.push(arrive, self.arrival, dst, kind, i)
         pipe = self.pipes[(src, dst)]
         pipe.popleft()
         if pipe:
-            self._start_head(src, dst, lp)
+            self._start_head(src, dst, self.lp[(lp.src, lp.dst)])
 
     def arrival(self, g: int, kind: str, i: int) -> None:
         (self.got_act if kind == "a" else self.got_grad)[g][i] = 1
@@ -211,13 +217,14 @@ class Simulation:
         nbytes = 2 * (D - 1) / D * ar.bytes
         hops = list(zip(ring, ring[1:] + ring[:1], strict=True))
         # each of the 2(D-1) ring steps pays one WAN latency; the bandwidth part is the flows below
-        lat = max(p.links[h].latency_s for h in hops)
+        lat = max(self.lp[h].latency_s for h in hops)
         self.wan_ar[s] = {"pending": len(hops), "t0": t0, "tail": tail + 2 * (D - 1) * lat}
         for a, b in hops:
-            lp = p.links[(a, b)]
+            lp = self.lp[(a, b)]
             conns = ar.wan_connections[ring.index(a)]
             cap = conns * lp.window_bytes / lp.rtt_s if lp.rtt_s > 0 else float("inf")
-            flow = Flow(nbytes, cap, (float("inf"), s), payload=(s, None, "ar", -1, lp, self.now))
+            flow = Flow(nbytes, cap, (float("inf"), s), payload=(s, None, "ar", -1, lp, self.now),
+                        window=conns * lp.window_bytes)
             self.links[(a, b)].add(flow, self.now)
 
     def _wan_allreduce_part_done(self, s: int) -> None:
@@ -239,3 +246,10 @@ def simulate(plan: Plan) -> tuple[Timeline, int]:
     sim = Simulation(plan)
     tl = sim.run()
     return tl, sim.events
+
+
+def simulate_changing(plan: Plan, wan: WanSchedule, t0: float) -> tuple[Timeline, Simulation]:
+    """One iteration that starts at t0 on a changing WAN (testbed/sim/linkchange.py); the simulation keeps what
+    it saw of the links (`sim.wan`)."""
+    sim = Simulation(plan, wan, t0)
+    return sim.run(), sim

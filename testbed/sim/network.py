@@ -10,7 +10,11 @@ capacity among active flows in one of two ways:
 A flow may stand for `weight` identical copies (replicas the executor proved symmetric): it gets
 what each copy would, and counts `weight` times in the sharing.
 
-Rates change only when a flow starts or ends, and only flows whose rate changed get a new completion
+A link may change while flows are on it (testbed/sim/linkchange.py): `set_capacity` re-rates them (capacity 0
+is a failed link: every flow stalls at rate 0 and resumes when capacity returns) and `set_rtt` re-caps them
+(a flow's cap is the bytes its connections keep in flight, `window`, over the RTT).
+
+Rates change only when a flow starts or ends or the link changes, and only flows whose rate changed get a new completion
 event, so a cap-bound flow costs nothing when others come and go. Under temporal sharing the flows
 are kept in priority order and only the ones that get capacity are visited, so a long queue of
 waiting flows costs nothing per event either.
@@ -37,6 +41,7 @@ class Flow:
     version: int = 0
     start: float = 0.0
     seq: int = 0  # arrival order on its link: breaks priority ties deterministically
+    window: float = math.inf  # bytes its connections keep in flight (n x W): its cap is window / RTT
 
     def __post_init__(self) -> None:
         self.remaining = self.nbytes
@@ -83,6 +88,7 @@ class LinkState:
         self.running: list[Flow] = []  # temporal: the flows that get capacity now, in priority order
         self.bytes_total = 0.0
         self.arrivals = 0
+        self.on_change: Callable[[float, LinkState], None] | None = None  # told after every re-rating
 
     def add(self, flow: Flow, now: float) -> None:
         flow.t_last = now
@@ -110,6 +116,21 @@ class LinkState:
         flow.rate = 0.0
         self._reallocate(now)
 
+    def set_capacity(self, now: float, capacity: float) -> None:
+        """The link's rate changes now (0: it failed); the flows on it are re-rated."""
+        self.capacity = capacity
+        self._reallocate(now)
+
+    def set_rtt(self, now: float, rtt_s: float) -> None:
+        """The link's round trip changes now: each flow's window-bound cap follows, then flows are re-rated."""
+        for f in self.flows:
+            f.cap = f.window / rtt_s if rtt_s > 0 else math.inf
+        self._reallocate(now)
+
+    def throughput(self) -> float:
+        """Bytes/s the link carries now, all copies counted."""
+        return sum((f.rate * f.weight for f in (self.running if self.temporal else self.flows)), 0.0)
+
     def _set_rate(self, f: Flow, r: float, now: float) -> None:
         if r == f.rate and f.version:
             return  # unchanged: its completion event still holds
@@ -128,10 +149,13 @@ class LinkState:
     def _reallocate(self, now: float) -> None:
         if self.temporal:
             self._reallocate_turns(now)
-            return
+        elif self.flows:
+            self._reallocate_fair(now)
+        if self.on_change is not None:
+            self.on_change(now, self)
+
+    def _reallocate_fair(self, now: float) -> None:
         flows = self.flows
-        if not flows:
-            return
         self._advance(flows, now)
         for f, r in zip(flows, allocate_spatial(self.capacity, flows), strict=True):
             self._set_rate(f, r, now)
