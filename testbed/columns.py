@@ -144,8 +144,9 @@ VALIDATION = CsvFile("validation.csv", "`testbed experiment run` (modeled comput
                      "the simulator's prediction vs the emulated measurement, per metric", _cols(
     _RUN,
     ("scheduler", "", "scheduler"),
-    ("metric", "", "a summary.csv column (`iteration_s`, `gpu_util`, `bubble_frac`), or `iteration_s@K`: "
-                   "iteration K's length, on a WAN that changes"),
+    ("metric", "", "a summary.csv column (`iteration_s`, `gpu_util`, `bubble_frac`), or `iteration_s@K` "
+                   "(iteration K's length) and `iteration_s@K-L` (iterations K to L, those the changes fall in) "
+                   "on a WAN that changes"),
     ("sim", "", "the simulator's value (the metric's unit)"),
     ("emu", "", "the emulated value (the metric's unit)"),
     ("rel_error", "share", "(sim - emu) / emu"),

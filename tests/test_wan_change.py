@@ -195,3 +195,12 @@ def test_unchanging_topology_writes_no_wan_outputs(tmp_path):
     paths = write_outputs(tmp_path, run_experiment(load_experiment(ROOT / "experiments" / "tiny-3dc.yaml"), jobs=1))
     assert not {"linkrates.csv", "linkchanges.csv", "iterations.csv"} & {p.name for p in paths}
     assert "wan_stall_s" not in (tmp_path / "summary.csv").read_text().splitlines()[0]
+
+
+def test_changed_iterations_cover_each_engines_boundaries():
+    from testbed.emu.experiment import changed_iterations
+
+    wan = schedule((0.0, WanState(C1, 0.0)), (1.2, WanState(C1 / 2, 0.0)), (2.6, WanState(C1, 0.0)))
+    # one engine's iterations put the changes in 1 and 2, the other's in 1 and 3
+    assert changed_iterations(wan, [[1.0, 1.0, 1.0, 1.0], [0.7, 0.7, 1.0, 1.0]]) == (1, 3)
+    assert changed_iterations(schedule((0.0, WanState(C1, 0.0))), [[1.0, 1.0]]) == (0, -1)

@@ -138,6 +138,18 @@ def changing_run(exp: Experiment, plan, sched: str, dp: int, emu, scale: float, 
     return run, tl_sim, events, sim_rec, rec
 
 
+def changed_iterations(wan: WanSchedule, runs: list[list[float]]) -> tuple[int, int]:
+    """The first and last iteration, in any of `runs` (iteration lengths), that a change after time 0 falls in."""
+    found = []
+    for durations in runs:
+        t = 0.0
+        for k, d in enumerate(durations):
+            if any(t <= c[0] < t + d for c in wan.changes):
+                found.append(k)
+            t += d
+    return (min(found), max(found)) if found else (0, -1)
+
+
 def check_emulable(exp: Experiment) -> None:
     if exp.emulation.backend == "mininet":
         raise NotYetError("emulated training runs on the mininet backend: use netns, docker or containernet")
@@ -285,4 +297,9 @@ def _changing_point(exp: Experiment, plan, sched: str, dp: int, emu, scale: floa
     for k, (a, b) in enumerate(zip(tl_sim.iteration_s, run.timeline.iteration_s, strict=True)):
         validation.append((plan.run_id, sched, f"iteration_s@{k}", round(a, 6), round(b, 6), round((a - b) / b, 6),
                            run.degraded))
+    lo, hi = changed_iterations(wan, [tl_sim.iteration_s, run.timeline.iteration_s])
+    if lo <= hi:  # the iterations the changes fall in, in either engine: where their iteration boundaries fall
+        a, b = sum(tl_sim.iteration_s[lo:hi + 1]), sum(run.timeline.iteration_s[lo:hi + 1])  # may differ
+        validation.append((plan.run_id, sched, f"iteration_s@{lo}-{hi}", round(a, 6), round(b, 6),
+                           round((a - b) / b, 6), run.degraded))
     return [RunResult(row_sim, tl_sim, events, wan=sim_rec), RunResult(row_emu, run.timeline, 0, wan=emu_rec)]
