@@ -22,10 +22,11 @@ VALIDATED = ("iteration_s", "gpu_util", "bubble_frac")
 def prefill_plan(plan, tl_sim, exp: Experiment):
     """BubbleTea's plan for an emulated run: the simulator's scheduler on the bubbles the plan predicts,
     turned into per-worker, per-iteration jobs (offsets from the iteration's start)."""
-    from testbed.bubbletea.run import run_bubbletea
+    from testbed.bubbletea.run import run_bubbletea, train_mfu
 
     T = tl_sim.iteration_s[0]
-    res = run_bubbletea(plan, tl_sim.repeated(exp.iterations), exp.bubbletea, exp.seed)
+    res = run_bubbletea(plan, tl_sim.repeated(exp.iterations), exp.bubbletea, exp.seed,
+                        train_mfu(exp.workload.mfu, plan.tp))
     guard = exp.bubbletea.guard_ms / 1e3
     ends: dict[str, list[float]] = {}
     for b in res.bubbles:
@@ -41,10 +42,10 @@ def prefill_plan(plan, tl_sim, exp: Experiment):
     return res, jobs, T
 
 
-def emulated_requests(res, ran: list, durations: list[float], T: float, slo_s: float) -> tuple[list, dict]:
+def emulated_requests(res, ran: list, durations: list[float], T: float, plan, exp: Experiment) -> tuple[list, dict]:
     """TTFT on the emulated clock: a request is served when every one of its chunks ran; otherwise
-    the fallback pool serves it in its prefill time, as in the simulator."""
-    from testbed.bubbletea.run import serving_metrics
+    it queues in the fallback pool (a fresh one of the same size, replayed on the emulated clock)."""
+    from testbed.bubbletea.run import Outcome, fallback_pool, pool_metrics, serving_metrics
 
     starts = [sum(durations[:k]) for k in range(len(durations))]
 
@@ -55,20 +56,25 @@ def emulated_requests(res, ran: list, durations: list[float], T: float, slo_s: f
     done: dict[int, list] = {}
     for rid, _w, k, a, b in ran:
         done.setdefault(rid, []).append((starts[k] + a, starts[k] + b))
-    rows, ttft, served = [], [], []
+    pool = fallback_pool(plan, exp.bubbletea, exp.seed)
+    rows, outcomes = [], []
     for pl in res.placements:
         q = pl.request
         arrival = emu_time(q.arrival_s)
         chunks = done.get(q.request_id, [])
         ok = not pl.fallback and len(chunks) == len(pl.intervals)
-        start, end = (min(a for a, _ in chunks), max(b for _, b in chunks)) if ok else (arrival,
-                                                                                       arrival + pl.fallback_s)
+        wait = 0.0
         if ok:
-            served.append(q.prompt_tokens)
-        ttft.append((end - arrival) * 1e3)
+            start, end = min(a for a, _ in chunks), max(b for _, b in chunks)
+        else:
+            served = pool.serve(arrival, q.prompt_tokens, pl.home_dc)
+            start, end, wait = served.start_s, served.end_s, served.queue_s(arrival)
+        outcomes.append(Outcome(q.prompt_tokens, end - arrival, ok, wait))
         rows.append((q.request_id, arrival, q.prompt_tokens, pl.gpu if ok else "fallback", pl.dc, start, end,
-                     end - arrival, len(chunks), int(ok)))
-    return rows, serving_metrics(ttft, served, len(rows), sum(durations), slo_s * 1e3)
+                     end - arrival, len(chunks), int(ok), wait))
+    horizon = sum(durations)
+    return rows, {**serving_metrics(outcomes, horizon, exp.bubbletea.ttft_slo_ms / 1e3),
+                  **pool_metrics(pool, horizon)}
 
 
 LOSS_HEADER = ("run_id", "scheduler", "iteration", "loss")
@@ -240,10 +246,9 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
             lb = lower_bound_s(plan)
             bt_metrics, req_rows = None, []
             if bt_res is not None:
-                reqs, bt_metrics = emulated_requests(bt_res, run.prefill_ran, run.timeline.iteration_s, T,
-                                                     exp.bubbletea.ttft_slo_ms / 1e3)
-                req_rows = [(plan.run_id, "emu", *r[:3], *r[3:5], *(fmt(x, 6) for x in r[5:8]), *r[8:], "", "", "")
-                            for r in reqs]
+                reqs, bt_metrics = emulated_requests(bt_res, run.prefill_ran, run.timeline.iteration_s, T, plan, exp)
+                req_rows = [(plan.run_id, "emu", *r[:3], *r[3:5], *(fmt(x, 6) for x in r[5:8]), *r[8:10], "", "", "",
+                             fmt(r[10], 6)) for r in reqs]
             results.append(RunResult(summary_row(plan, tl_emu, lb, sweep, bt_metrics, degraded=note), tl_emu, 0,
                                      req_rows))
             if em.compute != "modeled":

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from testbed.analysis.metrics import SUMMARY_HEADER, add_speedups, summary_row
 from testbed.bubbletea.bubbles import BUBBLES_HEADER, bubble_rows, extract_bubbles
-from testbed.bubbletea.run import REQUESTS_HEADER, request_rows, run_bubbletea
+from testbed.bubbletea.run import REQUESTS_HEADER, request_rows, run_bubbletea, train_mfu
 from testbed.costs.prefill import inference_model, kv_bytes_per_token
 from testbed.errors import SpecError
 from testbed.plan.build import build_plan, resolve_dp
@@ -144,7 +144,7 @@ def _run_scheduler(exp: Experiment, index: int, sweep: dict, keep_timeline: bool
         tl = tl.repeated(exp.iterations)
     bt, reqs, bubbles = None, [], None
     if plan.mech.bubbletea:
-        res = run_bubbletea(plan, tl, exp.bubbletea, exp.seed)
+        res = run_bubbletea(plan, tl, exp.bubbletea, exp.seed, train_mfu(exp.workload.mfu, plan.tp))
         train_end = max(iv.end_s for iv in res.timeline.intervals if iv.kind in COMPUTE)
         base_end = max(iv.end_s for iv in tl.intervals if iv.kind in COMPUTE)
         bt = {**res.metrics, "train_slowdown": round(train_end / base_end - 1, 9)}

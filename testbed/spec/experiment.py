@@ -43,6 +43,9 @@ class BubbleTeaOptions(Strict):
     model: str = "llama2-7b"
     guard_ms: GUARD_MS = 1.0
     ttft_slo_ms: TTFT_SLO_MS = 2000.0
+    # GPUs of the dedicated prefill pool that serves what the bubbles do not (one FIFO queue);
+    # None: enough to carry the trace's mean load at its own rate (testbed/bubbletea/pool.py)
+    fallback_gpus: Annotated[int, Field(gt=0, le=1_000_000)] | None = None
 
 
 class MultiTcpOptions(Strict):
