@@ -75,6 +75,15 @@ def point_text(point: dict) -> str:
     return ", ".join(f"{short[k]}={v}" for k, v in point.items()) or "the only point"
 
 
+def print_knees(folder: Path) -> None:
+    """BubbleTea's knee per scheduler (knee.csv): the highest offered rate meeting the SLO and slowdown criteria."""
+    from testbed.bubbletea.knee import SLO_TARGET, SLOWDOWN_MAX
+
+    if (folder / "knee.csv").exists():
+        print_table(folder / "knee.csv", f"BubbleTea knee: highest offered rate with >= {SLO_TARGET:.0%} of requests "
+                                         f"within the SLO and training slowed by < {SLOWDOWN_MAX:.0%}")
+
+
 @app.command()
 @friendly
 def sim(
@@ -115,6 +124,7 @@ def sim(
         paths = write_outputs(out, results)
         paths.append(write_spec(out, resolved_spec(experiment, set_, sweep), sys.argv[1:]))
     print_summary(out, f"{escape(exp0.name)}: simulated")
+    print_knees(out)
     for r in failed:  # the sweep went on around them; summary.csv's status column says the same
         where = f" ({r.summary['sweep']})" if r.summary["sweep"] else ""
         console.print(f"[yellow]infeasible:[/yellow] {r.summary['run_id']}{escape(where)}: {escape(str(r.error))}",

@@ -229,3 +229,20 @@ def test_useful_work_counts_prefill_flops_at_the_training_mfu():
     assert row["prefill_work_util"] == pytest.approx(row["prefill_util"] * row["prefill_mfu"] / mfu, rel=1e-3)
     assert row["useful_util"] == pytest.approx(row["train_util"] + row["prefill_work_util"], abs=1e-5)
     assert row["useful_util"] < row["gpu_util"]  # prefill in small passes runs below the training's MFU
+
+
+def test_the_knee_is_the_highest_rate_meeting_both_criteria():
+    from testbed.bubbletea.knee import KNEE_HEADER, knees
+
+    def row(rate, slo, slow, sched="atlas+bubbletea"):
+        return {"scheduler": sched, "source": "sim", "request_rate": rate, "slo_attainment": slo,
+                "train_slowdown": slow, "requests": 10, "sweep": f"r={rate}", "gpu_util": 0.8, "useful_util": 0.7,
+                "goodput_rps": rate * slo, "served_in_bubbles": 0.9}
+
+    rows = [row(100, 1.0, 0.0), row(200, 0.995, 0.002), row(300, 0.999, 0.02), row(400, 0.9, 0.0),
+            row(50, 0.5, 0.0, "pp-wan+bubbletea"), {"scheduler": "atlas", "source": "sim", "requests": ""}]
+    got = {k[0]: dict(zip(KNEE_HEADER, k, strict=True)) for k in knees(rows)}
+    assert set(got) == {"atlas+bubbletea", "pp-wan+bubbletea"}
+    k = got["atlas+bubbletea"]
+    assert k["knee_request_rate"] == 200 and k["next_request_rate"] == 300 and k["next_train_slowdown"] == 0.02
+    assert got["pp-wan+bubbletea"]["knee_request_rate"] == "" and got["pp-wan+bubbletea"]["next_request_rate"] == 50

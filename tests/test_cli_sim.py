@@ -71,3 +71,19 @@ def test_plan_rejects_a_scheduler_with_its_own_placement(tmp_path):
     assert r.returncode == 2
     assert "--scheduler" in r.stderr and "pp-wan+greedy" in r.stderr
     assert not (tmp_path / "plan.csv").exists()
+
+
+def test_bubbletea_sweep_writes_the_knee_and_its_figures(tmp_path):
+    from testbed.figures.draw import draw_all
+    from testbed.sim.run import run_experiment, write_outputs
+    from testbed.spec.load import load_experiment
+
+    out = tmp_path / "bt"
+    pts = load_experiment(ROOT / "experiments" / "emu-bubbletea.yaml",
+                          ["schedulers=[atlas+bubbletea]", "bubbletea.fallback_gpus=1", "iterations=2"],
+                          ["bubbletea.rate_scale=5,200"])
+    write_outputs(out, run_experiment(pts, jobs=1))
+    knee = (out / "knee.csv").read_text().splitlines()
+    assert knee[0].startswith("scheduler,source,knee_request_rate") and len(knee) == 2
+    pngs = {p.name for p in draw_all(out, out / "figures")}
+    assert {"load_sweep_sim.png", "ttft_cdf_sim.png", "gantt_prefill_p00-atlas+bubbletea.png"} <= pngs

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from testbed.analysis.metrics import SUMMARY_HEADER, add_speedups, summary_row
 from testbed.bubbletea.bubbles import BUBBLES_HEADER, bubble_rows, extract_bubbles
+from testbed.bubbletea.knee import KNEE_HEADER, knees
 from testbed.bubbletea.run import REQUESTS_HEADER, request_rows, run_bubbletea, train_mfu
 from testbed.costs.prefill import inference_model, kv_bytes_per_token
 from testbed.errors import SpecError
@@ -227,4 +228,6 @@ def write_outputs(out: Path, results: list[RunResult]) -> list[Path]:
     if any(r.summary["requests"] != "" for r in results):
         paths.append(out / "requests.csv")
         write_csv(paths[-1], REQUESTS_HEADER, reqs)
+        paths.append(out / "knee.csv")
+        write_csv(paths[-1], KNEE_HEADER, knees(r.summary for r in results))
     return paths
