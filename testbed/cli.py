@@ -527,14 +527,21 @@ def _links_check(rows: list[dict]):
 
 
 def _training_run(points: list, out: Path, check: bool, spec: dict, capture: bool = False) -> None:
-    from testbed.emu.experiment import FLOWS_HEADER, LOSS_HEADER, VALIDATION_HEADER, check_emulable, run_point
+    from testbed.emu.experiment import (
+        CPU_PREFILL_HEADER,
+        FLOWS_HEADER,
+        LOSS_HEADER,
+        VALIDATION_HEADER,
+        check_emulable,
+        run_point,
+    )
     from testbed.progress import Progress
     from testbed.results import write_csv, write_spec
     from testbed.sim.run import write_outputs
 
     exp0 = points[0][0]
     check_emulable(exp0)
-    results, validation, losses, flows = [], [], [], []
+    results, validation, losses, flows, cpu_prefill = [], [], [], [], []
     links: list[dict] = []
     n_s, n_i = len(exp0.schedulers), exp0.iterations
     total = len(points) * n_s * n_i
@@ -549,9 +556,10 @@ def _training_run(points: list, out: Path, check: bool, spec: dict, capture: boo
         for i, (exp, point) in enumerate(points):
             if check and i == 0:
                 prog.line("measuring every WAN pair (links.csv)")
-            res, val, loss, flow = run_point(exp, i, point, step, capture,
+            res, val, loss, flow, cpu = run_point(exp, i, point, step, capture,
                                              on_up=_links_check(links) if check else None)
             results += res
+            cpu_prefill += cpu
             validation += val
             losses += loss
             flows += flow
@@ -572,7 +580,11 @@ def _training_run(points: list, out: Path, check: bool, spec: dict, capture: boo
 
         paths.append(out / "flows.csv")
         write_csv(paths[-1], captured.FLOWS_HEADER if capture else FLOWS_HEADER, flows)
+    if cpu_prefill:
+        paths.append(out / "cpu_prefill.csv")
+        write_csv(paths[-1], CPU_PREFILL_HEADER, cpu_prefill)
     print_summary(out, f"{escape(exp0.name)}: emulated and simulated")
+    print_knees(out)
     if validation:
         print_table(out / "validation.csv", "simulator vs emulator (rel_error: (sim - emu) / emu)")
     if links:

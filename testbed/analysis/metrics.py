@@ -13,15 +13,17 @@ SUMMARY_HEADER = (
     "wan_latency_ms", "wan_gbps", "tcp_connections", "iteration_s", "tokens_per_s", "tokens_per_s_per_gpu",
     "gpu_util", "train_util", "prefill_util", "prefill_work_util", "useful_util", "prefill_mfu", "bubble_frac",
     "lower_bound_s", "wan_min_s", "best_baseline", "speedup_vs_best",
-    "train_slowdown", "ttft_p50_ms", "ttft_p99_ms", "ttft_bubble_p50_ms", "ttft_bubble_p99_ms", "ttft_pool_p50_ms",
+    "train_slowdown", "train_slowdown_p25", "train_slowdown_p75", "ttft_p50_ms", "ttft_p99_ms", "ttft_bubble_p50_ms",
+    "ttft_bubble_p99_ms", "ttft_pool_p50_ms",
     "ttft_pool_p99_ms", "pool_wait_p99_ms", "slo_attainment", "goodput_rps", "prefill_tokens_per_s",
-    "served_in_bubbles", "requests", "request_rate", "fallback", "fallback_gpus", "pool_util",
+    "served_in_bubbles", "requests", "request_rate", "fallback", "fallback_gpus", "pool_util", "prefill_skipped",
     "scale", "sweep", "degraded", "status",
 )
-BUBBLETEA_COLUMNS = ("prefill_work_util", "prefill_mfu", "train_slowdown", "ttft_p50_ms", "ttft_p99_ms",
+BUBBLETEA_COLUMNS = ("prefill_work_util", "prefill_mfu", "train_slowdown", "train_slowdown_p25",
+                     "train_slowdown_p75", "ttft_p50_ms", "ttft_p99_ms",
                      "ttft_bubble_p50_ms", "ttft_bubble_p99_ms", "ttft_pool_p50_ms", "ttft_pool_p99_ms",
                      "pool_wait_p99_ms", "slo_attainment", "goodput_rps", "prefill_tokens_per_s", "served_in_bubbles",
-                     "requests", "request_rate", "fallback", "fallback_gpus", "pool_util")
+                     "requests", "request_rate", "fallback", "fallback_gpus", "pool_util", "prefill_skipped")
 
 
 def share(tl: Timeline, kinds: tuple[str, ...]) -> float:

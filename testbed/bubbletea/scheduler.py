@@ -125,12 +125,13 @@ def schedule(
     bubbles: list[Bubble],
     *,
     costs: dict[tuple[str, str], GroupCost],  # per group (gpu, dc)
-    pool: FallbackPool,
+    pool: FallbackPool | None,  # None: leave what the bubbles do not serve unplaced (the online planner)
     kv_time: Callable[[str, str, int], float],  # (from dc, to dc, tokens) -> seconds
     home: Callable[[Request], str],
     guard_s: float,
     slo_s: float,
     horizon_s: float,
+    since: dict[int, float] | None = None,  # request id -> when its SLO started, if not at its arrival
 ) -> list[Placement]:
     by_group: dict[tuple[str, str], list[Bubble]] = {}
     for b in bubbles:
@@ -159,17 +160,21 @@ def schedule(
                 best = ((ready, n), iv)
         bubble_end = best[1][-1][1] if best is not None else float("inf")
         queued = None
-        if bubble_end - req.arrival_s > slo_s:
-            queued = pool.peek(req.arrival_s, req.prompt_tokens, pl.home_dc)
-            if bubble_end < queued.end_s:
-                queued = None  # late either way: the bubble is sooner
+        origin = since.get(req.request_id, req.arrival_s) if since else req.arrival_s
+        if bubble_end - origin > slo_s:
+            if pool is None:
+                best = None
+            else:
+                queued = pool.peek(req.arrival_s, req.prompt_tokens, pl.home_dc)
+                if bubble_end < queued.end_s:
+                    queued = None  # late either way: the bubble is sooner
         if queued is None and best is not None:
             (ready, n), iv = best
             g = groups[n]
             g.commit(iv)
             pl.gpu, pl.dc, pl.intervals, pl.kv_ready_s, pl.fallback = g.gpu, g.dc, iv, ready, False
             pl.end_s = iv[-1][1]
-        else:
+        elif pool is not None:
             served = queued or pool.peek(req.arrival_s, req.prompt_tokens, pl.home_dc)
             pool.commit(served)
             pl.dc, pl.end_s, pl.queue_s = served.dc, served.end_s, served.queue_s(req.arrival_s)

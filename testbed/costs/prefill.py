@@ -56,6 +56,7 @@ class Calibration:
     flop_rate: float  # achieved FLOP/s per GPU on the pass's matmuls and attention
     allreduce_rate: float  # achieved bytes/s per GPU of the tensor-parallel all-reduces
     large_pass_factor: float = 1.0  # all-reduce cost multiplier above LARGE_PASS_TOKENS tokens per pass
+    attention_rate: float | None = None  # FLOP/s on attention, where it differs (a CPU); None: flop_rate
 
     def mfu(self, gpu: str) -> float:
         return self.flop_rate / (GPUS[gpu].peak_tflops * 1e12)
@@ -63,8 +64,8 @@ class Calibration:
 
 # fitted by `bench/prefill_model_error.py --fit` on perf_model.csv (A100/H100, TP 2/4/8)
 CALIBRATION: dict[str, Calibration] = {
-    "A100": Calibration(0.000834864, 2.045e+14, 7.45e+10, 1.678),
-    "H100": Calibration(0.000648118, 5.688e+14, 1.127e+11, 1.451),
+    "A100": Calibration(0.000834456, 2.045e+14, 7.45e+10, 1.678),
+    "H100": Calibration(0.000648118, 5.693e+14, 1.126e+11, 1.45),
 }
 HARDWARE = {"a100-80gb": "A100", "h100-80gb": "H100"}  # perf_model.csv names; power-capped H100s are left out
 
@@ -74,6 +75,7 @@ class PassWork:
     """What one prefill pass asks of each GPU of its TP group."""
 
     flops: float
+    attention_flops: float  # the part of `flops` in attention (scores and weighted sum)
     weight_bytes: float
     allreduce_bytes: float
     tokens: int
@@ -89,11 +91,13 @@ def pass_work(model: ModelConfig, tp: int, tokens: int, cached: int = 0, batch: 
     attn = 4.0 * batch * tokens * (cached + tokens / 2) * h * L  # causal: each token attends to those before it
     head = 2.0 * batch * model.vocab * h  # logits of the last token only
     ar = 2 * L * n * h * 2 * 2 * (tp - 1) / tp
-    return PassWork((mm + attn + head) / tp, model.total_params() * 2 / tp, ar, n, L)
+    return PassWork((mm + attn + head) / tp, attn / tp, model.total_params() * 2 / tp, ar, n, L)
 
 
 def pass_time_s(work: PassWork, gpu: str, cal: Calibration) -> float:
     compute = work.flops / cal.flop_rate
+    if cal.attention_rate:
+        compute += work.attention_flops * (1 / cal.attention_rate - 1 / cal.flop_rate)
     memory = work.weight_bytes / GPUS[gpu].hbm_bytes_per_s if gpu in GPUS else 0.0
     comm = work.allreduce_bytes / cal.allreduce_rate if work.allreduce_bytes else 0.0
     if work.tokens > LARGE_PASS_TOKENS:
@@ -235,26 +239,33 @@ def _nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, iters: int = 
     return pts[int(np.argmin(vals))]
 
 
-def fit_calibration(samples: list[tuple[PassWork, float]], gpu: str) -> Calibration:
+def fit_calibration(samples: list[tuple[PassWork, float]], gpu: str, attention: bool = False) -> Calibration:
     """The calibration minimising the mean absolute relative error over (pass work, measured seconds),
-    from a generic start (half the GPU's peak), so held-out fits owe nothing to the shipped constants."""
-    peak = GPUS[gpu].peak_tflops * 1e12 if gpu in GPUS else 1e12
+    from a start read off the samples themselves (the shortest pass per layer, the best FLOP rate), so
+    held-out fits owe nothing to the shipped constants. `attention`: fit attention's FLOP rate apart
+    (a CPU, where attention runs far below the matmuls' rate; the GPU data cannot tell them apart)."""
     bw = GPUS[gpu].hbm_bytes_per_s if gpu in GPUS else math.inf
-    flops, wbytes, ar, tokens, layers, t = (np.array(v, dtype=float) for v in zip(
-        *((w.flops, w.weight_bytes, w.allreduce_bytes, w.tokens, w.layers, s) for w, s in samples), strict=True))
+    flops, attn, wbytes, ar, tokens, layers, t = (np.array(v, dtype=float) for v in zip(
+        *((w.flops, w.attention_flops, w.weight_bytes, w.allreduce_bytes, w.tokens, w.layers, s) for w, s in samples),
+        strict=True))
     large = tokens > LARGE_PASS_TOKENS
 
     def cal(q: np.ndarray) -> Calibration:
         e = np.exp(q)
-        return Calibration(float(e[0]), float(e[1]), float(e[2]), 1.0 + float(e[3]))
+        return Calibration(float(e[0]), float(e[1]), float(e[2]), 1.0 + float(e[3]),
+                           float(e[4]) if attention else None)
 
     def loss(q: np.ndarray) -> float:  # pass_time_s, vectorised
-        o, fr, arr, extra = np.exp(q)
-        gpu_s = np.maximum(flops / fr, wbytes / bw) + ar / arr * np.where(large, 1 + extra, 1.0)
-        return float(np.mean(np.abs(np.maximum(layers * o, gpu_s) / t - 1)))
+        o, fr, arr, extra = np.exp(q[:4])
+        compute = flops / fr + (attn * (1 / np.exp(q[4]) - 1 / fr) if attention else 0.0)
+        gpu_s = np.maximum(compute, wbytes / bw) + ar / arr * np.where(large, 1 + extra, 1.0)
+        err = float(np.mean(np.abs(np.maximum(layers * o, gpu_s) / t - 1)))
+        return err if math.isfinite(err) else math.inf
 
-    q = np.log([1e-3, 0.5 * peak, 5e10, 0.5])
-    q = _nelder_mead(loss, _nelder_mead(loss, q))  # a restart from the first optimum escapes a collapsed simplex
+    best = float(np.max(flops / t))
+    q = np.log([float(np.min(t / layers)), best, 5e10, 0.5] + ([best] if attention else []))
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # the simplex may probe absurd rates
+        q = _nelder_mead(loss, _nelder_mead(loss, q))  # a restart escapes a collapsed simplex
     return cal(q)
 
 

@@ -21,6 +21,7 @@ import time
 
 from testbed.program import AllReduce, Backward, Exchange, Forward, Recv, Send, exchanges, program_from_dict
 from testbed.runtime.config import WorkerConfig
+from testbed.runtime.prefill import PrefillClient
 from testbed.runtime.wire import DATA, chunk_offset, chunk_sizes, recv_ctrl, recv_exact, send_ctrl
 
 ZEROS = bytes(4 * 2**20)
@@ -325,75 +326,6 @@ class TorchCompute(Modeled):
         self.opt.zero_grad(set_to_none=True)
 
 
-class Prefill:
-    """This worker's BubbleTea jobs for one iteration, run only while it waits for training input.
-    A job runs once its planned start has come, if it can still start by its latest start (its
-    predicted bubble's end, less the guard band and its duration); otherwise it is skipped and the
-    service counts its request as fallback."""
-
-    def __init__(self, cfg: WorkerConfig) -> None:
-        self.path = cfg.bubbletea
-        self.name = cfg.program.group
-        self.jobs: list[list] = []
-        self.ran: list[list] = []
-        self.degraded = ""
-        self.sock: socket.socket | None = None
-
-    def _ask(self, msg: dict) -> dict:
-        if self.sock is None:
-            self.sock = socket.socket(socket.AF_UNIX)
-            self.sock.settimeout(2.0)
-            self.sock.connect(self.path)
-        send_ctrl(self.sock, msg)
-        return recv_ctrl(self.sock)
-
-    def begin(self, it: int, t_start: float) -> None:
-        self.t0, self.ran, self.jobs = t_start, [], []
-        if not self.path or self.degraded:
-            return
-        try:
-            self.jobs = sorted(self._ask({"op": "jobs", "worker": self.name, "iteration": it})["jobs"],
-                               key=lambda j: j[1])
-        except (OSError, ValueError) as e:
-            self.degraded = f"BubbleTea service unreachable ({e}): no prefill"
-
-    def next_start(self) -> float | None:
-        return self.t0 + self.jobs[0][1] if self.jobs else None
-
-    def run_due(self, rec) -> None:
-        """Run every job whose time has come; drop the ones that can no longer fit."""
-        while self.jobs:
-            rid, off, dur, latest = self.jobs[0]
-            now = time.monotonic()
-            if now < self.t0 + off:
-                return
-            self.jobs.pop(0)
-            if now > self.t0 + latest:
-                continue  # the bubble moved: skip rather than delay training
-            time.sleep(dur)
-            t1 = time.monotonic()
-            rec("prefill", -1, now, t1)
-            self.ran.append([rid, now - self.t0, t1 - self.t0])
-
-    def wait_for(self, inbox: Inbox, key: tuple, rec) -> None:
-        """Wait for training input; run due prefill jobs in the meantime."""
-        while not inbox.arrived(key):
-            self.run_due(rec)
-            nxt = self.next_start()
-            if nxt is None:
-                return
-            if inbox.wait_until(key, nxt):
-                return
-
-    def end(self, it: int) -> None:
-        if not self.path or self.degraded:
-            return
-        try:
-            self._ask({"op": "done", "worker": self.name, "iteration": it, "ran": self.ran})
-        except (OSError, ValueError) as e:
-            self.degraded = f"BubbleTea service lost ({e}): no prefill"
-
-
 def connect(ip: str, port: int, hello: dict, deadline: float) -> socket.socket:
     while True:
         try:
@@ -501,6 +433,7 @@ def main(cfg_path: str, ctl_path: str) -> None:
     def rec(kind: str, mb: int, t0: float, t1: float, nbytes: float = 0.0) -> None:
         with log_lock:
             log.append([kind, mb, t0, t1, nbytes])
+        bt.busy(kind, t0, t1)  # training ops end BubbleTea's idle windows
 
     def sent(kind_bytes: float, i: int, pending: threading.Semaphore):
         def done(t0: float, t1: float) -> None:
@@ -518,7 +451,7 @@ def main(cfg_path: str, ctl_path: str) -> None:
         return inbox.payload(key) if torch_mode else None
 
     comp = TorchCompute(cfg) if torch_mode else Modeled(cfg)
-    bt = Prefill(cfg)
+    bt = PrefillClient(prog.group, cfg.bubbletea, cfg.compute, cfg.prefill)
     send_ctrl(ctl, {"ready": [s, r]})
     while True:
         msg = recv_ctrl(ctl)
@@ -533,9 +466,7 @@ def main(cfg_path: str, ctl_path: str) -> None:
         pending = threading.Semaphore(0)
         sends = 0
         bt.begin(it, t_start)
-        wake = t_start + p_it.offset_s
-        if (d := wake - time.monotonic()) > 0:
-            time.sleep(d)
+        bt.wait_until(t_start + p_it.offset_s, rec)  # the replica's stagger, serving prefill meanwhile
         data = out_data = None  # the last message in (for the next compute), the last compute's output
         for st in p_it.steps:
             t = type(st)
@@ -560,7 +491,7 @@ def main(cfg_path: str, ctl_path: str) -> None:
         rec("optimizer", -1, t0, time.monotonic())
         for _ in range(sends):
             pending.acquire()
-        bt.run_due(rec)  # jobs planned after this worker's last training op (the drain bubble)
+        bt.drain(rec)  # jobs planned after this worker's last training op (the drain bubble)
         bt.end(it)
         degraded = [c.degraded for c in sidecars.values() if c.degraded] + ([bt.degraded] if bt.degraded else [])
         with log_lock:
