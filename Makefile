@@ -79,8 +79,10 @@ emu-training: venv sysdeps
 	   $(call REPORT,emu-3dc) && \
 	   if $(BIN)/python -c 'import torch' 2>/dev/null; then \
 	     $(TESTBED) experiment run experiments/emu-torch.yaml $(EMU) --out $(RESULTS)/emu-torch && \
-	     $(call REPORT,emu-torch); \
-	   else echo "torch not installed: skipping experiments/emu-torch.yaml"; fi; fi
+	     $(call REPORT,emu-torch) && \
+	     $(TESTBED) experiment run experiments/emu-bubbletea-torch.yaml $(EMU) --out $(RESULTS)/emu-bubbletea-torch && \
+	     $(call REPORT,emu-bubbletea-torch); \
+	   else echo "torch not installed: skipping experiments/emu-torch.yaml and emu-bubbletea-torch.yaml"; fi; fi
 
 # The backend comparison joins `make experiment` where the role images are built (sudo make docker-setup).
 emu-docker-if-ready:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from testbed.errors import SpecError
-from testbed.spec.workload import CustomModel
+
+if TYPE_CHECKING:
+    from testbed.spec.workload import CustomModel
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,7 @@ MODELS: dict[str, ModelConfig] = {
 
 
 def resolve_model(model: str | CustomModel, seq_len: int | None = None, field: str = "workload.model") -> ModelConfig:
-    if isinstance(model, CustomModel):
+    if not isinstance(model, str):  # a CustomModel
         cfg = ModelConfig(
             model.name,
             model.layers,

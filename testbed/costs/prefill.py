@@ -41,8 +41,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 
-import numpy as np
-
 from testbed.costs.gpus import GPUS
 from testbed.costs.models import MODELS, ModelConfig
 from testbed.errors import SpecError
@@ -211,8 +209,10 @@ def covered_rows(rows: list[dict]) -> list[dict]:
 
 # --- fitting ------------------------------------------------------------------------------------
 
-def _nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, iters: int = 600) -> np.ndarray:
+def _nelder_mead(f: Callable, x0, iters: int = 600):
     """Minimise f from x0 (a plain Nelder-Mead; the objective is piecewise linear, so no gradients)."""
+    import numpy as np
+
     n = len(x0)
     pts = [x0] + [x0 + 0.5 * np.eye(n)[i] for i in range(n)]
     vals = [f(p) for p in pts]
@@ -244,18 +244,20 @@ def fit_calibration(samples: list[tuple[PassWork, float]], gpu: str, attention: 
     from a start read off the samples themselves (the shortest pass per layer, the best FLOP rate), so
     held-out fits owe nothing to the shipped constants. `attention`: fit attention's FLOP rate apart
     (a CPU, where attention runs far below the matmuls' rate; the GPU data cannot tell them apart)."""
+    import numpy as np  # fitting only: the cost model itself runs where numpy is absent (the service's image)
+
     bw = GPUS[gpu].hbm_bytes_per_s if gpu in GPUS else math.inf
     flops, attn, wbytes, ar, tokens, layers, t = (np.array(v, dtype=float) for v in zip(
         *((w.flops, w.attention_flops, w.weight_bytes, w.allreduce_bytes, w.tokens, w.layers, s) for w, s in samples),
         strict=True))
     large = tokens > LARGE_PASS_TOKENS
 
-    def cal(q: np.ndarray) -> Calibration:
+    def cal(q) -> Calibration:
         e = np.exp(q)
         return Calibration(float(e[0]), float(e[1]), float(e[2]), 1.0 + float(e[3]),
                            float(e[4]) if attention else None)
 
-    def loss(q: np.ndarray) -> float:  # pass_time_s, vectorised
+    def loss(q) -> float:  # pass_time_s, vectorised
         o, fr, arr, extra = np.exp(q[:4])
         compute = flops / fr + (attn * (1 / np.exp(q[4]) - 1 / fr) if attention else 0.0)
         gpu_s = np.maximum(compute, wbytes / bw) + ar / arr * np.where(large, 1 + extra, 1.0)
