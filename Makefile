@@ -47,11 +47,9 @@ sim-bubbletea: venv
 	  $(TESTBED) sim experiments/bubbletea-3dc.yaml --out $(RESULTS)/bubbletea-3dc && \
 	  $(TESTBED) sim experiments/bubbletea-3dc.yaml --out $(RESULTS)/bubbletea-3dc-code \
 	    --set bubbletea.trace=$(abspath $(AZURE))/AzureLLMInferenceTrace_code.csv \
-	    --set "schedulers=[atlas, atlas+bubbletea]" --sweep bubbletea.rate_scale=5,10,20,50 && \
-	  $(TESTBED) figures $(RESULTS)/bubbletea-3dc-code --out $(RESULTS)/figures/bubbletea-3dc-code; \
+	    --set "schedulers=[atlas, atlas+bubbletea]" --sweep bubbletea.rate_scale=5,10,20,50; \
 	else echo "no Azure trace in $(AZURE): BubbleTea runs on the synthetic trace (same statistics)"; \
 	  $(TESTBED) sim experiments/bubbletea-3dc.yaml --out $(RESULTS)/bubbletea-3dc --set bubbletea.trace=synthetic; fi
-	$(TESTBED) figures $(RESULTS)/bubbletea-3dc --out $(RESULTS)/figures/bubbletea-3dc
 
 # Every published claim we can express (experiments/claims/*.yaml), against the simulator: claims.csv + claims.png.
 claims: venv

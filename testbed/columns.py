@@ -56,21 +56,39 @@ SUMMARY = CsvFile("summary.csv", "`testbed sim`, `testbed experiment run`",
     ("gpu_util", "share", "share of GPU time computing: training forward/backward plus BubbleTea prefill"),
     ("train_util", "share", "share of GPU time in training forward/backward only"),
     ("prefill_util", "share", "share of GPU time in BubbleTea prefill"),
+    ("prefill_work_util", "share", "BubbleTea: prefill as useful work: its FLOPs as the GPU time they would take at "
+                                   "the training's MFU (workload.mfu x TP efficiency), as a share of GPU time"),
+    ("useful_util", "share", "BubbleTea: train_util + prefill_work_util (gpu_util counts prefill by time occupied)"),
+    ("prefill_mfu", "share", "BubbleTea: the MFU prefill achieved in the bubbles (its FLOPs / (busy time x peak))"),
     ("bubble_frac", "share", "share of GPU time idle (neither computing, all-reducing nor prefilling)"),
     ("lower_bound_s", "s", "iteration time of the same placement with a WAN as good as the DC fabric"),
     ("wan_min_s", "s", "time the busiest WAN direction needs just to carry one iteration's bytes at capacity"),
     ("best_baseline", "", "per source and sweep point: the fastest scheduler that is not Atlas (mechanisms "
                           "included); empty where the point has none"),
     ("speedup_vs_best", "x", "best_baseline's iteration time / this row's (above 1: faster than every baseline)"),
-    ("train_slowdown", "share", "BubbleTea: iteration time with prefill / without - 1 (0 = training not delayed)"),
+    ("train_slowdown", "share", "BubbleTea: iteration time with prefill / without - 1 (0 = training not delayed); "
+                                "emulated: median over the steady iterations / the run without BubbleTea's median"),
+    ("train_slowdown_p25", "share", "BubbleTea, emulated: 25th percentile of the steady iterations' slowdown (spread)"),
+    ("train_slowdown_p75", "share", "BubbleTea, emulated: 75th percentile of the steady iterations' slowdown (spread)"),
     ("ttft_p50_ms", "ms", "BubbleTea: median time to first token (bubble-served and fallback requests)"),
     ("ttft_p99_ms", "ms", "BubbleTea: 99th-percentile time to first token"),
+    ("ttft_bubble_p50_ms", "ms", "BubbleTea: median TTFT of the requests prefilled in bubbles"),
+    ("ttft_bubble_p99_ms", "ms", "BubbleTea: 99th-percentile TTFT of the requests prefilled in bubbles"),
+    ("ttft_pool_p50_ms", "ms", "BubbleTea: median TTFT of the requests the fallback pool served (queueing included)"),
+    ("ttft_pool_p99_ms", "ms", "BubbleTea: 99th-percentile TTFT of the pool-served requests (queueing included)"),
+    ("pool_wait_p99_ms", "ms", "BubbleTea: 99th-percentile wait in the fallback pool's FIFO queue"),
     ("slo_attainment", "share", "BubbleTea: share of requests whose TTFT met the SLO (`bubbletea.ttft_slo_ms`)"),
+    ("goodput_rps", "requests/s", "BubbleTea: requests per second whose TTFT met the SLO"),
     ("prefill_tokens_per_s", "tokens/s", "BubbleTea: prompt tokens prefilled inside bubbles per second"),
     ("served_in_bubbles", "share", "BubbleTea: share of requests prefilled inside bubbles (the rest: fallback pool)"),
     ("requests", "", "BubbleTea: requests offered during the run"),
     ("request_rate", "requests/s", "BubbleTea: offered request rate"),
     ("fallback", "", "BubbleTea: requests served by the fallback pool"),
+    ("fallback_gpus", "GPUs", "BubbleTea: GPUs of the fallback pool (`bubbletea.fallback_gpus`; default: the trace's "
+                              "mean load at its own rate)"),
+    ("pool_util", "share", "BubbleTea: share of the fallback pool's GPU time spent prefilling"),
+    ("prefill_skipped", "share", "BubbleTea, emulated: share of the jobs handed to workers that were skipped (their "
+                                 "bubble closed before they could start in time)"),
     ("scale", "", "emulation scale k: link rates, windows and bytes were divided by k (1 in the simulator)"),
     ("sweep", "", "this row's sweep point: `key=value` pairs, `;`-separated (empty without a sweep)"),
     ("degraded", "", "why an emulated run is not what was asked (e.g. the Atlas sidecar died), else empty"),
@@ -119,13 +137,45 @@ REQUESTS = CsvFile("requests.csv", "`+bubbletea` schedulers", "one row per prefi
     ("gpu", "", "GPU group that prefilled it, or `fallback`"),
     ("dc", "", "DC that prefilled it"),
     ("start_s", "s", "prefill start (first chunk)"),
-    ("end_s", "s", "prefill end (last chunk): the first token"),
-    ("ttft_s", "s", "time to first token: end_s - arrival_s"),
+    ("end_s", "s", "prefill end (last chunk): the first token; with real compute (emulated `compute: torch`) "
+                   "the KV cache and first token at the home DC's decode process"),
+    ("ttft_s", "s", "time to first token: end_s - arrival_s (pool-served: queueing included)"),
     ("chunks", "", "bubbles the prompt's prefill was split over"),
     ("in_bubble", "", "1 if prefilled inside bubbles, 0 if by the fallback pool"),
     ("home_dc", "", "DC whose decode pool receives the KV cache"),
     ("kv_bytes", "bytes", "KV-cache size shipped to the decode pool"),
-    ("kv_ready_s", "s", "when the KV cache is in the decode pool"),
+    ("kv_ready_s", "s", "when the KV cache is in the decode pool (emulated: measured with real compute only)"),
+    ("queue_s", "s", "wait in the fallback pool's queue (0 when prefilled in bubbles)"),
+))
+
+KNEE = CsvFile("knee.csv", "`testbed sim` and `experiment run` with `+bubbletea` schedulers",
+               "one row per BubbleTea scheduler and source: the knee of the offered-load sweep", _cols(
+    ("scheduler", "", "a `+bubbletea` scheduler"), _SOURCE,
+    ("knee_request_rate", "requests/s", "the highest offered rate of the sweep at which >= 99 % of requests met the "
+                                        "SLO and training slowed by < 1 % (empty: no point qualified)"),
+    ("sweep", "", "the knee's sweep point"),
+    ("gpu_util", "share", "at the knee: GPU utilization, time occupancy (training + prefill)"),
+    ("useful_util", "share", "at the knee: GPU utilization as useful work (prefill FLOPs at the training's MFU)"),
+    ("goodput_rps", "requests/s", "at the knee: requests per second meeting the SLO"),
+    ("slo_attainment", "share", "at the knee: share of requests meeting the SLO"),
+    ("train_slowdown", "share", "at the knee: training slowdown"),
+    ("served_in_bubbles", "share", "at the knee: share of requests prefilled in bubbles"),
+    ("points", "", "offered rates the sweep had for this scheduler"),
+    ("next_request_rate", "requests/s", "the next offered rate above the knee, where the criteria fail (empty: "
+                                        "the knee is the sweep's last point, not bracketed)"),
+    ("next_slo_attainment", "share", "SLO attainment at that rate"),
+    ("next_train_slowdown", "share", "training slowdown at that rate"),
+))
+
+CPU_PREFILL = CsvFile("cpu_prefill.csv", "`experiment run` with `+bubbletea` and `compute: torch`",
+                      "one row per timed prefill pass: the prefill model fitted to this CPU", _cols(
+    _RUN,
+    ("model", "", "the inference model (`tiny-llama`: testbed/runtime/tiny_llama.py)"),
+    ("tokens", "tokens", "new tokens in the pass"),
+    ("cached", "tokens", "tokens already in the KV cache (a later chunk)"),
+    ("measured_s", "s", "the pass's time on this CPU (best of 5, one thread)"),
+    ("held_out_predicted_s", "s", "the roofline's prediction, fitted on every other pass"),
+    ("rel_error", "share", "|held_out_predicted_s / measured_s - 1|"),
 ))
 
 BUBBLES = CsvFile("bubbles.csv", "`testbed sim`", "one row per idle interval of a GPU group", _cols(
@@ -311,8 +361,9 @@ LINKRATES = CsvFile("linkrates.csv", _WAN_RUN, "each link direction's throughput
     ("gbps", "Gbit/s", "real-world throughput (emulated bytes times the scale k)"),
 ))
 
-FILES: tuple[CsvFile, ...] = (SUMMARY, MULTITCP, TIMELINE, REQUESTS, BUBBLES, VALIDATION, LOSS, FLOWS, CAPTURE,
-                              LINKS, PLAN, RANKS, BACKENDS, CLAIMS, CLAIM_POINTS, ITERATIONS, LINKCHANGES, LINKRATES)
+FILES: tuple[CsvFile, ...] = (SUMMARY, MULTITCP, TIMELINE, REQUESTS, KNEE, BUBBLES, VALIDATION, LOSS, FLOWS,
+                              CAPTURE, CPU_PREFILL, LINKS, PLAN, RANKS, BACKENDS, CLAIMS, CLAIM_POINTS, ITERATIONS,
+                              LINKCHANGES, LINKRATES)
 _BY_NAME = {c.name: c for f in FILES for c in f.columns}
 _BY_NAME.update({c.name: c for c in SUMMARY.columns})  # summary.csv's meaning wins for shared names
 

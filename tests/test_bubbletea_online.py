@@ -76,7 +76,8 @@ def test_the_service_and_the_worker_need_only_the_standard_library():
             "import testbed.runtime.bubbletea_service as s, testbed.runtime.worker\n"
             "cfg = {'model': 'llama2-7b', 'layers': 32, 'guard_s': 0.001, 'slo_s': 2.0, 'calibration': None,\n"
             "       'workers': {'s0r0': {'dc': 'a', 'gpu': 'H100', 'tp': 1, 'max_tokens': 10000}},\n"
-            "       'kv': {'a|a': [0.0001, 1e10]}, 'kv_bytes_per_token': 1000.0, 'requests': [[0, 0.0, 100, 10, 'a']]}\n"
+            "       'kv': {'a|a': [0.0001, 1e10]}, 'kv_bytes_per_token': 1000.0,\n"
+            "       'requests': [[0, 0.0, 100, 10, 'a']]}\n"
             "assert s.Service(cfg).planner.workers['s0r0'][1].full(1000) > 0\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

@@ -86,4 +86,4 @@ def test_bubbletea_sweep_writes_the_knee_and_its_figures(tmp_path):
     knee = (out / "knee.csv").read_text().splitlines()
     assert knee[0].startswith("scheduler,source,knee_request_rate") and len(knee) == 2
     pngs = {p.name for p in draw_all(out, out / "figures")}
-    assert {"load_sweep_sim.png", "ttft_cdf_sim.png", "gantt_prefill_p00-atlas+bubbletea.png"} <= pngs
+    assert {"load_sweep_sim.png", "ttft_cdf_bubble_pool_sim.png", "gantt_prefill_p00-atlas+bubbletea.png"} <= pngs
