@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import statistics
 
 import pytest
@@ -35,6 +36,7 @@ from testbed.sim.executor import simulate
 from testbed.spec.load import load_experiment
 from tests.conftest import ROOT, SHARED_DATA
 
+EXACT = ["bubbletea.jitter_compute_cv=0", "bubbletea.jitter_wan_cv=0"]  # realised = predicted
 PERF = SHARED_DATA / "splitwise-perf-model" / "perf_model.csv"
 CONV = SHARED_DATA / "azure-llm-inference-2023" / "AzureLLMInferenceTrace_conv.csv"
 
@@ -137,7 +139,7 @@ def _bubbletea_run(sets: list[str]):
 @pytest.mark.parametrize("rate", [20.0, 300.0])
 def test_bubbletea_never_touches_training(rate):
     exp, plan, base, res = _bubbletea_run(["sweep={}", "bubbletea.trace=synthetic", f"bubbletea.rate_scale={rate}",
-                                           "iterations=2"])
+                                           "iterations=2", *EXACT])
     tl = res.timeline
     assert check_timeline(tl, plan) == []  # no prefill overlaps a training op on the same group
     train = sorted(iv for iv in tl.intervals if iv.kind in ("fwd", "bwd", "allreduce", "send", "recv"))
@@ -165,7 +167,7 @@ def test_summary_reports_zero_training_slowdown(tmp_path):
 
     pts = load_experiment(ROOT / "experiments" / "bubbletea-3dc.yaml",
                           sets=["bubbletea.trace=synthetic", "bubbletea.rate_scale=50", "sweep={}",
-                                "schedulers=[atlas, atlas+bubbletea]"])
+                                "schedulers=[atlas, atlas+bubbletea]", *EXACT])
     rows = {r.summary["scheduler"]: r.summary for r in run_experiment(pts)}
     bt, base = rows["atlas+bubbletea"], rows["atlas"]
     assert bt["train_slowdown"] == 0.0 and bt["iteration_s"] == base["iteration_s"]
@@ -246,3 +248,41 @@ def test_the_knee_is_the_highest_rate_meeting_both_criteria():
     k = got["atlas+bubbletea"]
     assert k["knee_request_rate"] == 200 and k["next_request_rate"] == 300 and k["next_train_slowdown"] == 0.02
     assert got["pp-wan+bubbletea"]["knee_request_rate"] == "" and got["pp-wan+bubbletea"]["next_request_rate"] == 50
+
+
+def test_jitter_is_seeded_and_moves_the_timeline():
+    from testbed.sim.executor import Jitter, realise
+
+    (exp, _), = load_experiment(ROOT / "experiments" / "emu-bubbletea.yaml", sets=["schedulers=[atlas]"])
+    plan = build_plan(exp, "atlas")
+    exact = simulate(plan)[0].iteration_s[0]
+    a, b = (realise(plan, Jitter(7, 0.06, 0.1)).timeline.iteration_s[0] for _ in range(2))
+    assert a == b != exact
+    assert realise(plan, Jitter(7, 0.0, 0.0)).timeline.iteration_s[0] == pytest.approx(exact)
+
+
+def test_with_jitter_and_no_guard_training_waits_for_prefill_but_never_overlaps_it():
+    """The online planner meets jittered iterations: with no guard band training is slowed (it waits for a
+    layer boundary), yet no prefill ever runs beside a training op on its group."""
+    from testbed.sim.run import run_experiment
+
+    sets = ["schedulers=[atlas+bubbletea]", "bubbletea.guard_ms=0", "bubbletea.rate_scale=20", "iterations=8",
+            "timeline=all", "bubbletea.jitter_compute_cv=0.3", "bubbletea.jitter_wan_cv=0.3"]
+    (exp, _), = load_experiment(ROOT / "experiments" / "emu-bubbletea.yaml", sets=sets)
+    res = run_experiment([(exp, {})], jobs=1)[0]
+    assert res.summary["train_slowdown"] > 0
+    by: dict = {}
+    for iv in res.timeline.intervals:
+        if iv.kind in ("fwd", "bwd", "prefill"):
+            by.setdefault((iv.gpu, iv.kind == "prefill"), []).append((iv.start_s, iv.end_s))
+    assert any(prefill for _gpu, prefill in by)
+    for (gpu, prefill), ivs in by.items():
+        if not prefill:
+            continue
+        train = sorted(by.get((gpu, False), []))
+        for a, b in ivs:  # none of this group's prefill overlaps its compute
+            i = bisect.bisect_left(train, (b,))
+            assert all(not (x < b - 1e-9 and a < y - 1e-9) for x, y in train[max(0, i - 2):i + 1]), (gpu, a, b)
+    exact = run_experiment([(exp.model_copy(update={"bubbletea": exp.bubbletea.model_copy(
+        update={"jitter_compute_cv": 0.0, "jitter_wan_cv": 0.0})}), {})], jobs=1)[0]
+    assert exact.summary["train_slowdown"] == 0  # without noise the bubbles are exact: training never waits

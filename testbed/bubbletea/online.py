@@ -9,10 +9,10 @@ duration); the start is only a hint, since a worker runs a job only while it rea
 
 At the start of every iteration k it re-plans: the requests not yet decided (in arrival order) are
 placed by the simulator's scheduler (testbed/bubbletea/scheduler.py) into the predicted windows of
-iterations k .. k+H (H covers the TTFT SLO), less what is already committed. A request whose first
-chunk falls in iteration k is committed (all its chunks, on one worker); one placed later stays
-tentative and is re-planned next iteration; one with no place within its SLO goes to the fallback
-pool, joining its queue at its arrival (or now, if it was deferred or its job was skipped). Jobs carry
+iterations k .. k+H (H covers the TTFT SLO), less what is already committed. A placed request is
+committed (all its chunks, on one worker, in whichever of those iterations they fall); one with no
+place within its SLO goes to the fallback pool, joining its queue at its arrival (or now, if its job
+was skipped and the re-plan found no other place in time). Jobs carry
 their latest start (the predicted window's end, less the guard band and the job's duration): a worker
 never starts one after it (testbed/runtime/prefill.py).
 """
@@ -209,9 +209,6 @@ class OnlinePlanner:
             if pl.fallback:
                 self.decided[q.request_id] = Decision(q, pool_join_s=max(pl.request.arrival_s, start_s))
                 continue
-            first = pl.intervals[0][0]
-            if first >= end_k:
-                continue  # tentative: re-planned next iteration
             jobs, done = [], 0
             for n, (a, b, tok) in enumerate(pl.intervals):
                 j = k + max(0, int((a - start_s) // D))

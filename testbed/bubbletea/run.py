@@ -183,6 +183,8 @@ def run_bubbletea(plan: Plan, tl: Timeline, opts: BubbleTeaOptions, seed: int, t
                 dc = plan.stage_dc[r][s]
                 costs[(f"s{s}r{r}", dc)] = GroupCost(per_dc[dc].full, per_dc[dc].chunk, max_tokens[s])
     homes = home_dcs(reqs, plan.dcs_used(), seed)
+    if opts.jitter_compute_cv or opts.jitter_wan_cv:
+        return _realised(plan, tl, reqs, homes, costs, bubbles, opts, seed, train_mfu, max(max_tokens.values()))
     pool = fallback_pool(plan, opts, seed)
     placements = schedule(reqs, bubbles, costs=costs, pool=pool, kv_time=kv_transfer(plan, opts),
                           home=lambda q: homes[q.request_id], guard_s=opts.guard_ms / 1e3,
@@ -203,6 +205,33 @@ def run_bubbletea(plan: Plan, tl: Timeline, opts: BubbleTeaOptions, seed: int, t
     m = {**serving_metrics(outcomes, horizon, opts.ttft_slo_ms / 1e3), **pool_metrics(pool, horizon), **work,
          "bubbles": len(bubbles), "kv_capacity_tokens": max(max_tokens.values())}
     return BubbleTeaResult(merged, placements, bubbles, m, pool)
+
+
+def _realised(plan: Plan, tl: Timeline, reqs: list[Request], homes: dict[int, str], costs: dict,
+              bubbles: list[Bubble], opts: BubbleTeaOptions, seed: int, train_mfu: float, kv_tokens: int
+              ) -> BubbleTeaResult:
+    """The online planner against jittered iterations (testbed/bubbletea/realised.py); requests the
+    bubbles did not serve queue in the pool from when the planner gave up on them."""
+    from testbed.bubbletea.realised import realised_run, slowdown
+
+    layers = inference_model(opts.model).layers
+    kv_time = kv_transfer(plan, opts)
+    timeline, real, joins, durations, base, chunks = realised_run(plan, reqs, homes, costs, kv_time, opts, seed,
+                                                                  len(tl.iteration_s), layers)
+    pool = fallback_pool(plan, opts, seed)
+    queued = sorted((joins.get(p.request.request_id, p.request.arrival_s), p.request.arrival_s, i)
+                    for i, p in enumerate(real) if p.fallback)
+    for join, _a, i in queued:
+        p = real[i]
+        served = pool.serve(join, p.request.prompt_tokens, p.home_dc)
+        p.dc, p.end_s, p.queue_s = served.dc, served.end_s, served.start_s - p.request.arrival_s
+        p.kv_ready_s = served.end_s + kv_time(served.dc, p.home_dc, p.request.prompt_tokens)
+    horizon = sum(durations)
+    outcomes = [Outcome(p.request.prompt_tokens, p.ttft_s, not p.fallback, p.queue_s) for p in real]
+    m = {**serving_metrics(outcomes, horizon, opts.ttft_slo_ms / 1e3), **pool_metrics(pool, horizon),
+         **useful_work(plan, opts, chunks, horizon, train_mfu), "bubbles": len(bubbles),
+         "kv_capacity_tokens": kv_tokens, "train_slowdown": round(slowdown(durations, base), 9)}
+    return BubbleTeaResult(timeline, real, bubbles, m, pool)
 
 
 def chunks_of(p: Placement) -> list[tuple[float, float, int, int]]:

@@ -15,12 +15,22 @@ Replicas that are provably symmetric (the same placement, costs and start time, 
 by side) run identical timelines: one of each such class is simulated, standing for the others, and its
 flows count once per replica in the link's sharing. Under temporal sharing replicas take turns, so
 every replica is simulated.
+
+A realised iteration (`Jitter`, BubbleTea's `PrefillJob`s) is what happens when the timing is not the
+plan's: compute times and transfer delays draw from a seeded jitter distribution, and prefill jobs
+placed against the predicted timeline occupy their group from their planned start. A job starts only
+while its group is idle and never after its latest start (else it is skipped); when training needs the
+group during a job, the job pauses at its next layer boundary and resumes at the group's next idle time,
+as the emulated workers do (testbed/runtime/prefill.py). Training then waits at most one layer.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
+import random
 from collections import defaultdict, deque
+from dataclasses import dataclass
 
 from testbed.plan.lower import lower
 from testbed.plan.plan import Plan
@@ -29,6 +39,34 @@ from testbed.program import AllReduce, Forward, Recv, Send
 from testbed.sim.linkchange import LiveLinks, WanSchedule
 from testbed.sim.network import Flow, LinkState
 from testbed.timeline import Timeline
+
+
+@dataclass(frozen=True)
+class Jitter:
+    """Multiplicative timing noise, lognormal with mean 1: each compute op's time (`compute_cv`) and each
+    transfer's delay (propagation on the WAN, the whole transfer inside a DC: `wan_cv`). Seeded."""
+
+    seed: int
+    compute_cv: float
+    wan_cv: float
+
+
+@dataclass(frozen=True)
+class PrefillJob:
+    """A prefill job on one group, times from the iteration's start."""
+
+    start_s: float  # planned start
+    duration_s: float
+    latest_s: float  # never started later (its predicted bubble's end, less the guard and its duration)
+    layers: int  # it may pause at a layer boundary
+    key: tuple  # (request id, chunk)
+
+
+def _lognormal(rng: random.Random, cv: float) -> float:
+    if cv <= 0:
+        return 1.0
+    sigma = math.sqrt(math.log(1 + cv * cv))
+    return rng.lognormvariate(-sigma * sigma / 2, sigma)
 
 
 def replica_classes(plan: Plan) -> dict[int, list[int]]:
@@ -43,12 +81,14 @@ def replica_classes(plan: Plan) -> dict[int, list[int]]:
 
 
 class Simulation:
-    def __init__(self, plan: Plan, wan: WanSchedule | None = None, t0: float = 0.0) -> None:
+    def __init__(self, plan: Plan, wan: WanSchedule | None = None, t0: float = 0.0, jitter: Jitter | None = None,
+                 prefill: dict[str, list[PrefillJob]] | None = None) -> None:
         self.p = plan
         self.heap: list = []
         self.seq = 0
         self.now = 0.0
-        self.copies = replica_classes(plan)
+        realised = jitter is not None or bool(prefill)
+        self.copies = {r: [r] for r in range(plan.dp)} if realised else replica_classes(plan)
         self.reps = list(self.copies)  # simulated replicas; group g = k * pp + s for replica reps[k]
         self.weight = [len(self.copies[r]) for r in self.reps]
         P, m = plan.pp, plan.microbatches
@@ -74,6 +114,19 @@ class Simulation:
         self.wan_ar: dict[int, dict] = {}  # stage -> pending cross-DC all-reduce state
         self.events = 0
         self.wan = LiveLinks(self, wan, t0) if wan is not None else None  # the schedule's clock is t0 + now
+        self.jitter = jitter
+        self.rng = jitter is not None
+        # noise as a function of what it applies to, not of the order events happen in: a realisation with
+        # prefill and one without draw the same factors for the same op or transfer (a paired comparison)
+        self.cfactor = [[_lognormal(random.Random(f"{jitter.seed}:c:{g}:{k}"), jitter.compute_cv)
+                         for k in range(len(st))] if jitter else [] for g, st in enumerate(self.steps)]
+        self.jobs: list[deque] = [deque(sorted((prefill or {}).get(name, []), key=lambda j: j.start_s))
+                                  for name in sorted(self.index, key=self.index.get)]
+        self.running: list[list | None] = [None] * n  # [job, segment start or None when paused, seconds left]
+        self.pf_version = [0] * n
+        self.ar_until = [0.0] * n  # the group's gradient all-reduce holds it until then
+        self.prefill_done: list[tuple[tuple, str, float, float]] = []  # (key, group, first start, end)
+        self.prefill_skipped: list[tuple[tuple, str, float]] = []
 
     def replica(self, g: int) -> int:
         return self.reps[g // self.p.pp]
@@ -93,6 +146,9 @@ class Simulation:
                 self.push(p.replica_offset_s[r], self.try_start, k * p.pp + s)
         if self.wan is not None:
             self.wan.start()
+        for g, jobs in enumerate(self.jobs):
+            for j in jobs:
+                self.push(j.start_s, self._prefill_due, g)
         heap, pop = self.heap, heapq.heappop
         while heap:
             t, _, fn, args = pop(heap)
@@ -128,16 +184,86 @@ class Simulation:
             else:  # Forward or Backward
                 self.ptr[g] = k
                 self.busy[g] = True
-                self.push(self.now + st.seconds, self.compute_done, g, st, self.now)
+                t0 = self._yield_prefill(g)
+                secs = st.seconds * (self.cfactor[g][k] if self.rng else 1.0)
+                self.push(t0 + secs, self.compute_done, g, st, t0)
                 return
             k += 1
         self.ptr[g] = k
+        if (self.jobs[g] or self.running[g]) and self._blocked(g):
+            self._prefill_idle(g)
 
     def compute_done(self, g: int, st, t0: float) -> None:
         self.out.append((g, "fwd" if type(st) is Forward else "bwd", st.microbatch, t0, self.now, 0.0))
         self.busy[g] = False
         self.ptr[g] += 1
         self.try_start(g)
+
+    # --- prefill in the bubbles (realised iterations) ------------------------------------------
+    def _prefill_due(self, g: int) -> None:
+        if not self.busy[g] and self._blocked(g):
+            self._prefill_idle(g)
+
+    def _blocked(self, g: int) -> bool:
+        """g is idle: waiting for a message, or done with its program."""
+        steps, k = self.steps[g], self.ptr[g]
+        if self.now < self.ar_until[g] - 1e-12:
+            return False
+        return k >= len(steps) or type(steps[k]) is Recv or self.now < self.p.replica_offset_s[self.replica(g)]
+
+    def _prefill_idle(self, g: int) -> None:
+        """The group is idle: resume a paused job, else start the next due one (skipping late ones)."""
+        run = self.running[g]
+        if run is not None:
+            if run[1] is None:
+                run[1] = self.now
+                self.pf_version[g] += 1
+                self.push(self.now + run[2], self._prefill_end, g, self.pf_version[g])
+            return
+        jobs = self.jobs[g]
+        while jobs and jobs[0].start_s <= self.now + 1e-12:
+            j = jobs.popleft()
+            if self.now > j.latest_s + 1e-12:
+                self.prefill_skipped.append((j.key, self._name(g), self.now))
+                continue
+            self.running[g] = [j, self.now, j.duration_s, self.now]
+            self.pf_version[g] += 1
+            self.push(self.now + j.duration_s, self._prefill_end, g, self.pf_version[g])
+            return
+
+    def _prefill_end(self, g: int, version: int) -> None:
+        if version != self.pf_version[g]:
+            return
+        j, t0, _left, first = self.running[g]
+        self.out.append((g, "prefill", -1, t0, self.now, 0.0))
+        self.prefill_done.append((j.key, self._name(g), first, self.now))
+        self.running[g] = None
+        self._prefill_idle(g)
+
+    def _yield_prefill(self, g: int) -> float:
+        """Training needs g now: a running job pauses at its next layer boundary; returns when g is free."""
+        run = self.running[g]
+        if run is None or run[1] is None:
+            return self.now
+        j, t0, left, first = run
+        layer = j.duration_s / max(1, j.layers)
+        t = min(t0 + left, t0 + math.ceil((self.now - t0) / layer - 1e-9) * layer)
+        self.out.append((g, "prefill", -1, t0, t, 0.0))
+        self.pf_version[g] += 1
+        if t0 + left - t <= 1e-12:
+            self.prefill_done.append((j.key, self._name(g), first, t))
+            self.running[g] = None
+        else:
+            run[1], run[2] = None, t0 + left - t
+        return t
+
+    def _name(self, g: int) -> str:
+        return f"s{g % self.p.pp}r{self.replica(g)}"
+
+    def _delay(self, *what) -> float:
+        if not self.rng:
+            return 1.0
+        return _lognormal(random.Random(f"{self.jitter.seed}:t:{what}"), self.jitter.wan_cv)
 
     # --- transfers ------------------------------------------------------------------------
     def send(self, src: int, dst: int, kind: str, i: int, nbytes: float) -> None:
@@ -148,7 +274,7 @@ class Simulation:
         if a == b or p.ideal_wan:
             intra = p.intra[a]
             start = max(self.now, self.pipe_free.get((src, dst), 0.0))
-            end = start + nbytes / intra.bandwidth_bps
+            end = start + nbytes / intra.bandwidth_bps * self._delay(src, dst, kind, i)
             self.pipe_free[(src, dst)] = end
             arrive = end + intra.latency_s
             self.out.append((src, "send", i, self.now, end, nbytes))
@@ -176,7 +302,7 @@ class Simulation:
         if kind == "ar":
             self._wan_allreduce_part_done(src)
             return
-        arrive = self.now + self.lp[(lp.src, lp.dst)].latency_s
+        arrive = self.now + self.lp[(lp.src, lp.dst)].latency_s * self._delay(src, dst, kind, i)
         self.out.append((src, "send", i, t_issue, self.now, flow.nbytes))
         self.out.append((dst, "recv", i, t_issue, arrive, flow.nbytes))
         self.push(arrive, self.arrival, dst, kind, i)
@@ -238,7 +364,12 @@ class Simulation:
         if t1 <= t0:
             return
         for k in range(len(self.reps)):
-            self.out.append((k * p.pp + s, "allreduce", -1, t0, t1, p.grad_bytes[s]))
+            g = k * p.pp + s
+            self.out.append((g, "allreduce", -1, t0, t1, p.grad_bytes[s]))
+            if self.jobs[g] or self.running[g]:  # prefill gives way to the all-reduce, and waits for its end
+                self._yield_prefill(g)
+                self.ar_until[g] = t1
+                self.push(t1, self._prefill_due, g)
 
 
 def simulate(plan: Plan) -> tuple[Timeline, int]:
@@ -253,3 +384,10 @@ def simulate_changing(plan: Plan, wan: WanSchedule, t0: float) -> tuple[Timeline
     it saw of the links (`sim.wan`)."""
     sim = Simulation(plan, wan, t0)
     return sim.run(), sim
+
+
+def realise(plan: Plan, jitter: Jitter | None, prefill: dict[str, list[PrefillJob]] | None = None) -> Simulation:
+    """One realised iteration (see the module docstring); the Simulation keeps what its prefill did."""
+    sim = Simulation(plan, jitter=jitter, prefill=prefill)
+    sim.timeline = sim.run()
+    return sim
