@@ -57,7 +57,7 @@ SUMMARY = CsvFile("summary.csv", "`testbed sim`, `testbed experiment run`",
     ("train_util", "share", "share of GPU time in training forward/backward only"),
     ("prefill_util", "share", "share of GPU time in BubbleTea prefill"),
     ("prefill_work_util", "share", "BubbleTea: prefill as useful work: its FLOPs as the GPU time they would take at "
-                                   "the training's MFU (workload.mfu x TP efficiency), as a share of GPU time"),
+                                   "the training's MFU (workload.mfu), as a share of GPU time"),
     ("useful_util", "share", "BubbleTea: train_util + prefill_work_util (gpu_util counts prefill by time occupied)"),
     ("prefill_mfu", "share", "BubbleTea: the MFU prefill achieved in the bubbles (its FLOPs / (busy time x peak))"),
     ("bubble_frac", "share", "share of GPU time idle (neither computing, all-reducing nor prefilling)"),

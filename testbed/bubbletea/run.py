@@ -14,7 +14,7 @@ from testbed.bubbletea.bubbles import Bubble, extract_bubbles
 from testbed.bubbletea.pool import FallbackPool, default_servers
 from testbed.bubbletea.scheduler import GroupCost, Placement, schedule
 from testbed.bubbletea.trace import Request, load_trace, synthetic_trace
-from testbed.costs.gpus import GPUS, tp_efficiency
+from testbed.costs.gpus import GPUS
 from testbed.costs.models import ModelConfig
 from testbed.costs.prefill import (
     chunk_time_s,
@@ -168,7 +168,7 @@ def home_dcs(reqs: list[Request], dcs: list[str], seed: int) -> dict[int, str]:
 # --- the run ------------------------------------------------------------------------------------
 
 def run_bubbletea(plan: Plan, tl: Timeline, opts: BubbleTeaOptions, seed: int, train_mfu: float) -> BubbleTeaResult:
-    """`train_mfu`: the training's achieved MFU, the yardstick of useful work (workload.mfu x TP efficiency)."""
+    """`train_mfu`: the training's achieved MFU, the yardstick of useful work (`train_mfu()`)."""
     horizon = sum(tl.iteration_s)
     reqs = requests_for(opts, horizon, seed)
     bubbles = extract_bubbles(tl)
@@ -307,7 +307,10 @@ def useful_work(plan: Plan, opts: BubbleTeaOptions, chunks: Iterable[tuple[str, 
 
 
 def train_mfu(workload_mfu: float, tp: int) -> float:
-    return workload_mfu * tp_efficiency(tp)
+    """The MFU of the training's compute ops: the cost model runs them at `workload.mfu` (its tensor-parallel
+    all-reduces are timed apart, testbed/costs/stage.py), whatever the TP."""
+    del tp
+    return workload_mfu
 
 
 def request_rows(run_id: str, source: str, pls: list[Placement], kv_per_token: float):
