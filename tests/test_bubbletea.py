@@ -251,7 +251,7 @@ def test_the_knee_is_the_highest_rate_meeting_both_criteria():
 
 
 def test_jitter_is_seeded_and_moves_the_timeline():
-    from testbed.sim.executor import Jitter, realise
+    from testbed.sim.realised import Jitter, realise
 
     (exp, _), = load_experiment(ROOT / "experiments" / "emu-bubbletea.yaml", sets=["schedulers=[atlas]"])
     plan = build_plan(exp, "atlas")

@@ -1,5 +1,5 @@
 """BubbleTea in the simulator with timing noise: the emulated service's online planner
-(testbed/bubbletea/online.py) against jittered iterations (testbed/sim/executor.py: `realise`).
+(testbed/bubbletea/online.py) against jittered iterations (testbed/sim/realised.py: `realise`).
 
 Iteration 0 runs without prefill (as the emulated warm-up) and teaches the planner its first windows;
 from iteration 1 on, requests arrive, the planner re-plans every iteration from the windows of the
@@ -18,7 +18,7 @@ from testbed.bubbletea.online import OnlinePlanner
 from testbed.bubbletea.scheduler import GroupCost, Placement
 from testbed.bubbletea.trace import Request
 from testbed.plan.plan import Plan
-from testbed.sim.executor import Jitter, PrefillJob, realise
+from testbed.sim.realised import Jitter, PrefillJob, realise
 from testbed.spec.experiment import BubbleTeaOptions
 from testbed.timeline import Interval, Timeline, group_gaps, sort_intervals
 

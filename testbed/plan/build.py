@@ -18,8 +18,8 @@ from testbed.spec.experiment import Experiment
 from testbed.spec.topology import Topology
 
 # (stage, microbatch) pairs per iteration, each a forward and a backward the simulator runs for every
-# replica: 250,000 holds a 100,000-GPU job (global batch 16k, pp 16) and takes minutes per scheduler;
-# beyond it a run would look like a hang
+# replica it cannot prove symmetric: 250,000 holds a 100,000-GPU job (global batch 16k, pp 16), which
+# takes seconds per scheduler (docs/simulator-speed.md); the bound keeps any accepted job to minutes
 MAX_STAGE_MICROBATCHES = 250_000
 
 

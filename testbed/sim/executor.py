@@ -14,64 +14,55 @@ ring across DCs for dp-wan). The iteration ends when every all-reduce is done.
 Replicas that are provably symmetric (the same placement, costs and start time, on links shared side
 by side) run identical timelines: one of each such class is simulated, standing for the others, and its
 flows count once per replica in the link's sharing. Under temporal sharing replicas take turns, so
-every replica is simulated.
+every replica is simulated, except in the lower-bound run, which uses no WAN link.
 
-A realised iteration (`Jitter`, BubbleTea's `PrefillJob`s) is what happens when the timing is not the
-plan's: compute times and transfer delays draw from a seeded jitter distribution, and prefill jobs
-placed against the predicted timeline occupy their group from their planned start. A job starts only
-while its group is idle and never after its latest start (else it is skipped); when training needs the
-group during a job, the job pauses at its next layer boundary and resumes at the group's next idle time,
-as the emulated workers do (testbed/runtime/prefill.py). Training then waits at most one layer.
+A WAN that changes during the iteration (testbed/sim/linkchange.py) re-rates its links at each change; a
+realised iteration (timing noise, BubbleTea's prefill jobs) runs on testbed/sim/realised.py.
+
+Speed (docs/simulator-speed.md): one group is lowered per program shape (plan/lower.py program_shape)
+and its steps compiled to plain tuples shared by every group of that shape. A group's program depends on
+nothing but its messages' arrival times, so each group runs ahead of the event clock until it waits for a
+message not sent yet: compute and transfers inside a DC cost no events. The event loop keeps what groups
+share, at the time a group reaches it: WAN transfers (flows on their link) and the all-reduce. Its
+events sit in per-time buckets under a heap of distinct times; at one time, transfers that end go first,
+then events in the order they were caused (when the compute that issued a transfer started, when a flow's
+rate was set), then in the order they were pushed.
 """
 
 from __future__ import annotations
 
+import gc
 import heapq
-import math
-import random
 from collections import defaultdict, deque
-from dataclasses import dataclass
+from contextlib import contextmanager
 
-from testbed.plan.lower import lower
+from testbed.plan.lower import allreduce, lower_group, program_shape
 from testbed.plan.plan import Plan
 from testbed.plan.turns import TURN_KEYS
-from testbed.program import AllReduce, Forward, Recv, Send
+from testbed.program import AllReduce, Backward, Forward, Recv, Send
 from testbed.sim.linkchange import LiveLinks, WanSchedule
 from testbed.sim.network import Flow, LinkState
-from testbed.timeline import Timeline
+from testbed.timeline import Timeline, group_name
+
+# compiled step opcodes (the first item of a step tuple)
+RECV, SEND, COMPUTE, ALLREDUCE = range(4)
+# event codes (the first item of an event tuple)
+EV_FLOW, EV_SEND, EV_CALL = range(3)
+INF = float("inf")
 
 
-@dataclass(frozen=True)
-class Jitter:
-    """Multiplicative timing noise, lognormal with mean 1: each compute op's time (`compute_cv`) and each
-    transfer's delay (propagation on the WAN, the whole transfer inside a DC: `wan_cv`). Seeded."""
-
-    seed: int
-    compute_cv: float
-    wan_cv: float
-
-
-@dataclass(frozen=True)
-class PrefillJob:
-    """A prefill job on one group, times from the iteration's start."""
-
-    start_s: float  # planned start
-    duration_s: float
-    latest_s: float  # never started later (its predicted bubble's end, less the guard and its duration)
-    layers: int  # it may pause at a layer boundary
-    key: tuple  # (request id, chunk)
-
-
-def _lognormal(rng: random.Random, cv: float) -> float:
-    if cv <= 0:
-        return 1.0
-    sigma = math.sqrt(math.log(1 + cv * cv))
-    return rng.lognormvariate(-sigma * sigma / 2, sigma)
+def _order(ev: tuple) -> tuple:
+    """The order of events at one time: transfers that end first (a flow whose last byte leaves now is
+    done, not overtaken by a transfer issued now), then by when each was caused; a stable sort keeps
+    push order after that."""
+    return (ev[0] != EV_FLOW, ev[1])
 
 
 def replica_classes(plan: Plan) -> dict[int, list[int]]:
-    """Replica -> the replicas it stands for (itself first). Symmetric replicas share one entry."""
-    if any(lp.temporal for lp in plan.links.values()):
+    """Replica -> the replicas it stands for (itself first). Symmetric replicas share one entry. Under
+    temporal sharing replicas take turns on the WAN, so each is its own class, except in the lower-bound
+    run (`ideal_wan`), where no transfer touches a WAN link."""
+    if not plan.ideal_wan and any(lp.temporal for lp in plan.links.values()):
         return {r: [r] for r in range(plan.dp)}
     classes: dict[tuple, list[int]] = {}
     for r in range(plan.dp):
@@ -80,240 +71,252 @@ def replica_classes(plan: Plan) -> dict[int, list[int]]:
     return {rs[0]: rs for rs in classes.values()}
 
 
+def compile_steps(steps: tuple, s: int, r: int, m: int) -> tuple[tuple, ...]:
+    """Group (s, r)'s steps as tuples the event loop reads without attribute lookups; a message's index
+    in the receiver's arrival flags is its microbatch (activations) or m + its microbatch (gradients).
+    Peers are the neighbouring stages of the same replica, written as +1 or -1 so that groups of one
+    shape share the compiled steps."""
+    peers = {group_name(s + 1, r): 1, group_name(s - 1, r): -1}
+    out: list[tuple] = []
+    for st in steps:
+        t = type(st)
+        if t is Recv:
+            out.append((RECV, st.microbatch if st.kind == "a" else m + st.microbatch))
+        elif t is Send:
+            if st.peer not in peers:
+                raise ValueError(f"{group_name(s, r)} sends to {st.peer}, not a neighbouring stage of its replica")
+            idx = st.microbatch if st.kind == "a" else m + st.microbatch
+            out.append((SEND, peers[st.peer], st.kind, st.microbatch, st.bytes, idx))
+        elif t is Forward or t is Backward:
+            out.append((COMPUTE, st.seconds, "fwd" if t is Forward else "bwd", st.microbatch))
+        elif t is AllReduce:
+            out.append((ALLREDUCE, st))
+        else:
+            raise TypeError(f"{group_name(s, r)}: the simulator does not execute {t.__name__} steps")
+    return tuple(out)
+
+
 class Simulation:
-    def __init__(self, plan: Plan, wan: WanSchedule | None = None, t0: float = 0.0, jitter: Jitter | None = None,
-                 prefill: dict[str, list[PrefillJob]] | None = None) -> None:
+    event_order = staticmethod(_order)  # the order of events at one time (None: push order)
+
+    def __init__(self, plan: Plan, wan: WanSchedule | None = None, t0: float = 0.0) -> None:
         self.p = plan
-        self.heap: list = []
-        self.seq = 0
+        self.heap: list[float] = []  # the distinct times that have events, a heap
+        self.buckets: dict[float, list[tuple]] = {}  # time -> its events, in push order
         self.now = 0.0
-        realised = jitter is not None or bool(prefill)
-        self.copies = {r: [r] for r in range(plan.dp)} if realised else replica_classes(plan)
+        self.copies = self._classes()
         self.reps = list(self.copies)  # simulated replicas; group g = k * pp + s for replica reps[k]
         self.weight = [len(self.copies[r]) for r in self.reps]
         P, m = plan.pp, plan.microbatches
         n = P * len(self.reps)
-        programs = lower(plan, self.reps)
-        self.steps = [programs[f"s{s}r{r}"].steps for r in self.reps for s in range(P)]  # index g = k * pp + s
-        self.index = {name: k * P + s for k, r in enumerate(self.reps) for s in range(P)
-                      for name in (f"s{s}r{r}",)}
-        self.ptr = [0] * n
-        self.busy = [False] * n
-        self.got_act = [bytearray(m) for _ in range(n)]
-        self.got_grad = [bytearray(m) for _ in range(n)]
+        self.steps = self._compile()  # index g = k * pp + s
+        self.ptr = [0] * n  # each group's next step
+        self.clock = [plan.replica_offset_s[r] for r in self.reps for _ in range(P)]  # when it reached that step
+        self.waits = [-1] * n  # the message a blocked group waits for (-1: none)
+        # when each message reaches its group (INF: not sent yet): [g][microbatch] activations, [g][m + microbatch]
+        # gradients
+        self.arrival = [[INF] * (2 * m) for _ in range(n)]
         self.stage_done = [0] * P
         self.out: list[tuple] = []  # (group, kind, microbatch, start, end, bytes)
         self.links = {
             k: LinkState(lp.capacity_bps, lp.temporal, self._schedule_flow) for k, lp in plan.links.items()
         }
         self.lp = dict(plan.links)  # each link as it is now (a changing WAN replaces entries)
-        self.turn_pos = {r: i for i, r in enumerate(plan.turn_order)}
+        turn_pos = {r: i for i, r in enumerate(plan.turn_order)}
+        self.turn_rank = [turn_pos[r] for r in self.reps]  # [k]: replica reps[k]'s place in the turn order
         self.turn_key = TURN_KEYS[plan.turn_policy]
+        # per group and direction (2g: to the next stage, 2g+1: to the previous): the WAN link a pipe
+        # crosses ((from DC, to DC), None inside a DC), the DC fabric's bandwidth and latency, and when its
+        # last byte leaves
+        self.pipe_link: list = [None] * (2 * n)
+        self.pipe_bw = [0.0] * (2 * n)
+        self.pipe_lat = [0.0] * (2 * n)
+        self.pipe_free = [0.0] * (2 * n)
+        for k, r in enumerate(self.reps):
+            row = plan.stage_dc[r]
+            for s in range(P):
+                a = row[s]
+                for d, q in ((0, s + 1), (1, s - 1)):
+                    j = 2 * (k * P + s) + d
+                    intra = plan.intra[a]
+                    self.pipe_bw[j], self.pipe_lat[j] = intra.bandwidth_bps, intra.latency_s
+                    if 0 <= q < P and row[q] != a and not plan.ideal_wan:
+                        self.pipe_link[j] = (a, row[q])
         self.pipes: dict[tuple[int, int], deque] = defaultdict(deque)  # (src, dst) -> queued WAN transfers
-        self.pipe_free: dict[tuple[int, int], float] = {}  # (src, dst) inside a DC -> when its last byte leaves
         self.wan_ar: dict[int, dict] = {}  # stage -> pending cross-DC all-reduce state
         self.events = 0
         self.wan = LiveLinks(self, wan, t0) if wan is not None else None  # the schedule's clock is t0 + now
-        self.jitter = jitter
-        self.rng = jitter is not None
-        # noise as a function of what it applies to, not of the order events happen in: a realisation with
-        # prefill and one without draw the same factors for the same op or transfer (a paired comparison)
-        self.cfactor = [[_lognormal(random.Random(f"{jitter.seed}:c:{g}:{k}"), jitter.compute_cv)
-                         for k in range(len(st))] if jitter else [] for g, st in enumerate(self.steps)]
-        self.jobs: list[deque] = [deque(sorted((prefill or {}).get(name, []), key=lambda j: j.start_s))
-                                  for name in sorted(self.index, key=self.index.get)]
-        self.running: list[list | None] = [None] * n  # [job, segment start or None when paused, seconds left]
-        self.pf_version = [0] * n
-        self.ar_until = [0.0] * n  # the group's gradient all-reduce holds it until then
-        self.prefill_done: list[tuple[tuple, str, float, float]] = []  # (key, group, first start, end)
-        self.prefill_skipped: list[tuple[tuple, str, float]] = []
+
+    def _classes(self) -> dict[int, list[int]]:
+        return replica_classes(self.p)
+
+    def _compile(self) -> list[tuple]:
+        """Each simulated group's compiled steps; groups of one program shape share one lowering."""
+        p = self.p
+        reduces = [allreduce(p, s) if p.dp > 1 else None for s in range(p.pp)]  # shared by the stage's groups
+        shared: dict[tuple, tuple] = {}
+        out = []
+        for r in self.reps:
+            for s in range(p.pp):
+                key = program_shape(p, s, r)
+                if key not in shared:
+                    shared[key] = compile_steps(lower_group(p, s, r, reduces[s]).steps, s, r, p.microbatches)
+                out.append(shared[key])
+        return out
 
     def replica(self, g: int) -> int:
         return self.reps[g // self.p.pp]
 
     # --- event plumbing -------------------------------------------------------------------
+    def _push_event(self, t: float, ev: tuple) -> None:
+        b = self.buckets.get(t)
+        if b is None:
+            self.buckets[t] = [ev]
+            heapq.heappush(self.heap, t)
+        else:
+            b.append(ev)
+
     def push(self, t: float, fn, *args) -> None:
-        self.seq += 1
-        heapq.heappush(self.heap, (t, self.seq, fn, args))
+        """Call fn(*args) at time t (after the events already pushed for t)."""
+        self._push_event(t, (EV_CALL, self.now, fn, args))
 
     def _schedule_flow(self, t: float, flow: Flow, version: int) -> None:
-        self.push(t, self._flow_done, flow, version)
+        self._push_event(t, (EV_FLOW, self.now, flow, version))
 
     def run(self) -> Timeline:
         p = self.p
-        for k, r in enumerate(self.reps):
-            for s in range(p.pp):
-                self.push(p.replica_offset_s[r], self.try_start, k * p.pp + s)
         if self.wan is not None:
             self.wan.start()
-        for g, jobs in enumerate(self.jobs):
-            for j in jobs:
-                self.push(j.start_s, self._prefill_due, g)
-        heap, pop = self.heap, heapq.heappop
-        while heap:
-            t, _, fn, args = pop(heap)
-            self.now = t
-            fn(*args)
-            self.events += 1
+        self._drain(list(range(len(self.steps) - 1, -1, -1)))  # every group from its start, group 0 first
+        self._loop()
         if any(self.ptr[g] < len(self.steps[g]) for g in range(len(self.ptr))):
             raise RuntimeError(f"{p.run_id}: simulation deadlocked (a schedule waits on input that never comes)")
         return Timeline.from_sim(p, self.out, self.reps, self.copies)
 
-    # --- compute --------------------------------------------------------------------------
-    def try_start(self, g: int) -> None:
-        """Run g's program until it blocks: on a Recv whose message has not arrived, or on compute."""
-        p = self.p
-        if self.busy[g]:
-            return
-        s, r = g % p.pp, self.reps[g // p.pp]
-        if self.now < p.replica_offset_s[r]:
-            return
-        steps = self.steps[g]
-        k = self.ptr[g]
-        while k < len(steps):
-            st = steps[k]
-            t = type(st)
-            if t is Recv:
-                if not (self.got_act if st.kind == "a" else self.got_grad)[g][st.microbatch]:
-                    break
-            elif t is Send:
-                self.send(g, self.index[st.peer], st.kind, st.microbatch, st.bytes)
-            elif t is AllReduce:
-                self.ptr[g] = k + 1
-                self.stage_finished(s, g, st)
-            else:  # Forward or Backward
-                self.ptr[g] = k
-                self.busy[g] = True
-                t0 = self._yield_prefill(g)
-                secs = st.seconds * (self.cfactor[g][k] if self.rng else 1.0)
-                self.push(t0 + secs, self.compute_done, g, st, t0)
-                return
-            k += 1
-        self.ptr[g] = k
-        if (self.jobs[g] or self.running[g]) and self._blocked(g):
-            self._prefill_idle(g)
+    def _loop(self) -> None:
+        """The event loop: WAN transfers and all-reduces, in time order; events at one time as `_order`
+        says."""
+        times, buckets = self.heap, self.buckets
+        pop = heapq.heappop
+        order = self.event_order
+        events = 0
+        while times:
+            now = pop(times)
+            batch = buckets.pop(now)
+            self.now = now
+            events += len(batch)
+            if order is not None and len(batch) > 1:
+                batch.sort(key=order)
+            for ev in batch:
+                code = ev[0]
+                if code == EV_FLOW:
+                    flow = ev[2]
+                    if ev[3] == flow.version:  # else superseded by a rate change
+                        self._flow_done(flow)
+                elif code == EV_SEND:
+                    g, st = ev[2], ev[3]
+                    self._send_wan(g, g + st[1], st[2], st[3], st[4], self.pipe_link[2 * g + (st[1] < 0)])
+                else:
+                    ev[2](*ev[3])
+        self.events += events
 
-    def compute_done(self, g: int, st, t0: float) -> None:
-        self.out.append((g, "fwd" if type(st) is Forward else "bwd", st.microbatch, t0, self.now, 0.0))
-        self.busy[g] = False
-        self.ptr[g] += 1
-        self.try_start(g)
+    def _drain(self, ready: list[int]) -> None:
+        """Run the groups in `ready` (and those their messages wake) each until it blocks on a message that
+        has not been sent yet. A group's program depends on nothing but its messages' arrival times, so it
+        runs ahead of the event loop's clock on its own: a step starts when the group is free and its
+        message has arrived (the later of the two), a compute ends `seconds` later, and a transfer inside a
+        DC leaves when its pipe is free. Only what other groups share is left to the event loop, at the
+        time the group reaches it: a transfer across the WAN (its link) and the all-reduce (the stage)."""
+        P = self.p.pp
+        steps_of, ptr, clock, waits, arr = self.steps, self.ptr, self.clock, self.waits, self.arrival
+        out_append = self.out.append
+        pipe_link, pipe_bw, pipe_lat, pipe_free = self.pipe_link, self.pipe_bw, self.pipe_lat, self.pipe_free
+        push_event = self._push_event
+        while ready:
+            g = ready.pop()
+            steps, a, k, t = steps_of[g], arr[g], ptr[g], clock[g]
+            t0 = t  # when the last compute started: the cause of the WAN transfer or all-reduce that follows it
+            n = len(steps)
+            while k < n:
+                st = steps[k]
+                op = st[0]
+                if op == COMPUTE:
+                    t0, t1 = t, t + st[1]
+                    out_append((g, st[2], st[3], t0, t1, 0.0))
+                    t = t1
+                elif op == RECV:
+                    ta = a[st[1]]
+                    if ta > t:
+                        if ta == INF:
+                            waits[g] = st[1]
+                            break
+                        t = ta
+                elif op == SEND:
+                    j = 2 * g + (st[1] < 0)
+                    if pipe_link[j] is None:  # inside a DC: FIFO on the fabric, no contention
+                        dst, idx, nbytes = g + st[1], st[5], st[4]
+                        free = pipe_free[j]
+                        end = (t if t >= free else free) + nbytes / pipe_bw[j]
+                        pipe_free[j] = end
+                        arrive = end + pipe_lat[j]
+                        out_append((g, "send", st[3], t, end, nbytes))
+                        out_append((dst, "recv", st[3], t, arrive, nbytes))
+                        arr[dst][idx] = arrive
+                        if waits[dst] == idx:
+                            waits[dst] = -1
+                            ready.append(dst)
+                    else:
+                        push_event(t, (EV_SEND, t0, g, st))
+                else:  # ALLREDUCE
+                    push_event(t, (EV_CALL, t0, self.stage_finished, (g % P, g, st[1])))
+                k += 1
+            ptr[g] = k
+            clock[g] = t
 
-    # --- prefill in the bubbles (realised iterations) ------------------------------------------
-    def _prefill_due(self, g: int) -> None:
-        if not self.busy[g] and self._blocked(g):
-            self._prefill_idle(g)
-
-    def _blocked(self, g: int) -> bool:
-        """g is idle: waiting for a message, or done with its program."""
-        steps, k = self.steps[g], self.ptr[g]
-        if self.now < self.ar_until[g] - 1e-12:
-            return False
-        return k >= len(steps) or type(steps[k]) is Recv or self.now < self.p.replica_offset_s[self.replica(g)]
-
-    def _prefill_idle(self, g: int) -> None:
-        """The group is idle: resume a paused job, else start the next due one (skipping late ones)."""
-        run = self.running[g]
-        if run is not None:
-            if run[1] is None:
-                run[1] = self.now
-                self.pf_version[g] += 1
-                self.push(self.now + run[2], self._prefill_end, g, self.pf_version[g])
-            return
-        jobs = self.jobs[g]
-        while jobs and jobs[0].start_s <= self.now + 1e-12:
-            j = jobs.popleft()
-            if self.now > j.latest_s + 1e-12:
-                self.prefill_skipped.append((j.key, self._name(g), self.now))
-                continue
-            self.running[g] = [j, self.now, j.duration_s, self.now]
-            self.pf_version[g] += 1
-            self.push(self.now + j.duration_s, self._prefill_end, g, self.pf_version[g])
-            return
-
-    def _prefill_end(self, g: int, version: int) -> None:
-        if version != self.pf_version[g]:
-            return
-        j, t0, _left, first = self.running[g]
-        self.out.append((g, "prefill", -1, t0, self.now, 0.0))
-        self.prefill_done.append((j.key, self._name(g), first, self.now))
-        self.running[g] = None
-        self._prefill_idle(g)
-
-    def _yield_prefill(self, g: int) -> float:
-        """Training needs g now: a running job pauses at its next layer boundary; returns when g is free."""
-        run = self.running[g]
-        if run is None or run[1] is None:
-            return self.now
-        j, t0, left, first = run
-        layer = j.duration_s / max(1, j.layers)
-        t = min(t0 + left, t0 + math.ceil((self.now - t0) / layer - 1e-9) * layer)
-        self.out.append((g, "prefill", -1, t0, t, 0.0))
-        self.pf_version[g] += 1
-        if t0 + left - t <= 1e-12:
-            self.prefill_done.append((j.key, self._name(g), first, t))
-            self.running[g] = None
-        else:
-            run[1], run[2] = None, t0 + left - t
-        return t
-
-    def _name(self, g: int) -> str:
-        return f"s{g % self.p.pp}r{self.replica(g)}"
-
-    def _delay(self, *what) -> float:
-        if not self.rng:
-            return 1.0
-        return _lognormal(random.Random(f"{self.jitter.seed}:t:{what}"), self.jitter.wan_cv)
+    def _deliver(self, g: int, idx: int, arrive: float) -> None:
+        """A message for g arrives at `arrive`; g goes on if it was waiting for it."""
+        self.arrival[g][idx] = arrive
+        if self.waits[g] == idx:
+            self.waits[g] = -1
+            self._drain([g])
 
     # --- transfers ------------------------------------------------------------------------
-    def send(self, src: int, dst: int, kind: str, i: int, nbytes: float) -> None:
-        """Queue a transfer on the (src, dst) pipe; it leaves after the transfers queued before it."""
-        p = self.p
-        r = self.replica(src)
-        a, b = p.stage_dc[r][src % p.pp], p.stage_dc[r][dst % p.pp]
-        if a == b or p.ideal_wan:
-            intra = p.intra[a]
-            start = max(self.now, self.pipe_free.get((src, dst), 0.0))
-            end = start + nbytes / intra.bandwidth_bps * self._delay(src, dst, kind, i)
-            self.pipe_free[(src, dst)] = end
-            arrive = end + intra.latency_s
-            self.out.append((src, "send", i, self.now, end, nbytes))
-            self.out.append((dst, "recv", i, self.now, arrive, nbytes))
-            self.push(arrive, self.arrival, dst, kind, i)
-            return
+    def _send_wan(self, src: int, dst: int, kind: str, i: int, nbytes: float, link: tuple[str, str]) -> None:
+        """Queue a transfer on the (src, dst) pipe across the WAN; it leaves after the transfers queued before it."""
         pipe = self.pipes[(src, dst)]
         pipe.append((kind, i, nbytes, self.now))
         if len(pipe) == 1:
-            self._start_head(src, dst, self.lp[(a, b)])
+            self._start_head(src, dst, self.lp[link])
 
     def _start_head(self, src: int, dst: int, lp) -> None:
         kind, i, nbytes, t_issue = self.pipes[(src, dst)][0]
         k = src // self.p.pp
-        prio = self.turn_key(i, self.turn_pos[self.reps[k]], kind, t_issue)
-        flow = Flow(nbytes, lp.transfer_cap_bps, prio, payload=(src, dst, kind, i, lp, t_issue),
-                    weight=self.weight[k], window=lp.connections * lp.window_bytes)
-        self.links[(lp.src, lp.dst)].add(flow, self.now)
+        prio = self.turn_key(i, self.turn_rank[k], kind, t_issue)
+        link = self.links[(lp.src, lp.dst)]
+        flow = Flow(nbytes, lp.transfer_cap_bps, prio, (src, dst, kind, i, lp, t_issue, link), self.weight[k],
+                    window=lp.connections * lp.window_bytes)
+        link.add(flow, self.now)
 
-    def _flow_done(self, flow: Flow, version: int) -> None:
-        if version != flow.version:
-            return  # superseded by a rate change
-        src, dst, kind, i, lp, t_issue = flow.payload
-        self.links[(lp.src, lp.dst)].remove(flow, self.now)
+    def _flow_done(self, flow: Flow) -> None:
+        src, dst, kind, i, lp, t_issue, link = flow.payload
+        now = self.now
+        link.remove(flow, now)
         if kind == "ar":
             self._wan_allreduce_part_done(src)
             return
-        arrive = self.now + self.lp[(lp.src, lp.dst)].latency_s * self._delay(src, dst, kind, i)
-        self.out.append((src, "send", i, t_issue, self.now, flow.nbytes))
+        key = (lp.src, lp.dst)
+        arrive = now + self.lp[key].latency_s * self._delay(src, dst, kind, i)
+        self.out.append((src, "send", i, t_issue, now, flow.nbytes))
         self.out.append((dst, "recv", i, t_issue, arrive, flow.nbytes))
-        self.push(arrive, self.arrival, dst, kind, i)
+        self._deliver(dst, i if kind == "a" else self.p.microbatches + i, arrive)
         pipe = self.pipes[(src, dst)]
         pipe.popleft()
         if pipe:
-            self._start_head(src, dst, self.lp[(lp.src, lp.dst)])
+            self._start_head(src, dst, self.lp[key])
 
-    def arrival(self, g: int, kind: str, i: int) -> None:
-        (self.got_act if kind == "a" else self.got_grad)[g][i] = 1
-        self.try_start(g)
+    def _delay(self, *what) -> float:
+        """The factor on a transfer's delay (1: the plan's timing; realised iterations draw it)."""
+        return 1.0
 
     # --- data-parallel gradient all-reduce ---------------------------------------------------
     def stage_finished(self, s: int, g: int, ar: AllReduce) -> None:
@@ -349,7 +352,7 @@ class Simulation:
             lp = self.lp[(a, b)]
             conns = ar.wan_connections[ring.index(a)]
             cap = conns * lp.window_bytes / lp.rtt_s if lp.rtt_s > 0 else float("inf")
-            flow = Flow(nbytes, cap, (float("inf"), s), payload=(s, None, "ar", -1, lp, self.now),
+            flow = Flow(nbytes, cap, (float("inf"), s), payload=(s, None, "ar", -1, lp, self.now, self.links[(a, b)]),
                         window=conns * lp.window_bytes)
             self.links[(a, b)].add(flow, self.now)
 
@@ -364,30 +367,35 @@ class Simulation:
         if t1 <= t0:
             return
         for k in range(len(self.reps)):
-            g = k * p.pp + s
-            self.out.append((g, "allreduce", -1, t0, t1, p.grad_bytes[s]))
-            if self.jobs[g] or self.running[g]:  # prefill gives way to the all-reduce, and waits for its end
-                self._yield_prefill(g)
-                self.ar_until[g] = t1
-                self.push(t1, self._prefill_due, g)
+            self.out.append((k * p.pp + s, "allreduce", -1, t0, t1, p.grad_bytes[s]))
+
+
+@contextmanager
+def paused_gc():
+    """Python's cyclic garbage collector paused for a block that allocates millions of objects that all
+    stay alive (a run's tuples and intervals), which it would traverse again and again to free nothing;
+    restored as it was found."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def simulate(plan: Plan) -> tuple[Timeline, int]:
     """Run one iteration; returns its timeline and the number of events processed."""
-    sim = Simulation(plan)
-    tl = sim.run()
+    with paused_gc():
+        sim = Simulation(plan)
+        tl = sim.run()
     return tl, sim.events
 
 
 def simulate_changing(plan: Plan, wan: WanSchedule, t0: float) -> tuple[Timeline, Simulation]:
     """One iteration that starts at t0 on a changing WAN (testbed/sim/linkchange.py); the simulation keeps what
     it saw of the links (`sim.wan`)."""
-    sim = Simulation(plan, wan, t0)
-    return sim.run(), sim
-
-
-def realise(plan: Plan, jitter: Jitter | None, prefill: dict[str, list[PrefillJob]] | None = None) -> Simulation:
-    """One realised iteration (see the module docstring); the Simulation keeps what its prefill did."""
-    sim = Simulation(plan, jitter=jitter, prefill=prefill)
-    sim.timeline = sim.run()
-    return sim
+    with paused_gc():
+        sim = Simulation(plan, wan, t0)
+        tl = sim.run()
+    return tl, sim

@@ -125,8 +125,10 @@ class LiveLinks:
 
         def on_change(now: float, link: LinkState) -> None:
             r = link.throughput()
-            if rows and rows[-1][0] == now:
+            if rows and rows[-1][0] == now:  # the last of several re-ratings at one instant counts
                 rows[-1] = (now, r)
+                if len(rows) > 1 and rows[-2][1] == r:
+                    rows.pop()  # back to the rate before this instant: no change to record
             elif not rows or rows[-1][1] != r:
                 rows.append((now, r))
 

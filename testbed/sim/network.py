@@ -162,21 +162,37 @@ class LinkState:
 
     def _reallocate_turns(self, now: float) -> None:
         """Visit flows in priority order until the capacity is used up; the flows that ran before and no
-        longer get capacity are paused."""
-        self._advance(self.running, now)
+        longer get capacity are paused. (_advance and _set_rate inlined: this runs at every flow's start
+        and end under temporal sharing.)"""
+        before = self.running
+        for f in before:
+            if f.rate:
+                x = f.remaining - f.rate * (now - f.t_last)
+                f.remaining = x if x > 0.0 else 0.0
+            f.t_last = now
         running: list[Flow] = []
         left = self.capacity
+        schedule = self.schedule
         for f in self.flows:
             if left <= 0:
                 break
-            if not f.rate:
+            rate = f.rate
+            if not rate:
                 f.t_last = now
-            r = min(f.cap, left / f.weight)
-            self._set_rate(f, r, now)
+            r = left / f.weight
+            if not r < f.cap:
+                r = f.cap
+            if r != rate or not f.version:
+                f.rate = r
+                f.version += 1
+                if r > 0:
+                    schedule(now + (f.remaining / r if r < math.inf else 0.0), f, f.version)
             running.append(f)
             left -= r * f.weight
-        kept = set(map(id, running))
-        for f in self.running:
-            if id(f) not in kept and f.rate:
-                self._set_rate(f, 0.0, now)
+        if before:
+            kept = running if len(running) < 8 else set(running)
+            for f in before:
+                if f.rate and f not in kept:
+                    f.rate = 0.0
+                    f.version += 1
         self.running = running

@@ -21,7 +21,7 @@ from testbed.errors import SpecError
 from testbed.plan.build import build_plan, resolve_dp
 from testbed.plan.plan import Plan
 from testbed.results import fmt, write_csv
-from testbed.sim.executor import simulate, simulate_changing
+from testbed.sim.executor import paused_gc, simulate, simulate_changing
 from testbed.sim.linkchange import WanSchedule, union_length
 from testbed.spec.experiment import Experiment
 from testbed.timeline import COMPUTE, Timeline, write_timelines, write_trace
@@ -118,7 +118,8 @@ def run_point(exp: Experiment, index: int, sweep: dict, keep_timeline: bool) -> 
     bounds: dict[tuple, float] = {}  # schedulers that differ only in the network share one lower bound
     for sched in exp.schedulers:
         try:
-            out.append(_run_scheduler(exp, index, sweep, keep_timeline, sched, dp, bounds))
+            with paused_gc():  # a run's tuples and intervals all stay alive: nothing for the collector
+                out.append(_run_scheduler(exp, index, sweep, keep_timeline, sched, dp, bounds))
         except SpecError as e:
             out.append(infeasible(exp, f"p{index:02d}-{sched}", sched, sweep, e))
     add_speedups([r.summary for r in out])
@@ -158,10 +159,10 @@ def _run_scheduler(exp: Experiment, index: int, sweep: dict, keep_timeline: bool
     rows: list[tuple] = []
     if keep_timeline:
         limit = exp.timeline_replicas
+        if limit is not None:
+            tl = tl.only_replicas(limit)  # bubbles per group need only the groups written
         rows = [b for b in bubble_rows(plan.run_id, "sim", bubbles or extract_bubbles(tl))
                 if limit is None or b[5] < limit]
-        if limit is not None:
-            tl = tl.only_replicas(limit)
     return RunResult(row, tl if keep_timeline else None, events, reqs, rows, wan=rec)
 
 
