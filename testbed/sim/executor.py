@@ -150,6 +150,11 @@ class Simulation:
     def _classes(self) -> dict[int, list[int]]:
         return replica_classes(self.p)
 
+    def pending(self) -> bool:
+        """Whether the iteration goes on: events at later times, or groups not at their program's end (the
+        events left at the current time belong to one of those)."""
+        return bool(self.heap) or any(k < len(st) for k, st in zip(self.ptr, self.steps, strict=True))
+
     def _compile(self) -> list[tuple]:
         """Each simulated group's compiled steps; groups of one program shape share one lowering."""
         p = self.p

@@ -145,7 +145,7 @@ class LiveLinks:
         _, _, pair, state = self.sched.changes[k]
         self._apply(pair, state, self.sim.now)
         self.next = k + 1
-        if self.sim.heap or any(link.flows for link in self.sim.links.values()):
+        if self.sim.pending() or any(link.flows for link in self.sim.links.values()):
             self._push_next()  # the iteration goes on: the next change may matter to it
 
     def _apply(self, pair: Pair, st: WanState, now: float) -> None:
