@@ -7,13 +7,13 @@ RESULTS := results
 
 .PHONY: all venv sysdeps test unit integration lint experiment sim-paper sim-bubbletea claims emu-multitcp emu-training \
         figures bench base-image docker-setup wheels images testbed-image emu-docker emu-docker-if-ready \
-        topology-3dc topology-down clean distclean
+        topology-3dc topology-down clean distclean wan-change
 
 all: test
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q -e '.[dev,mininet,docker]'
+	$(BIN)/pip install -q -e '.[dev,mininet,docker,ray]'
 	@# torch compute: only the CPU wheel from this machine's wheel dir, never a CUDA build from an index
 	@if ls /opt/wheels/torch-2.13.0+cpu-*.whl >/dev/null 2>&1; then $(BIN)/pip install -q 'torch==2.13.0'; \
 	 else echo "no local CPU torch wheel: torch compute (emu-torch, its test) is skipped"; fi
@@ -46,8 +46,8 @@ sim-bubbletea: venv
 	@if [ -f $(AZURE)/AzureLLMInferenceTrace_conv.csv ]; then \
 	  $(TESTBED) sim experiments/bubbletea-3dc.yaml --out $(RESULTS)/bubbletea-3dc && \
 	  $(TESTBED) sim experiments/bubbletea-3dc.yaml --out $(RESULTS)/bubbletea-3dc-code \
-	    --set bubbletea.trace=$(abspath $(AZURE))/AzureLLMInferenceTrace_code.csv --set sweep={} \
-	    --set bubbletea.rate_scale=400; \
+	    --set bubbletea.trace=$(abspath $(AZURE))/AzureLLMInferenceTrace_code.csv \
+	    --set "schedulers=[atlas, atlas+bubbletea]" --sweep bubbletea.rate_scale=5,10,20,30,40,50; \
 	else echo "no Azure trace in $(AZURE): BubbleTea runs on the synthetic trace (same statistics)"; \
 	  $(TESTBED) sim experiments/bubbletea-3dc.yaml --out $(RESULTS)/bubbletea-3dc --set bubbletea.trace=synthetic; fi
 
@@ -77,8 +77,10 @@ emu-training: venv sysdeps
 	   $(call REPORT,emu-3dc) && \
 	   if $(BIN)/python -c 'import torch' 2>/dev/null; then \
 	     $(TESTBED) experiment run experiments/emu-torch.yaml $(EMU) --out $(RESULTS)/emu-torch && \
-	     $(call REPORT,emu-torch); \
-	   else echo "torch not installed: skipping experiments/emu-torch.yaml"; fi; fi
+	     $(call REPORT,emu-torch) && \
+	     $(TESTBED) experiment run experiments/emu-bubbletea-torch.yaml $(EMU) --out $(RESULTS)/emu-bubbletea-torch && \
+	     $(call REPORT,emu-bubbletea-torch); \
+	   else echo "torch not installed: skipping experiments/emu-torch.yaml and emu-bubbletea-torch.yaml"; fi; fi
 
 # The backend comparison joins `make experiment` where the role images are built (sudo make docker-setup).
 emu-docker-if-ready:
@@ -152,8 +154,10 @@ bench: venv
 	$(BIN)/python bench/sim_scale.py
 	$(BIN)/python bench/mechanisms_example.py
 	$(BIN)/python bench/paper_speedups.py
+	$(BIN)/python bench/turn_orders.py
 	$(BIN)/python bench/prefill_model_error.py
-	@if [ "$$(id -u)" -eq 0 ]; then $(BIN)/python bench/link_fidelity.py; else echo "link_fidelity needs root"; fi
+	@if [ "$$(id -u)" -eq 0 ]; then $(BIN)/python bench/link_fidelity.py && $(BIN)/python bench/gpipe_arrivals.py; \
+	 else echo "link_fidelity and gpipe_arrivals need root"; fi
 
 # Removes leftovers of emulated runs (namespaces, links, rules, processes with our prefix), then caches.
 clean:
@@ -162,3 +166,10 @@ clean:
 
 distclean: clean
 	rm -rf $(VENV)
+
+# A WAN that changes (docs/wan-change.md): simulated, then emulated with the changes applied live (root).
+wan-change: venv sysdeps
+	$(TESTBED) sim experiments/wan-change.yaml --out $(RESULTS)/wan-change-sim
+	@if [ "$$(id -u)" -ne 0 ]; then echo "skipping the emulated run: it needs root"; \
+	 else $(TESTBED) clean --prefix gdtb1 && $(TESTBED) experiment run experiments/wan-change.yaml $(EMU) \
+	   --out $(RESULTS)/wan-change && $(TESTBED) figures $(RESULTS)/wan-change --out $(RESULTS)/figures/wan-change; fi

@@ -29,9 +29,9 @@ def main() -> None:
     print(f"link 400 Gbit/s, one-way {LAT * 1e3:.0f} ms, window {W / 2**20:.0f} MiB, activation {A / 1e6:.1f} MB, "
           f"{DP} replicas; one connection carries {W / (2 * LAT) / 1e6:.0f} MB/s; multi-TCP uses n={n}")
     print(f"{'mechanism':<34}{'first arrival':>14}{'median':>10}{'last':>10}  (ms)")
-    for name, conns, temporal in [("pp-wan: 1 connection, fair share", 1, False),
+    for name, conns, temporal in [("pp-1tcp: 1 connection, fair share", 1, False),
                                   ("+mtcp: n connections, fair share", n, False),
-                                  ("+temporal: 1 connection, turns", 1, True),
+                                  ("pp-1tcp+temporal: 1 conn, turns", 1, True),
                                   ("atlas: n connections, turns", n, True)]:
         a = arrivals(conns, temporal)
         print(f"{name:<34}{a[0] * 1e3:>14.1f}{a[len(a) // 2] * 1e3:>10.1f}{a[-1] * 1e3:>10.1f}")

@@ -1,7 +1,14 @@
-"""Error of the prefill cost model against measured prompt times (Splitwise perf_model.csv).
+"""Error of the prefill cost model against measured prompt times (Splitwise perf_model.csv), held out.
 
-Prints the median and p90 absolute relative error per (model, GPU, TP) it covers and overall.
---fit refits the calibration and prints it in the form testbed/costs/prefill.py holds.
+Prints, over the deduplicated configurations (one row per model, GPU, TP, prompt and batch: the median
+of its repeats):
+- in-sample error of the shipped calibration (for reference only);
+- 5-fold cross-validation grouped by configuration (each configuration's repeats stay in one fold);
+- 5-fold grouped by prompt shape ((prompt, batch) held out on every GPU, TP and model at once);
+- leave-one-configuration-out and leave-one-model-out (fit on llama2-70b, predict bloom-176b and back);
+- extrapolation: fitted on passes of <= 1,024 tokens, scored on longer ones;
+then, for every BubbleTea model the shipped experiments use, whether a measurement backs it.
+--fit refits the calibration on all rows and prints it in the form testbed/costs/prefill.py holds.
 Run: .venv/bin/python bench/prefill_model_error.py [PATH_TO_perf_model.csv] [--fit]
 """
 
@@ -11,11 +18,51 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-from testbed.costs.prefill import fit, load_perf_rows, relative_errors
+from testbed.costs.prefill import (  # noqa: E402
+    HARDWARE,
+    consistent_rows,
+    coverage,
+    dedupe,
+    fit,
+    held_out_errors,
+    load_perf_rows,
+    measured,
+    relative_errors,
+    spread,
+)
 
-DEFAULT = Path(__file__).resolve().parents[2] / "shared" / "data" / "splitwise-perf-model" / "perf_model.csv"
+DEFAULT = ROOT.parent / "shared" / "data" / "splitwise-perf-model" / "perf_model.csv"
+
+
+def line(name: str, errs: list[dict]) -> None:
+    med, p90 = spread([e["rel_err"] for e in errs])
+    print(f"  {name:<58}{len(errs):>6}{med:>10.1%}{p90:>9.1%}")
+
+
+def describe(r: dict) -> str:
+    return f"{r['model']} {r['hardware']} TP {r['tp']} {r['prompt']}x{r['batch']}"
+
+
+def shipped_models() -> list[tuple[str, str, str, int]]:
+    """(experiment, inference model, GPU, TP) for every experiment with a +bubbletea scheduler."""
+    from testbed.plan.build import build_plan
+    from testbed.spec.load import load_experiment
+
+    out = []
+    for path in sorted((ROOT / "experiments").glob("*.yaml")):
+        if "bubbletea" not in path.read_text():
+            continue  # topologies and experiments without BubbleTea
+        (exp, _), *_ = load_experiment(path, sets=["bubbletea.trace=synthetic"])
+        scheds = [s for s in exp.schedulers if s.endswith("+bubbletea")]
+        if not scheds:
+            continue
+        plan = build_plan(exp, scheds[0])
+        for gpu in sorted({plan.gpu_types[dc] for dc in plan.dcs_used()}):
+            out.append((path.name, exp.bubbletea.model, "cpu" if exp.emulation.compute == "torch" else gpu, plan.tp))
+    return out
 
 
 def main() -> None:
@@ -23,21 +70,49 @@ def main() -> None:
     path = Path(args[0]) if args else DEFAULT
     if not path.exists():
         raise SystemExit(f"{path} not found: download perf_model.csv from the splitwise-sim repository (data/)")
-    rows = load_perf_rows(path)
-    cal = fit(rows) if "--fit" in sys.argv else None
-    if cal:
-        for k, v in cal.items():
-            print(f"    {k!r}: Calibration({v.overhead_per_layer_s:.6g}, {v.e_mm:.4f}, {v.e_attn:.4f}),")
-    errs = relative_errors(rows, cal)
+    raw = load_perf_rows(path)
+    ours = [r for r in raw if r["hardware"] in HARDWARE]
+    rows, dropped = consistent_rows(dedupe(ours))
+    print(f"{path.name}: {len(raw)} rows; {len(ours)} on GPUs of the zoo (power-capped H100 rows left out); "
+          f"{len(dedupe(ours))} distinct configurations; {len(dropped)} dropped as inconsistent "
+          f"({', '.join(describe(r) for r in dropped)}); "
+          f"{len(rows)} scored")
+    if "--fit" in sys.argv:
+        for g, c in fit(rows).items():
+            print(f"    {g!r}: Calibration({c.overhead_per_layer_s:.6g}, {c.flop_rate:.4g}, {c.allreduce_rate:.4g}, "
+                  f"{c.large_pass_factor:.4g}),")
+    print(f"\n  {'held-out scheme':<58}{'rows':>6}{'median':>10}{'p90':>9}")
+    line("in-sample (shipped calibration; not a held-out number)", relative_errors(rows))
+    line("5-fold grouped by configuration", held_out_errors(
+        rows, lambda r: (r["model"], r["hardware"], r["tp"], r["prompt"], r["batch"]), folds=5))
+    line("5-fold grouped by prompt shape (prompt, batch)",
+         held_out_errors(rows, lambda r: (r["prompt"], r["batch"]), 5))
+    line("leave-one-configuration-out", held_out_errors(
+        rows, lambda r: (r["model"], r["hardware"], r["tp"], r["prompt"], r["batch"])))
+    lomo = held_out_errors(rows, lambda r: r["model"])
+    line("leave-one-model-out", lomo)
+    for m in sorted({e["model"] for e in lomo}):
+        line(f"  {m} predicted from the others", [e for e in lomo if e["model"] == m])
+    short = [r for r in rows if r["prompt"] * r["batch"] <= 1024]
+    line("fitted on <= 1,024 tokens per pass, scored on longer", relative_errors(
+        [r for r in rows if r["prompt"] * r["batch"] > 1024], fit(short)))
+
+    print("\n  per (model, GPU, TP), 5-fold grouped by configuration:")
     by = defaultdict(list)
-    for e in errs:
-        by[(e["model"], e["gpu"], e["tp"])].append(e["rel_err"])
-    print(f"{'model':<12}{'GPU':<6}{'TP':>3}{'rows':>6}{'median err':>12}{'p90 err':>9}")
-    for (m, g, tp), v in sorted(by.items()):
-        print(f"{m:<12}{g:<6}{tp:>3}{len(v):>6}{np.median(v):>12.1%}{np.percentile(v, 90):>9.1%}")
-    allv = [e["rel_err"] for e in errs]
-    print(f"{'all covered':<21}{len(allv):>6}{np.median(allv):>12.1%}{np.percentile(allv, 90):>9.1%}   "
-          f"(of {len(rows)} rows; TP 2 and power-capped H100 rows are not covered)")
+    for e in held_out_errors(rows, lambda r: (r["model"], r["hardware"], r["tp"], r["prompt"], r["batch"]), 5):
+        by[(e["model"], e["gpu"], e["tp"])].append(e)
+    for (m, g, tp), errs in sorted(by.items()):
+        line(f"{m} {g} TP {tp}", errs)
+
+    print("\n  BubbleTea inference models in the shipped experiments:")
+    for name, model, gpu, tp in shipped_models():
+        if gpu == "cpu":  # real compute: the emulated run times this model on this CPU and fits the roofline to it
+            print(f"  {name:<28}{model:<12}this CPU: measured at run time (cpu_prefill.csv, held-out errors there)")
+            continue
+        cal, own = coverage(gpu)
+        backed = "measured" if measured(model, gpu, tp) else "NOT measured: predicted from its shape"
+        borrowed = "" if own else f" (the {gpu} uses the {cal} calibration)"
+        print(f"  {name:<28}{model:<12}{gpu} TP {tp}: {backed}{borrowed}")
 
 
 if __name__ == "__main__":

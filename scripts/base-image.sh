@@ -17,7 +17,7 @@ debootstrap --variant=minbase \
   --include=python3,python3-venv,iproute2,iptables,iputils-ping,procps,net-tools,ca-certificates \
   bookworm "$root" "$MIRROR" >"$root.log" 2>&1 || { tail -5 "$root.log" >&2; exit 1; }
 rm -f "$root.log"
-# Containernet's pty shell chokes on bash 5.2's bracketed-paste escapes (FEASIBILITY.md section 2)
+# Containernet's pty shell chokes on bash 5.2's bracketed-paste escapes (seen here: its commands never return)
 echo "set enable-bracketed-paste off" >> "$root/etc/inputrc"
 chroot "$root" apt-get clean
 rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin "$root"/tmp/*

@@ -75,6 +75,15 @@ def point_text(point: dict) -> str:
     return ", ".join(f"{short[k]}={v}" for k, v in point.items()) or "the only point"
 
 
+def print_knees(folder: Path) -> None:
+    """BubbleTea's knee per scheduler (knee.csv): the highest offered rate meeting the SLO and slowdown criteria."""
+    from testbed.bubbletea.knee import SLO_TARGET, SLOWDOWN_MAX
+
+    if (folder / "knee.csv").exists():
+        print_table(folder / "knee.csv", f"BubbleTea knee: highest offered rate with >= {SLO_TARGET:.0%} of requests "
+                                         f"within the SLO and training slowed by < {SLOWDOWN_MAX:.0%}")
+
+
 @app.command()
 @friendly
 def sim(
@@ -83,13 +92,21 @@ def sim(
     set_: SetOpt = None,
     sweep: SweepOpt = None,
     jobs: Annotated[int | None, typer.Option(help="Processes for sweep points (default: CPU count)")] = None,
+    engine: Annotated[str, typer.Option(help="process (a local pool) | ray (a local Ray, or --address)")]
+    = "process",
+    address: Annotated[str | None, typer.Option(help="An existing Ray cluster, e.g. 10.0.0.5:6379 (--engine ray)")]
+    = None,
 ) -> None:
     """Simulate every scheduler of an experiment (and every sweep point); write summary/timeline/trace."""
     from testbed.progress import Progress
     from testbed.results import write_spec
-    from testbed.sim.run import run_experiment, write_outputs
+    from testbed.sim.run import ENGINES, run_experiment, write_outputs
     from testbed.spec.load import load_experiment, resolved_spec
 
+    if engine not in ENGINES:
+        raise SpecError("--engine", f"unknown engine {engine!r}", f"use one of {', '.join(ENGINES)}")
+    if address and engine != "ray":
+        raise SpecError("--address", "only Ray connects to a cluster", "add --engine ray")
     points = load_experiment(experiment, set_, sweep)
     exp0 = points[0][0]
     what = f"{escape(exp0.name)}: simulating {len(points)} point(s) x {len(exp0.schedulers)} scheduler(s)"
@@ -99,7 +116,7 @@ def sim(
                                                             f"{float(r.summary['iteration_s']):.4g} s") for r in res)
             prog.step(f"point {i} ({point_text(points[i][1])}) done: {its}")
 
-        results = run_experiment(points, jobs, on_point=done)
+        results = run_experiment(points, jobs, on_point=done, engine=engine, address=address)
         failed = [r for r in results if r.error is not None]
         if len(failed) == len(results):  # nothing could run: the spec itself is the problem
             raise failed[0].error  # type: ignore[misc]
@@ -107,6 +124,7 @@ def sim(
         paths = write_outputs(out, results)
         paths.append(write_spec(out, resolved_spec(experiment, set_, sweep), sys.argv[1:]))
     print_summary(out, f"{escape(exp0.name)}: simulated")
+    print_knees(out)
     for r in failed:  # the sweep went on around them; summary.csv's status column says the same
         where = f" ({r.summary['sweep']})" if r.summary["sweep"] else ""
         console.print(f"[yellow]infeasible:[/yellow] {r.summary['run_id']}{escape(where)}: {escape(str(r.error))}",
@@ -185,50 +203,75 @@ def plan(
     topology: Annotated[Path, typer.Argument(help="Topology YAML with the candidate DCs")],
     model: Annotated[str, typer.Option(help="Model from the zoo")] = "gpt3-175b",
     global_batch: Annotated[int, typer.Option(help="Sequences per iteration")] = 1728,
-    microbatch: Annotated[int, typer.Option()] = 1,
-    tp: Annotated[int, typer.Option()] = 8,
-    pp: Annotated[int, typer.Option()] = 12,
+    tp: Annotated[list[int] | None, typer.Option(help="Only these tp (repeat the option); default: search")] = None,
+    pp: Annotated[list[int] | None, typer.Option(help="Only these pp; default: search")] = None,
+    microbatch: Annotated[list[int] | None, typer.Option(help="Only these microbatch sizes; default: 1, 2, 4, 8")
+                          ] = None,
+    sequence_parallel: Annotated[bool, typer.Option(help="Megatron sequence parallelism")] = True,
+    scheduler: Annotated[str, typer.Option(help="How the WAN is used: atlas, or pp-wan+greedy (+mtcp, ...)")
+                         ] = "atlas",
     set_: SetOpt = None,
-    top: Annotated[int, typer.Option(help="Candidates scored by the simulator")] = 8,
-    out: Annotated[Path, typer.Option(help="CSV of every candidate")] = Path("results/plan/plan.csv"),
+    top: Annotated[int, typer.Option(help="Layouts per DC set scored by the simulator")] = 2,
+    jobs: Annotated[int | None, typer.Option(help="Processes for the simulations (default: CPU count)")] = None,
+    out: Annotated[Path, typer.Option(help="CSV of every layout")] = Path("results/plan/plan.csv"),
 ) -> None:
-    """DC selection what-if: which DCs, in which order, with how many stages and replicas each."""
-    from testbed.costs.models import resolve_model
-    from testbed.plan.build import check_workload
-    from testbed.plan.select import select_dcs
+    """Which DCs (one site or several), in which order, with which tp, pp, dp and microbatch size."""
+    from testbed.plan.select import PLAN_HEADER, plan_rows, search
     from testbed.results import write_csv
     from testbed.spec.experiment import Experiment
-    from testbed.spec.load import _read_yaml, parse_value, set_dotted, split_assignment, validate
+    from testbed.spec.load import _read_yaml, parse_value, resolve_traces, set_dotted, split_assignment, validate
 
-    data = {"topology": _read_yaml(topology), "schedulers": ["atlas"],
-            "workload": {"model": model, "global_batch": global_batch, "microbatch": microbatch, "tp": tp, "pp": pp}}
+    topo_data = _read_yaml(topology)
+    resolve_traces(topo_data, topology.parent)
+    data = {"topology": topo_data, "schedulers": [scheduler],
+            "workload": {"model": model, "global_batch": global_batch, "sequence_parallel": sequence_parallel}}
     for s in set_ or []:
         k, v = split_assignment(s)
         set_dotted(data, k, parse_value(v, k))
-    exp = validate(Experiment, data)
-    if top < 1:
-        raise SpecError("--top", f"{top} candidates to simulate", "simulate at least 1")
-    check_workload(exp, resolve_model(exp.workload.model, exp.workload.seq_len))  # before any candidate
-    with console.status("enumerating and simulating candidate DC chains"):
-        cands = select_dcs(exp, top)
-    if not any(c.status in ("best", "simulated") for c in cands):
-        why = cands[0].status.removeprefix("rejected: ") if cands else "the topology has no chain of linked DCs"
-        raise SpecError("workload", f"no chain of DCs can run the job: {why}",
-                        "lower --tp, --pp or --global-batch, or add GPUs")
-    cols = ["order", "stages", "dp", "gpus", "iteration_s", "lower_bound_s", "tokens_per_s", "tokens_per_s_per_gpu",
-            "estimate_s", "status"]
-    rows = [[" > ".join(c.order) if k == "order" else getattr(c, k) for k in cols] for c in cands]
-    write_csv(out, cols, rows)
-    for title, sel in (("best plans (simulated)", [r for r in rows if r[-1] in ("best", "simulated")][:5]),
-                       ("alternatives rejected", [r for r in rows if r[-1].startswith("rejected")][:8])):
-        t = Table(title=title)
-        for c in cols:
-            t.add_column(c.replace("tokens_per_s", "tok/s"), justify="left" if c in ("order", "stages", "status")
-                         else "right")
-        for r in sel:
-            t.add_row(*[f"{v:,.3f}" if isinstance(v, float) else str(v) for v in r])
-        console.print(t)
-    console.print(f"{len(rows)} candidates; wrote {out}")
+    try:
+        exp = validate(Experiment, data)
+    except SpecError as e:
+        raise SpecError(e.field.replace("schedulers", "--scheduler"), e.problem, e.fix) from None
+    check_pins(exp, tp, pp, microbatch)
+    with console.status("searching tp, pp, dp, microbatch and the DCs; simulating the best of each DC set"):
+        res = search(exp, scheduler, top, tp, pp, microbatch, jobs)
+    best = res.best
+    if best is None:
+        why = next((s.problem for s in res.sets if s.problem), "the topology has no chain of linked DCs")
+        raise SpecError("workload", f"no layout fits on any DC set ({res.layouts:,} searched): {why}",
+                        "pin other --tp/--pp/--microbatch, --set workload.recompute=full, or add GPUs")
+    write_csv(out, PLAN_HEADER, plan_rows(res))
+    t = Table(title="One site or several? The best layout of every DC set (simulated)")
+    for c in ("DCs", "order", "tp", "pp", "dp", "mb", "stages", "GPUs", "idle", "iteration_s", "tok/s", "tok/s/GPU",
+              "vs best"):
+        t.add_column(c, justify="left" if c in ("DCs", "order", "stages") else "right")
+    for sr in res.sets:
+        c = sr.best
+        if c is None:
+            t.add_row(sr.dcs.replace("|", " + "), f"[red]nothing fits: {sr.problem}[/red]", *[""] * 5,
+                      "", f"{sr.free_gpus:,}", *[""] * 4)
+            continue
+        lay = c.layout
+        ratio = (best.tokens_per_s or 0) / (c.tokens_per_s or 1) if best else 0.0
+        t.add_row(sr.dcs.replace("|", " + "), " > ".join(lay.order), str(lay.tp), str(lay.pp), str(lay.dp),
+                  str(lay.microbatch), " ".join(f"{d}:{n}" for d, n in zip(lay.order, lay.counts, strict=True)),
+                  f"{c.gpus:,}", f"{c.idle_gpus:,}", f"{c.iteration_s:.3f}", f"{c.tokens_per_s:,.0f}",
+                  f"{c.tokens_per_s_per_gpu:,.1f}", "best" if c is best else f"{ratio:.2f}x slower")
+    console.print(t)
+    console.print(f"searched {res.layouts:,} layouts ({res.fit:,} fit in memory) over {len(res.sets)} DC sets, "
+                  f"simulated {res.simulated}; {res.estimate_wall_s:.1f} s estimating, {res.wall_s:.1f} s in all")
+    lay = best.layout
+    stages = ", ".join(f"{d}: {n}" for d, n in zip(lay.order, lay.counts, strict=True))
+    console.print(f"[bold]best plan[/bold] ({res.scheduler}): {' > '.join(lay.order)}, tp {lay.tp}, pp {lay.pp}, "
+                  f"dp {lay.dp}, microbatch {lay.microbatch}: {best.iteration_s:.3f} s per iteration "
+                  f"(lower bound {best.lower_bound_s:.3f} s), {best.tokens_per_s:,.0f} tokens/s, "
+                  f"{best.tokens_per_s_per_gpu:,.1f} per GPU, {best.gpus:,} GPUs, {best.idle_gpus:,} idle; "
+                  f"[bold]planner wall time {res.wall_s:.1f} s[/bold]")
+    console.print(f"simulate it: testbed sim EXP.yaml --set workload.tp={lay.tp} --set workload.pp={lay.pp} "
+                  f"--set workload.dp={lay.dp} --set workload.microbatch={lay.microbatch} "
+                  f"--set workload.sequence_parallel={str(exp.workload.sequence_parallel).lower()} "
+                  f"--set 'workload.stages_per_dc={{{stages}}}'", soft_wrap=True, highlight=False)
+    console.print(f"wrote {out} (every layout; columns in docs/planner.md)")
 
 
 @app.command()
@@ -249,6 +292,22 @@ def claims(
     written = run_claims(paths, out, jobs, progress=lambda msg: console.print(msg, highlight=False),
                          extra=set_)
     console.print(f"wrote {', '.join(map(str, written))} in {time.perf_counter() - t0:.0f} s")
+
+
+def check_pins(exp, tps: list[int] | None, pps: list[int] | None, microbatches: list[int] | None) -> None:
+    """`testbed plan`'s --tp/--pp/--microbatch, checked against the model and batch before any search."""
+    from testbed.costs.models import resolve_model
+
+    model = resolve_model(exp.workload.model, exp.workload.seq_len)
+    for opt, values, ok, fix in (
+            ("--tp", tps, lambda t: t >= 1 and model.heads % t == 0 and model.kv_heads % t == 0,
+             f"use a divisor of the model's {model.heads} heads and {model.kv_heads} key/value heads"),
+            ("--pp", pps, lambda p: 1 <= p <= model.layers, f"use 1 to {model.layers} (the model's layers)"),
+            ("--microbatch", microbatches, lambda b: b >= 1 and exp.workload.global_batch % b == 0,
+             f"use a divisor of --global-batch {exp.workload.global_batch}")):
+        for v in values or []:
+            if not ok(v):
+                raise SpecError(opt, f"{v} does not fit {model.name}", fix)
 
 
 def _raise_interrupt(*_: object) -> None:
@@ -468,14 +527,21 @@ def _links_check(rows: list[dict]):
 
 
 def _training_run(points: list, out: Path, check: bool, spec: dict, capture: bool = False) -> None:
-    from testbed.emu.experiment import FLOWS_HEADER, LOSS_HEADER, VALIDATION_HEADER, check_emulable, run_point
+    from testbed.emu.experiment import (
+        CPU_PREFILL_HEADER,
+        FLOWS_HEADER,
+        LOSS_HEADER,
+        VALIDATION_HEADER,
+        check_emulable,
+        run_point,
+    )
     from testbed.progress import Progress
     from testbed.results import write_csv, write_spec
     from testbed.sim.run import write_outputs
 
     exp0 = points[0][0]
     check_emulable(exp0)
-    results, validation, losses, flows = [], [], [], []
+    results, validation, losses, flows, cpu_prefill = [], [], [], [], []
     links: list[dict] = []
     n_s, n_i = len(exp0.schedulers), exp0.iterations
     total = len(points) * n_s * n_i
@@ -490,9 +556,10 @@ def _training_run(points: list, out: Path, check: bool, spec: dict, capture: boo
         for i, (exp, point) in enumerate(points):
             if check and i == 0:
                 prog.line("measuring every WAN pair (links.csv)")
-            res, val, loss, flow = run_point(exp, i, point, step, capture,
+            res, val, loss, flow, cpu = run_point(exp, i, point, step, capture,
                                              on_up=_links_check(links) if check else None)
             results += res
+            cpu_prefill += cpu
             validation += val
             losses += loss
             flows += flow
@@ -513,7 +580,11 @@ def _training_run(points: list, out: Path, check: bool, spec: dict, capture: boo
 
         paths.append(out / "flows.csv")
         write_csv(paths[-1], captured.FLOWS_HEADER if capture else FLOWS_HEADER, flows)
+    if cpu_prefill:
+        paths.append(out / "cpu_prefill.csv")
+        write_csv(paths[-1], CPU_PREFILL_HEADER, cpu_prefill)
     print_summary(out, f"{escape(exp0.name)}: emulated and simulated")
+    print_knees(out)
     if validation:
         print_table(out / "validation.csv", "simulator vs emulator (rel_error: (sim - emu) / emu)")
     if links:

@@ -56,25 +56,45 @@ SUMMARY = CsvFile("summary.csv", "`testbed sim`, `testbed experiment run`",
     ("gpu_util", "share", "share of GPU time computing: training forward/backward plus BubbleTea prefill"),
     ("train_util", "share", "share of GPU time in training forward/backward only"),
     ("prefill_util", "share", "share of GPU time in BubbleTea prefill"),
+    ("prefill_work_util", "share", "BubbleTea: prefill as useful work: its FLOPs as the GPU time they would take at "
+                                   "the training's MFU (workload.mfu), as a share of GPU time"),
+    ("useful_util", "share", "BubbleTea: train_util + prefill_work_util (gpu_util counts prefill by time occupied)"),
+    ("prefill_mfu", "share", "BubbleTea: the MFU prefill achieved in the bubbles (its FLOPs / (busy time x peak))"),
     ("bubble_frac", "share", "share of GPU time idle (neither computing, all-reducing nor prefilling)"),
     ("lower_bound_s", "s", "iteration time of the same placement with a WAN as good as the DC fabric"),
     ("wan_min_s", "s", "time the busiest WAN direction needs just to carry one iteration's bytes at capacity"),
     ("best_baseline", "", "per source and sweep point: the fastest scheduler that is not Atlas (mechanisms "
                           "included); empty where the point has none"),
     ("speedup_vs_best", "x", "best_baseline's iteration time / this row's (above 1: faster than every baseline)"),
-    ("train_slowdown", "share", "BubbleTea: iteration time with prefill / without - 1 (0 = training not delayed)"),
+    ("train_slowdown", "share", "BubbleTea: iteration time with prefill / without - 1 (0 = training not delayed); "
+                                "emulated: median over the steady iterations / the run without BubbleTea's median"),
+    ("train_slowdown_p25", "share", "BubbleTea, emulated: 25th percentile of the steady iterations' slowdown (spread)"),
+    ("train_slowdown_p75", "share", "BubbleTea, emulated: 75th percentile of the steady iterations' slowdown (spread)"),
     ("ttft_p50_ms", "ms", "BubbleTea: median time to first token (bubble-served and fallback requests)"),
     ("ttft_p99_ms", "ms", "BubbleTea: 99th-percentile time to first token"),
+    ("ttft_bubble_p50_ms", "ms", "BubbleTea: median TTFT of the requests prefilled in bubbles"),
+    ("ttft_bubble_p99_ms", "ms", "BubbleTea: 99th-percentile TTFT of the requests prefilled in bubbles"),
+    ("ttft_pool_p50_ms", "ms", "BubbleTea: median TTFT of the requests the fallback pool served (queueing included)"),
+    ("ttft_pool_p99_ms", "ms", "BubbleTea: 99th-percentile TTFT of the pool-served requests (queueing included)"),
+    ("pool_wait_p99_ms", "ms", "BubbleTea: 99th-percentile wait in the fallback pool's FIFO queue"),
     ("slo_attainment", "share", "BubbleTea: share of requests whose TTFT met the SLO (`bubbletea.ttft_slo_ms`)"),
+    ("goodput_rps", "requests/s", "BubbleTea: requests per second whose TTFT met the SLO"),
     ("prefill_tokens_per_s", "tokens/s", "BubbleTea: prompt tokens prefilled inside bubbles per second"),
     ("served_in_bubbles", "share", "BubbleTea: share of requests prefilled inside bubbles (the rest: fallback pool)"),
     ("requests", "", "BubbleTea: requests offered during the run"),
     ("request_rate", "requests/s", "BubbleTea: offered request rate"),
     ("fallback", "", "BubbleTea: requests served by the fallback pool"),
+    ("fallback_gpus", "GPUs", "BubbleTea: GPUs of the fallback pool (`bubbletea.fallback_gpus`; default: the trace's "
+                              "mean load at its own rate)"),
+    ("pool_util", "share", "BubbleTea: share of the fallback pool's GPU time spent prefilling"),
+    ("prefill_skipped", "share", "BubbleTea, emulated: share of the jobs handed to workers that were skipped (their "
+                                 "bubble closed before they could start in time)"),
     ("scale", "", "emulation scale k: link rates, windows and bytes were divided by k (1 in the simulator)"),
     ("sweep", "", "this row's sweep point: `key=value` pairs, `;`-separated (empty without a sweep)"),
     ("degraded", "", "why an emulated run is not what was asked (e.g. the Atlas sidecar died), else empty"),
     ("status", "", "`ok`, or `infeasible: <why>` for a sweep point and scheduler that could not run (no numbers)"),
+    ("wan_stall_s", "s", "a WAN that changes (written only then, last): seconds during which some transfer waited "
+                         "on a link that was down (docs/wan-change.md)"),
 ))
 
 MULTITCP = CsvFile("summary.csv (multitcp)", "`testbed experiment run` with a `multitcp:` section",
@@ -101,7 +121,8 @@ TIMELINE = CsvFile("timeline.csv", "`testbed sim`, `testbed experiment run`",
     ("dc", "", "DC of the group"),
     ("stage", "", "pipeline stage"),
     ("replica", "", "data-parallel replica"),
-    ("kind", "", "`fwd`, `bwd`, `send`, `recv`, `allreduce`, `prefill` (BubbleTea) or `idle` (a bubble)"),
+    ("kind", "", "`fwd`, `bwd`, `send`, `recv`, `allreduce`, `optimizer` (the AdamW step), `prefill` (BubbleTea) "
+                 "or `idle` (a bubble)"),
     ("microbatch", "", "microbatch of a fwd/bwd/send/recv (-1 otherwise)"),
     ("start_s", "s", "start, on the run's clock (iteration k starts after iterations 0..k-1)"),
     ("end_s", "s", "end (a recv ends when the last byte has arrived)"),
@@ -116,13 +137,45 @@ REQUESTS = CsvFile("requests.csv", "`+bubbletea` schedulers", "one row per prefi
     ("gpu", "", "GPU group that prefilled it, or `fallback`"),
     ("dc", "", "DC that prefilled it"),
     ("start_s", "s", "prefill start (first chunk)"),
-    ("end_s", "s", "prefill end (last chunk): the first token"),
-    ("ttft_s", "s", "time to first token: end_s - arrival_s"),
+    ("end_s", "s", "prefill end (last chunk): the first token; with real compute (emulated `compute: torch`) "
+                   "the KV cache and first token at the home DC's decode process"),
+    ("ttft_s", "s", "time to first token: end_s - arrival_s (pool-served: queueing included)"),
     ("chunks", "", "bubbles the prompt's prefill was split over"),
     ("in_bubble", "", "1 if prefilled inside bubbles, 0 if by the fallback pool"),
     ("home_dc", "", "DC whose decode pool receives the KV cache"),
     ("kv_bytes", "bytes", "KV-cache size shipped to the decode pool"),
-    ("kv_ready_s", "s", "when the KV cache is in the decode pool"),
+    ("kv_ready_s", "s", "when the KV cache is in the decode pool (emulated: measured with real compute only)"),
+    ("queue_s", "s", "wait in the fallback pool's queue (0 when prefilled in bubbles)"),
+))
+
+KNEE = CsvFile("knee.csv", "`testbed sim` and `experiment run` with `+bubbletea` schedulers",
+               "one row per BubbleTea scheduler and source: the knee of the offered-load sweep", _cols(
+    ("scheduler", "", "a `+bubbletea` scheduler"), _SOURCE,
+    ("knee_request_rate", "requests/s", "the highest offered rate of the sweep at which >= 99 % of requests met the "
+                                        "SLO and training slowed by < 1 % (empty: no point qualified)"),
+    ("sweep", "", "the knee's sweep point"),
+    ("gpu_util", "share", "at the knee: GPU utilization, time occupancy (training + prefill)"),
+    ("useful_util", "share", "at the knee: GPU utilization as useful work (prefill FLOPs at the training's MFU)"),
+    ("goodput_rps", "requests/s", "at the knee: requests per second meeting the SLO"),
+    ("slo_attainment", "share", "at the knee: share of requests meeting the SLO"),
+    ("train_slowdown", "share", "at the knee: training slowdown"),
+    ("served_in_bubbles", "share", "at the knee: share of requests prefilled in bubbles"),
+    ("points", "", "offered rates the sweep had for this scheduler"),
+    ("next_request_rate", "requests/s", "the next offered rate above the knee, where the criteria fail (empty: "
+                                        "the knee is the sweep's last point, not bracketed)"),
+    ("next_slo_attainment", "share", "SLO attainment at that rate"),
+    ("next_train_slowdown", "share", "training slowdown at that rate"),
+))
+
+CPU_PREFILL = CsvFile("cpu_prefill.csv", "`experiment run` with `+bubbletea` and `compute: torch`",
+                      "one row per timed prefill pass: the prefill model fitted to this CPU", _cols(
+    _RUN,
+    ("model", "", "the inference model (`tiny-llama`: testbed/runtime/tiny_llama.py)"),
+    ("tokens", "tokens", "new tokens in the pass"),
+    ("cached", "tokens", "tokens already in the KV cache (a later chunk)"),
+    ("measured_s", "s", "the pass's time on this CPU (best of 5, one thread)"),
+    ("held_out_predicted_s", "s", "the roofline's prediction, fitted on every other pass"),
+    ("rel_error", "share", "|held_out_predicted_s / measured_s - 1|"),
 ))
 
 BUBBLES = CsvFile("bubbles.csv", "`testbed sim`", "one row per idle interval of a GPU group", _cols(
@@ -141,7 +194,9 @@ VALIDATION = CsvFile("validation.csv", "`testbed experiment run` (modeled comput
                      "the simulator's prediction vs the emulated measurement, per metric", _cols(
     _RUN,
     ("scheduler", "", "scheduler"),
-    ("metric", "", "a summary.csv column (`iteration_s`, `gpu_util`, `bubble_frac`)"),
+    ("metric", "", "a summary.csv column (`iteration_s`, `gpu_util`, `bubble_frac`), or `iteration_s@K` "
+                   "(iteration K's length) and `iteration_s@K-L` (iterations K to L, those the changes fall in) "
+                   "on a WAN that changes"),
     ("sim", "", "the simulator's value (the metric's unit)"),
     ("emu", "", "the emulated value (the metric's unit)"),
     ("rel_error", "share", "(sim - emu) / emu"),
@@ -215,20 +270,32 @@ LINKS = CsvFile("links.csv", "`testbed topology check`, `topology up --check`, `
     ("window_kib", "KiB", "emulated TCP window cap per connection"),
 ))
 
-PLAN = CsvFile("plan.csv", "`testbed plan`", "one row per candidate DC chain", _cols(
-    ("order", "", "the DCs in pipeline order"),
-    ("stages", "", "pipeline stages per DC, in that order"),
-    ("dp", "", "data-parallel replicas"),
-    ("gpus", "GPUs", "GPUs used"),
-    ("iteration_s", "s", "simulated iteration time (0 when not simulated)"),
-    ("lower_bound_s", "s", "the same placement with an ideal WAN (0 when not simulated)"),
-    ("tokens_per_s", "tokens/s", "simulated training throughput"),
-    ("tokens_per_s_per_gpu", "tokens/s", "tokens_per_s / gpus"),
-    ("estimate_s", "s", "analytic iteration time that ranks candidates before the best are simulated: "
-                        "max(1F1B compute bound (microbatches + pp - 1) x (fwd + bwd of the slowest stage), "
-                        "busiest WAN hop's activation bytes / min(capacity, dp x window / RTT)) "
-                        "+ 2 x the sum of the WAN hops' one-way latencies"),
-    ("status", "", "`best`, `simulated`, `estimated`, or `rejected: <why>`"),
+PLAN = CsvFile("plan.csv", "`testbed plan`",
+               "one row per layout searched (DC chain x tp x pp x microbatch size, with the largest dp that fits); "
+               "simulated rows first (fastest first), then estimated ones (by estimate_s), then rejected ones. "
+               "Formulas: docs/planner.md", _cols(
+    ("dcs", "", "the DC set, in topology order, `|`-separated: the \"one site or several?\" group"),
+    ("order", "", "the DCs in pipeline order (`a > b`)"),
+    ("stages", "", "pipeline stages per DC, in that order (`a:4 b:4`); empty when no dp fits"),
+    ("layers", "", "transformer layers per stage, space-separated (balanced by GPU speed and memory)"),
+    ("tp", "", "tensor-parallel degree"),
+    ("pp", "", "pipeline stages"),
+    ("dp", "", "data-parallel replicas: the largest dividing global_batch / microbatch whose stages fit"),
+    ("microbatch", "sequences", "sequences per microbatch"),
+    ("microbatches", "", "microbatches per replica per iteration: global_batch / (microbatch x dp)"),
+    ("gpus", "GPUs", "GPUs used: tp x pp x dp"),
+    ("idle_gpus", "GPUs", "free GPUs of the DC set this layout leaves unused"),
+    ("mem_gb", "GB", "peak memory of the fullest GPU (weights, gradients, optimizer state, 1F1B activations; "
+                     "before Atlas's extra warm-up microbatches)"),
+    ("estimate_s", "s", "the planner's analytic iteration time that ranks layouts before the best `--top` of each DC "
+                        "set are simulated: 1F1B fill and drain plus (microbatches - 1) x the steady-state period "
+                        "(slowest stage, busiest WAN direction and pipe, in-flight slack across WAN hops), the "
+                        "replica last in turn order's starvation, the DP all-reduce and AdamW tail; empty if rejected"),
+    ("iteration_s", "s", "simulated iteration time (empty when not simulated)"),
+    ("lower_bound_s", "s", "the best plan only: the same placement with an ideal WAN"),
+    ("tokens_per_s", "tokens/s", "simulated training throughput: global_batch x seq_len / iteration_s"),
+    ("tokens_per_s_per_gpu", "tokens/s", "tokens_per_s / gpus (GPUs used, not idle ones)"),
+    ("status", "", "`best` (chosen), `best of its DC set`, `simulated`, `estimated`, or `rejected: <why>`"),
 ))
 
 BACKENDS = CsvFile("backends.csv", "`bench/backend_compare.py`", "one emulated experiment on several backends", _cols(
@@ -266,6 +333,34 @@ CLAIM_POINTS = CsvFile("claims_points.csv", "`testbed claims`", "one row per cla
     ("kept", "", "1 if the point meets the card's `where` conditions"),
 ))
 
+_WAN_RUN = "`testbed sim`, `testbed experiment run` on a topology whose links change (docs/wan-change.md)"
+ITERATIONS = CsvFile("iterations.csv", _WAN_RUN, "one row per iteration of a run", _cols(
+    _RUN, _SOURCE,
+    ("scheduler", "", "the run's scheduler"),
+    ("iteration", "", "iteration index (0 first)"),
+    ("start_s", "s", "the iteration's start on the timeline clock (iterations back to back)"),
+    ("iteration_s", "s", "its length"),
+    ("wan_stall_s", "s", "seconds of it during which some transfer waited on a link that was down"),
+))
+
+LINKCHANGES = CsvFile("linkchanges.csv", _WAN_RUN, "one row per link change (and each link's state at 0)", _cols(
+    _RUN, _SOURCE,
+    ("link", "", "`<dc>-<dc>` as the topology names it (both directions change)"),
+    ("t_s", "s", "when the schedule has the change, on the timeline clock"),
+    ("applied_s", "s", "when it took effect on the timeline clock (the simulator: t_s)"),
+    ("gbps", "Gbit/s", "the link's real-world capacity from then on (when up)"),
+    ("latency_ms", "ms", "its one-way latency from then on"),
+    ("up", "", "1 if the link carries traffic, 0 while it is down"),
+    ("apply_ms", "ms", "how long applying the change took on the emulated WAN (0 in the simulator)"),
+))
+
+LINKRATES = CsvFile("linkrates.csv", _WAN_RUN, "each link direction's throughput over the run", _cols(
+    _RUN, _SOURCE,
+    ("link", "", "`<from dc>><to dc>`: one direction"),
+    ("t_s", "s", "from this time on (timeline clock): the simulator's exact steps, the emulator's 20 ms bins"),
+    ("gbps", "Gbit/s", "real-world throughput (emulated bytes times the scale k)"),
+))
+
 FIDELITY = CsvFile("fidelity.csv", "`bench/fidelity.py`", "one row per random topology and scheduler, simulated and "
                    "emulated (docs/fidelity.md)", _cols(
     ("topology", "", "the topology's index in the seed's draw"),
@@ -288,8 +383,9 @@ FIDELITY = CsvFile("fidelity.csv", "`bench/fidelity.py`", "one row per random to
     ("error", "share", "(sim_s - emu_s) / emu_s: above 0 the simulator predicts a slower iteration"),
 ))
 
-FILES: tuple[CsvFile, ...] = (SUMMARY, MULTITCP, TIMELINE, REQUESTS, BUBBLES, VALIDATION, LOSS, FLOWS, CAPTURE,
-                              LINKS, PLAN, RANKS, BACKENDS, CLAIMS, CLAIM_POINTS, FIDELITY)
+FILES: tuple[CsvFile, ...] = (SUMMARY, MULTITCP, TIMELINE, REQUESTS, KNEE, BUBBLES, VALIDATION, LOSS, FLOWS,
+                              CAPTURE, CPU_PREFILL, LINKS, PLAN, RANKS, BACKENDS, CLAIMS, CLAIM_POINTS, ITERATIONS,
+                              LINKCHANGES, LINKRATES, FIDELITY)
 _BY_NAME = {c.name: c for f in FILES for c in f.columns}
 _BY_NAME.update({c.name: c for c in SUMMARY.columns})  # summary.csv's meaning wins for shared names
 

@@ -1,12 +1,16 @@
 """The one timeline type shared by the simulator and the emulator, with CSV and Chrome-trace export.
 
 An interval is one thing a GPU group (the tp GPUs of one stage of one replica) did: compute
-(fwd, bwd), communication (send, recv, allreduce), idle (a bubble), or prefill (BubbleTea).
+(fwd, bwd), communication (send, recv, allreduce), the optimizer step, idle (a bubble), or prefill
+(BubbleTea).
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
+from itertools import groupby
+from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -16,7 +20,7 @@ if TYPE_CHECKING:
     from testbed.plan.plan import Plan
 
 COMPUTE = ("fwd", "bwd")
-BUSY = ("fwd", "bwd", "allreduce", "prefill")  # what occupies the GPU; the rest of the time is idle
+BUSY = ("fwd", "bwd", "allreduce", "optimizer", "prefill")  # what occupies the GPU; the rest is idle
 HEADER = ("run_id", "source", "iteration", "gpu", "dc", "stage", "replica", "kind", "microbatch",
           "start_s", "end_s", "bytes")
 
@@ -74,6 +78,26 @@ def group_gaps(intervals: list[Interval], iteration_s: list[float], busy_kinds: 
     return out
 
 
+def optimizer_steps(plan: Plan, raw: list[tuple], reps: list[int]) -> list[tuple]:
+    """Each group's optimizer step (`plan.optimizer_s`), right after its last compute or all-reduce.
+    Nothing else in the iteration waits on it, so adding it after the event loop is exact. Raw group
+    indices are k * pp + stage for replica reps[k]."""
+    if not plan.optimizer_s:
+        return []
+    last: dict[int, float] = {}
+    before = ("fwd", "bwd", "allreduce")
+    for g, _kind, _mb, _t0, t1, _b in [x for x in raw if x[1] in before]:  # filtered first: 3x faster
+        if t1 > last.get(g, -1.0):
+            last[g] = t1
+    out = []
+    for g in sorted(last):
+        k, s = divmod(g, plan.pp)
+        opt = plan.optimizer_s[reps[k]][s]
+        if opt > 0:
+            out.append((g, "optimizer", -1, last[g], last[g] + opt, 0.0))
+    return out
+
+
 class Timeline:
     """One run's intervals, iteration by iteration.
 
@@ -90,6 +114,7 @@ class Timeline:
         self._reps = intervals  # the representatives' intervals (every replica's when copies is None)
         self._raw = raw  # (plan, reps, executor tuples): representatives' intervals not built yet
         self._all: list[Interval] | None = None
+        self._times: tuple[dict[str, list[float]], float] | None = None  # _raw_times, once computed
         self.iteration_s = iteration_s  # duration of each iteration
         self.groups = groups  # GPU groups (each tp GPUs), all replicas counted
         self.copies = copies if copies and any(len(c) > 1 for c in copies.values()) else None
@@ -97,15 +122,25 @@ class Timeline:
     def rep_intervals(self) -> list[Interval]:
         """The intervals of the simulated replicas only (one per symmetric class)."""
         if self._reps is None:
-            plan, reps, raw = self._raw
-            ivs = []
-            for g, kind, mb, t0, t1, nbytes in raw:
-                k, st = divmod(g, plan.pp)
-                r = reps[k]
-                ivs.append(Interval(0, group_name(st, r), plan.stage_dc[r][st], st, r, kind, mb, t0, t1, nbytes))
-            self._reps = sort_intervals(ivs + group_gaps(ivs, [self.iteration_s[0]]))
+            self._reps = self._built(None)
             self._raw = None
         return self._reps
+
+    def _built(self, replicas: set[int] | None) -> list[Interval]:
+        """Intervals (idle ones included) of the simulated replicas in `replicas` (None: all) from the
+        executor's tuples, sorted. Each group's gaps depend on its own intervals only, so a subset comes
+        out as the same subsequence of the whole."""
+        plan, reps, raw = self._raw
+        P = plan.pp
+        keep = None if replicas is None else {k for k, r in enumerate(reps) if r in replicas}
+        ivs = []
+        for g, kind, mb, t0, t1, nbytes in raw:
+            k, st = divmod(g, P)
+            if keep is not None and k not in keep:
+                continue
+            r = reps[k]
+            ivs.append(Interval(0, group_name(st, r), plan.stage_dc[r][st], st, r, kind, mb, t0, t1, nbytes))
+        return sort_intervals(ivs + group_gaps(ivs, [self.iteration_s[0]]))
 
     @property
     def intervals(self) -> list[Interval]:
@@ -123,16 +158,23 @@ class Timeline:
     def _copied(self, keep) -> list[Interval]:
         """Copies in place of their representative; a stable sort keeps each group's own order."""
         copies = self.copies or {}
+        if self._reps is None:  # build only the representatives of the copies kept
+            reps = self._raw[1]
+            base = self._built({r for r in reps if any(keep(c) for c in copies.get(r, [r]))})
+        else:
+            base = self._reps
         ivs = [iv._replace(replica=c, gpu=group_name(iv.stage, c)) if c != iv.replica else iv
-               for iv in self.rep_intervals() for c in copies.get(iv.replica, [iv.replica]) if keep(c)]
+               for iv in base for c in copies.get(iv.replica, [iv.replica]) if keep(c)]
         return sorted(ivs, key=lambda iv: (iv.iteration, iv.stage, iv.replica))
 
     @classmethod
     def from_sim(cls, plan: Plan, raw: list[tuple], reps: list[int] | None = None,
                  copies: dict[int, list[int]] | None = None) -> Timeline:
-        """Iteration 0 from the executor's raw tuples (group index k * pp + stage for replica reps[k])."""
+        """Iteration 0 from the executor's raw tuples (group index k * pp + stage for replica reps[k]), with
+        each group's optimizer step."""
         reps = reps or list(range(plan.dp))
-        end = max((t1 for *_, t1, _b in raw), default=0.0)
+        raw = raw + optimizer_steps(plan, raw, reps)
+        end = max(map(itemgetter(4), raw), default=0.0)
         return cls(plan.run_id, "sim", None, [end], plan.pp * plan.dp, copies, (plan, reps, raw))
 
     def weight(self, replica: int) -> int:
@@ -140,11 +182,44 @@ class Timeline:
 
     def busy_time(self, kinds: tuple[str, ...]) -> float:
         """GPU-group seconds spent in `kinds`, over all iterations and every replica."""
-        if self._raw is not None and "idle" not in kinds:
-            plan, reps, raw = self._raw
-            w = [self.weight(r) for r in reps]
-            return sum((t1 - t0) * w[g // plan.pp] for g, kind, _mb, t0, t1, _b in raw if kind in kinds)
+        if self._raw is not None:
+            if kinds == ("idle",):
+                return self._raw_times()[1]
+            if "idle" not in kinds:
+                # exactly rounded, so the order in which the executor produced the tuples does not matter
+                if all(k in BUSY for k in kinds):
+                    per_kind = self._raw_times()[0]
+                    return math.fsum(x for k in kinds for x in per_kind[k])
+                plan, reps, raw = self._raw
+                w = [self.weight(r) for r in reps]
+                return math.fsum((t1 - t0) * w[g // plan.pp] for g, kind, _mb, t0, t1, _b in raw if kind in kinds)
+        if self.copies is None:  # every weight 1, and x * 1 == x: the same sum without the lookups
+            return sum(iv.end_s - iv.start_s for iv in self.rep_intervals() if iv.kind in kinds)
         return sum(iv.dur * self.weight(iv.replica) for iv in self.rep_intervals() if iv.kind in kinds)
+
+    def _raw_times(self) -> tuple[dict[str, list[float]], float]:
+        """From the executor's tuples, without building intervals: the weighted durations of each busy kind
+        (BUSY), and the idle time as busy_time(("idle",)) computes it from the intervals (the same gaps as
+        group_gaps, summed in the same order: by stage, replica, then time)."""
+        if self._times is None:
+            plan, reps, raw = self._raw
+            P = plan.pp
+            w = [self.weight(r) for r in reps for _ in range(P)]  # by group
+            busy_kinds = frozenset(BUSY)
+            rows = sorted((x for x in raw if x[1] in busy_kinds), key=itemgetter(0))  # stable: each group in order
+            per_kind: dict[str, list[float]] = {k: [] for k in BUSY}
+            for g, kind, _mb, t0, t1, _b in rows:
+                per_kind[kind].append((t1 - t0) * w[g])
+            span = itemgetter(3, 4)  # (start, end)
+            busy = {g: list(map(span, ivs)) for g, ivs in groupby(rows, key=itemgetter(0))}
+            if len(busy) < len(w):  # a group with intervals but none busy still has its gaps (group_gaps)
+                for g in set(map(itemgetter(0), raw)) - busy.keys():
+                    busy[g] = []
+            order = sorted(busy, key=lambda g: (g % P, reps[g // P]))
+            T = self.iteration_s[0]
+            idle = sum((b - a) * w[g] for g in order for a, b in idle_gaps(busy[g], 0.0, T))
+            self._times = (per_kind, idle)
+        return self._times
 
     def repeated(self, iterations: int) -> Timeline:
         """Iterations are separated by a synchronous optimizer step, so in the simulator each one is
@@ -152,9 +227,19 @@ class Timeline:
         if iterations == 1:
             return self
         T = self.iteration_s[0]
-        ivs = [iv._replace(iteration=k, start_s=iv.start_s + k * T, end_s=iv.end_s + k * T)
-               for k in range(iterations) for iv in self.rep_intervals()]
+        ivs = [Interval(k, gpu, dc, st, r, kind, mb, t0 + k * T, t1 + k * T, nbytes)  # not _replace: 3x faster
+               for k in range(iterations) for _, gpu, dc, st, r, kind, mb, t0, t1, nbytes in self.rep_intervals()]
         return Timeline(self.run_id, self.source, ivs, [T] * iterations, self.groups, self.copies)
+
+    @classmethod
+    def joined(cls, parts: list[Timeline]) -> Timeline:
+        """One-iteration timelines run back to back (a WAN that changes makes every iteration its own)."""
+        ivs, t = [], 0.0
+        for k, part in enumerate(parts):
+            ivs += [iv._replace(iteration=k, start_s=iv.start_s + t, end_s=iv.end_s + t) for iv in part.intervals]
+            t += part.iteration_s[0]
+        first = parts[0]
+        return Timeline(first.run_id, first.source, ivs, [p.iteration_s[0] for p in parts], first.groups)
 
     def steady(self) -> Timeline:
         """Without iteration 0 (connection set-up, TCP slow start) when there is more than one."""

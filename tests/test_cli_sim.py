@@ -53,10 +53,37 @@ def test_figures_from_csv(tmp_path):
 
 
 def test_plan_chooses_dcs(tmp_path):
-    r = run_cli("plan", str(ROOT / "topologies" / "3dc.yaml"), "--model", "tiny", "--tp", "1", "--pp", "3",
-                "--global-batch", "48", "--out", str(tmp_path / "plan.csv"))
+    r = run_cli("plan", str(ROOT / "topologies" / "3dc.yaml"), "--model", "tiny", "--global-batch", "48",
+                "--out", str(tmp_path / "plan.csv"))
     assert r.returncode == 0, r.stderr
     rows = (tmp_path / "plan.csv").read_text().splitlines()
-    assert rows[0].startswith("order,stages,dp,gpus")
+    assert rows[0] == ("dcs,order,stages,layers,tp,pp,dp,microbatch,microbatches,gpus,idle_gpus,mem_gb,estimate_s,"
+                       "iteration_s,lower_bound_s,tokens_per_s,tokens_per_s_per_gpu,status")
     assert rows[1].endswith(",best")
-    assert "best plans" in r.stdout and "alternatives rejected" in r.stdout
+    assert sum(row.endswith(",best of its DC set") for row in rows) == 6  # every other DC set has its answer
+    assert {row.split(",")[4] for row in rows[1:]} >= {"1", "2", "4"}  # tp was searched
+    assert "One site or several" in r.stdout and "planner wall time" in r.stdout
+
+
+def test_plan_rejects_a_scheduler_with_its_own_placement(tmp_path):
+    r = run_cli("plan", str(ROOT / "topologies" / "3dc.yaml"), "--model", "tiny", "--scheduler", "pp-wan",
+                "--out", str(tmp_path / "plan.csv"))
+    assert r.returncode == 2
+    assert "--scheduler" in r.stderr and "pp-wan+greedy" in r.stderr
+    assert not (tmp_path / "plan.csv").exists()
+
+
+def test_bubbletea_sweep_writes_the_knee_and_its_figures(tmp_path):
+    from testbed.figures.draw import draw_all
+    from testbed.sim.run import run_experiment, write_outputs
+    from testbed.spec.load import load_experiment
+
+    out = tmp_path / "bt"
+    pts = load_experiment(ROOT / "experiments" / "emu-bubbletea.yaml",
+                          ["schedulers=[atlas+bubbletea]", "bubbletea.fallback_gpus=1", "iterations=2"],
+                          ["bubbletea.rate_scale=5,200"])
+    write_outputs(out, run_experiment(pts, jobs=1))
+    knee = (out / "knee.csv").read_text().splitlines()
+    assert knee[0].startswith("scheduler,source,knee_request_rate") and len(knee) == 2
+    pngs = {p.name for p in draw_all(out, out / "figures")}
+    assert {"load_sweep_sim.png", "ttft_cdf_bubble_pool_sim.png", "gantt_prefill_p00-atlas+bubbletea.png"} <= pngs

@@ -127,7 +127,7 @@ def test_striped_send_delivers_every_connection_whole():
 
 def _queue(delay_s: float):
     line = object.__new__(delayline.DelayLine)
-    line.seq = 0
+    line.seq, line.hold_since = 0, None
     q = delayline.Queue(line, 0, delay_s)
     line.queues = {0: q}
     return line, q

@@ -102,16 +102,20 @@ def test_gantt_peers_match_the_simulators_own_transfers():
 def test_every_csv_column_is_documented_and_the_doc_is_current():
     from testbed.analysis.flows import FLOWS_HEADER as CAPTURE_HEADER
     from testbed.bubbletea.bubbles import BUBBLES_HEADER
+    from testbed.bubbletea.knee import KNEE_HEADER
     from testbed.bubbletea.run import REQUESTS_HEADER
     from testbed.claims import CLAIMS_HEADER, POINTS_HEADER
     from testbed.emu.check import LINKS_HEADER
-    from testbed.emu.experiment import FLOWS_HEADER, LOSS_HEADER, VALIDATION_HEADER
+    from testbed.emu.experiment import CPU_PREFILL_HEADER, FLOWS_HEADER, LOSS_HEADER, VALIDATION_HEADER
     from testbed.emu.multitcp import HEADER as MULTITCP_HEADER
+    from testbed.sim.run import ITERATIONS_HEADER, LINKCHANGES_HEADER, LINKRATES_HEADER
 
     written = {"summary.csv": SUMMARY_HEADER, "summary.csv (multitcp)": MULTITCP_HEADER, "timeline.csv": HEADER,
                "requests.csv": REQUESTS_HEADER, "bubbles.csv": BUBBLES_HEADER, "validation.csv": VALIDATION_HEADER,
                "loss.csv": LOSS_HEADER, "flows.csv": FLOWS_HEADER, "flows.csv (capture)": CAPTURE_HEADER,
-               "links.csv": LINKS_HEADER, "claims.csv": CLAIMS_HEADER, "claims_points.csv": POINTS_HEADER}
+               "links.csv": LINKS_HEADER, "claims.csv": CLAIMS_HEADER, "claims_points.csv": POINTS_HEADER,
+               "iterations.csv": ITERATIONS_HEADER, "linkchanges.csv": LINKCHANGES_HEADER,
+               "linkrates.csv": LINKRATES_HEADER, "knee.csv": KNEE_HEADER, "cpu_prefill.csv": CPU_PREFILL_HEADER}
     registry = {f.name: [c.name for c in f.columns] for f in columns.FILES}
     for name, header in written.items():
         missing = [c for c in header if c not in registry[name]]

@@ -36,7 +36,7 @@ def test_a_simulation_piped_to_a_file_shows_progress_as_it_goes(tmp_path):
     """Each point's line reaches the pipe when that point ends, not when the run exits: the gaps between
     arrivals follow the elapsed times the lines report."""
     argv = [sys.executable, "-m", "testbed", "sim", str(ROOT / "experiments" / "tiny-3dc.yaml"), "--out",
-            str(tmp_path / "o"), "--set", "workload.global_batch=512", "--set", "schedulers=[pp-wan]",
+            str(tmp_path / "o"), "--set", "workload.global_batch=4096", "--set", "schedulers=[pp-wan]",
             "--set", "timeline=none", "--sweep", "topology.links.*.latency_ms=5,10,20", "--jobs", "1"]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # a pipe is block-buffered by default
     p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

@@ -32,3 +32,37 @@ def test_control_frames_are_bounded_and_must_be_json_objects():
             recv_ctrl(b)
         a.close()
         b.close()
+
+
+class FakeNetlink:
+    """Records the class changes a Sidecar asks for (the real ones are netlink calls in a WAN namespace)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def link_lookup(self, ifname):
+        return [{"useast": 3, "uswest": 4}[ifname]]
+
+    def set(self, idx, minor, rate_bps, ceil_bps, prio):  # the sidecar's ClassChanger (rates in payload bits/s)
+        self.calls.append((idx, f"1:{minor:x}", rate_bps, ceil_bps, prio))
+
+
+def test_a_link_change_rerates_every_class_and_keeps_the_turns():
+    from testbed.runtime.sidecar import Sidecar
+
+    nl = FakeNetlink()
+    cfg = {"devs": {"useast": {"0": 0x100, "1": 0x101}, "uswest": {"0": 0x100, "1": 0x101}}, "turn_order": [0, 1],
+           "link_bps": 200e6, "min_rate_bps": 2e6}
+    side = Sidecar(cfg, nl, tc=nl)
+    side.handle({"op": "start", "dev": "useast", "replica": 1, "mb": 0, "id": "x"})
+    nl.calls.clear()
+    side.handle({"op": "link", "link_bps": 80e6})
+    assert len(nl.calls) == 4  # both replicas' classes on both directions
+    assert {c[3] for c in nl.calls} == {80e6}
+    # replica 1 keeps its turn: first, with the link's rate guaranteed; every other class a trickle
+    assert (3, "1:101", 80e6, 80e6, 0) in nl.calls
+    assert {c[2] for c in nl.calls if c[:2] != (3, "1:101")} == {0.8e6}
+    import pytest
+
+    with pytest.raises(ProtocolError):
+        side.handle({"op": "link", "link_bps": 0})

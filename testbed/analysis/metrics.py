@@ -11,13 +11,19 @@ from testbed.timeline import COMPUTE, Timeline
 SUMMARY_HEADER = (
     "run_id", "source", "scheduler", "model", "dcs", "gpus", "tp", "pp", "dp", "microbatches",
     "wan_latency_ms", "wan_gbps", "tcp_connections", "iteration_s", "tokens_per_s", "tokens_per_s_per_gpu",
-    "gpu_util", "train_util", "prefill_util", "bubble_frac", "lower_bound_s", "wan_min_s", "best_baseline",
-    "speedup_vs_best",
-    "train_slowdown", "ttft_p50_ms", "ttft_p99_ms", "slo_attainment", "prefill_tokens_per_s", "served_in_bubbles",
-    "requests", "request_rate", "fallback", "scale", "sweep", "degraded", "status",
+    "gpu_util", "train_util", "prefill_util", "prefill_work_util", "useful_util", "prefill_mfu", "bubble_frac",
+    "lower_bound_s", "wan_min_s", "best_baseline", "speedup_vs_best",
+    "train_slowdown", "train_slowdown_p25", "train_slowdown_p75", "ttft_p50_ms", "ttft_p99_ms", "ttft_bubble_p50_ms",
+    "ttft_bubble_p99_ms", "ttft_pool_p50_ms",
+    "ttft_pool_p99_ms", "pool_wait_p99_ms", "slo_attainment", "goodput_rps", "prefill_tokens_per_s",
+    "served_in_bubbles", "requests", "request_rate", "fallback", "fallback_gpus", "pool_util", "prefill_skipped",
+    "scale", "sweep", "degraded", "status",
 )
-BUBBLETEA_COLUMNS = ("train_slowdown", "ttft_p50_ms", "ttft_p99_ms", "slo_attainment", "prefill_tokens_per_s",
-                     "served_in_bubbles", "requests", "request_rate", "fallback")
+BUBBLETEA_COLUMNS = ("prefill_work_util", "prefill_mfu", "train_slowdown", "train_slowdown_p25",
+                     "train_slowdown_p75", "ttft_p50_ms", "ttft_p99_ms",
+                     "ttft_bubble_p50_ms", "ttft_bubble_p99_ms", "ttft_pool_p50_ms", "ttft_pool_p99_ms",
+                     "pool_wait_p99_ms", "slo_attainment", "goodput_rps", "prefill_tokens_per_s", "served_in_bubbles",
+                     "requests", "request_rate", "fallback", "fallback_gpus", "pool_util", "prefill_skipped")
 
 
 def share(tl: Timeline, kinds: tuple[str, ...]) -> float:
@@ -49,7 +55,8 @@ def wan_min_s(plan: Plan) -> float:
 
 def summary_row(plan: Plan, tl: Timeline, lower_bound_s: float, sweep: dict,
                 bubbletea: dict[str, object] | None = None, degraded: str = "") -> dict[str, object]:
-    """One summary row. `gpu_util` counts training and prefill; BubbleTea columns are empty without it."""
+    """One summary row. `gpu_util` counts training and prefill time; `useful_util` counts training time plus
+    prefill FLOPs at the training's MFU. BubbleTea columns are empty without it."""
     it = mean(tl.iteration_s)
     hops = wan_links_used(plan)
     lat = mean(plan.links[h].latency_s for h in hops) * 1e3 if hops else 0.0
@@ -76,6 +83,8 @@ def summary_row(plan: Plan, tl: Timeline, lower_bound_s: float, sweep: dict,
         "gpu_util": round(share(tl, (*COMPUTE, "prefill")), 6),
         "train_util": round(share(tl, COMPUTE), 6),
         "prefill_util": round(share(tl, ("prefill",)), 6),
+        "useful_util": (round(share(tl, COMPUTE) + float(bubbletea["prefill_work_util"]), 6)
+                        if bubbletea and bubbletea.get("prefill_work_util", "") != "" else ""),
         "bubble_frac": round(share(tl, ("idle",)), 6),
         "lower_bound_s": round(lower_bound_s, 6),
         "wan_min_s": round(wan_min_s(plan), 6),

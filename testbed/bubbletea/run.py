@@ -1,18 +1,29 @@
-"""BubbleTea on a simulated (or emulated) training timeline: trace -> bubbles -> placements ->
-prefill intervals, requests.csv rows and summary metrics."""
+"""BubbleTea on a simulated (or emulated) training timeline: trace -> bubbles -> placements (bubbles or
+the fallback pool) -> prefill intervals, requests.csv rows and summary metrics."""
 
 from __future__ import annotations
 
 import functools
+import math
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
-from statistics import quantiles
+from statistics import mean, quantiles
 
 from testbed.bubbletea.bubbles import Bubble, extract_bubbles
+from testbed.bubbletea.pool import FallbackPool, default_servers
 from testbed.bubbletea.scheduler import GroupCost, Placement, schedule
 from testbed.bubbletea.trace import Request, load_trace, synthetic_trace
 from testbed.costs.gpus import GPUS
-from testbed.costs.prefill import chunk_time_s, inference_model, kv_bytes_per_token, prefill_time_s, weights_gb
+from testbed.costs.models import ModelConfig
+from testbed.costs.prefill import (
+    chunk_time_s,
+    inference_model,
+    kv_bytes_per_token,
+    pass_work,
+    prefill_time_s,
+    weights_gb,
+)
 from testbed.errors import SpecError
 from testbed.plan.plan import Plan
 from testbed.results import fmt
@@ -20,7 +31,8 @@ from testbed.spec.experiment import BubbleTeaOptions
 from testbed.timeline import Interval, Timeline
 
 REQUESTS_HEADER = ("run_id", "source", "request_id", "arrival_s", "prompt_tokens", "gpu", "dc", "start_s", "end_s",
-                   "ttft_s", "chunks", "in_bubble", "home_dc", "kv_bytes", "kv_ready_s")
+                   "ttft_s", "chunks", "in_bubble", "home_dc", "kv_bytes", "kv_ready_s", "queue_s")
+POOL_MEMORY_SHARE = 0.8  # a pool server's weights may take this share of its GPUs' memory (the rest: KV cache)
 
 
 @dataclass
@@ -29,13 +41,59 @@ class BubbleTeaResult:
     placements: list[Placement]
     bubbles: list[Bubble]
     metrics: dict[str, object]
+    pool: FallbackPool
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One request as served, on whichever clock the run has (simulated or emulated)."""
+
+    tokens: int
+    ttft_s: float
+    in_bubble: bool
+    queue_s: float = 0.0
+
+
+# --- requests -----------------------------------------------------------------------------------
+
+def _whole_trace(opts: BubbleTeaOptions, seed: int) -> list[Request]:
+    """The trace at its own rate (rate_scale 1): the file, or an hour of the synthetic one."""
+    if opts.trace == "synthetic":
+        return synthetic_trace(3600.0, seed=seed)
+    return load_trace(opts.trace)
+
+
+def trace_span_s(reqs: list[Request]) -> float:
+    """How long the trace lasts: its last arrival plus one mean gap (so a loop keeps the mean rate)."""
+    if not reqs:
+        return 0.0
+    last = reqs[-1].arrival_s
+    return last + (last / (len(reqs) - 1) if len(reqs) > 1 and last > 0 else 1.0)
 
 
 def requests_for(opts: BubbleTeaOptions, horizon_s: float, seed: int) -> list[Request]:
+    """The requests arriving during the run: the trace compressed by rate_scale, from trace_start_s.
+    A file trace shorter than the window is replayed from its start (so the offered rate stays the
+    trace's, times rate_scale, at every sweep point)."""
     if opts.trace == "synthetic":
         return synthetic_trace(horizon_s, rate_scale=opts.rate_scale, seed=seed)
-    return load_trace(opts.trace, rate_scale=opts.rate_scale, start_s=opts.trace_start_s, duration_s=horizon_s)
+    whole = load_trace(opts.trace, rate_scale=opts.rate_scale)
+    span = trace_span_s(whole)
+    out: list[Request] = []
+    lap = math.floor(opts.trace_start_s / span) if span > 0 else 0
+    while span > 0:
+        base = lap * span - opts.trace_start_s
+        for q in whole:
+            t = base + q.arrival_s
+            if t >= horizon_s:
+                return out
+            if t >= 0:
+                out.append(Request(len(out), t, q.prompt_tokens, q.output_tokens))
+        lap += 1
+    return out
 
+
+# --- costs --------------------------------------------------------------------------------------
 
 def group_costs(plan: Plan, opts: BubbleTeaOptions) -> tuple[dict[str, GroupCost], dict[int, int]]:
     """Per DC GPU type: prefill costs; per stage: the prompt tokens whose KV fits beside training."""
@@ -55,6 +113,36 @@ def group_costs(plan: Plan, opts: BubbleTeaOptions) -> tuple[dict[str, GroupCost
     return per_dc, max_tokens
 
 
+def pool_tp(model: ModelConfig, gpu: str) -> int:
+    """GPUs per pool server: the fewest (1, 2, 4, 8) whose memory holds the weights with room for KV."""
+    for tp in (1, 2, 4, 8):
+        if weights_gb(model, tp) <= POOL_MEMORY_SHARE * GPUS[gpu].memory_gb:
+            return tp
+    raise SpecError("bubbletea.model", f"{model.name} does not fit on 8 {gpu}s", "pick a smaller inference model")
+
+
+def fallback_pool(plan: Plan, opts: BubbleTeaOptions, seed: int) -> FallbackPool:
+    """The pool of `opts.fallback_gpus` GPUs (default: sized for the trace's mean load at its own rate),
+    in servers of `pool_tp` GPUs spread over the DCs in use."""
+    model = inference_model(opts.model)
+    dcs = plan.dcs_used()
+    tps = {dc: pool_tp(model, plan.gpu_types[dc]) for dc in dcs}
+    per = max(tps.values())
+    times = {dc: functools.lru_cache(maxsize=None)(lambda n, g=plan.gpu_types[dc]: prefill_time_s(model, g, per, n))
+             for dc in dcs}
+    if opts.fallback_gpus is None:
+        whole = _whole_trace(opts, seed)
+        rate = len(whole) / trace_span_s(whole) if whole else 0.0
+        load = mean(times[dcs[0]](q.prompt_tokens) for q in whole) if whole else 0.0
+        servers = default_servers(rate, load)
+    else:
+        if opts.fallback_gpus % per:
+            raise SpecError("bubbletea.fallback_gpus", f"{opts.fallback_gpus} GPUs do not make whole servers of {per}",
+                            f"use a multiple of {per} ({opts.model} needs {per} GPU(s) per server)")
+        servers = opts.fallback_gpus // per
+    return FallbackPool(servers, per, dcs, times)
+
+
 def kv_transfer(plan: Plan, opts: BubbleTeaOptions):
     per_token = kv_bytes_per_token(inference_model(opts.model))
 
@@ -71,7 +159,16 @@ def kv_transfer(plan: Plan, opts: BubbleTeaOptions):
     return t
 
 
-def run_bubbletea(plan: Plan, tl: Timeline, opts: BubbleTeaOptions, seed: int) -> BubbleTeaResult:
+def home_dcs(reqs: list[Request], dcs: list[str], seed: int) -> dict[int, str]:
+    """Each request's decode pool: spread evenly over the DCs (seeded)."""
+    rng = random.Random(seed)
+    return {q.request_id: rng.choice(dcs) for q in reqs}
+
+
+# --- the run ------------------------------------------------------------------------------------
+
+def run_bubbletea(plan: Plan, tl: Timeline, opts: BubbleTeaOptions, seed: int, train_mfu: float) -> BubbleTeaResult:
+    """`train_mfu`: the training's achieved MFU, the yardstick of useful work (`train_mfu()`)."""
     horizon = sum(tl.iteration_s)
     reqs = requests_for(opts, horizon, seed)
     bubbles = extract_bubbles(tl)
@@ -85,12 +182,13 @@ def run_bubbletea(plan: Plan, tl: Timeline, opts: BubbleTeaOptions, seed: int) -
             if max_tokens[s]:
                 dc = plan.stage_dc[r][s]
                 costs[(f"s{s}r{r}", dc)] = GroupCost(per_dc[dc].full, per_dc[dc].chunk, max_tokens[s])
-    dcs = plan.dcs_used()
-    rng = random.Random(seed)
-    homes = {q.request_id: rng.choice(dcs) for q in reqs}  # decode pools spread evenly over the DCs
-    placements = schedule(reqs, bubbles, costs=costs, fallback={d: per_dc[d].full for d in dcs},
-                          kv_time=kv_transfer(plan, opts), home=lambda q: homes[q.request_id],
-                          guard_s=opts.guard_ms / 1e3, slo_s=opts.ttft_slo_ms / 1e3, horizon_s=horizon)
+    homes = home_dcs(reqs, plan.dcs_used(), seed)
+    if opts.jitter_compute_cv or opts.jitter_wan_cv:
+        return _realised(plan, tl, reqs, homes, costs, bubbles, opts, seed, train_mfu, max(max_tokens.values()))
+    pool = fallback_pool(plan, opts, seed)
+    placements = schedule(reqs, bubbles, costs=costs, pool=pool, kv_time=kv_transfer(plan, opts),
+                          home=lambda q: homes[q.request_id], guard_s=opts.guard_ms / 1e3,
+                          slo_s=opts.ttft_slo_ms / 1e3, horizon_s=horizon)
     T = tl.iteration_s[0]
     extra = []
     for pl in placements:
@@ -101,32 +199,118 @@ def run_bubbletea(plan: Plan, tl: Timeline, opts: BubbleTeaOptions, seed: int) -
             extra.append(Interval(min(int(a // T), len(tl.iteration_s) - 1), pl.gpu, pl.dc, s, r, "prefill", -1, a, b,
                                   0.0))
     merged = tl.with_busy(extra)
-    return BubbleTeaResult(merged, placements, bubbles, metrics(merged, placements, opts, horizon, len(bubbles),
-                                                                max(max_tokens.values())))
+    outcomes = [Outcome(p.request.prompt_tokens, p.ttft_s, not p.fallback, p.queue_s) for p in placements]
+    work = useful_work(plan, opts, [(p.dc, iv) for p in placements if not p.fallback for iv in chunks_of(p)],
+                       horizon, train_mfu)
+    m = {**serving_metrics(outcomes, horizon, opts.ttft_slo_ms / 1e3), **pool_metrics(pool, horizon), **work,
+         "bubbles": len(bubbles), "kv_capacity_tokens": max(max_tokens.values())}
+    return BubbleTeaResult(merged, placements, bubbles, m, pool)
 
 
-def serving_metrics(ttft_ms: list[float], served_tokens: list[int], requests: int, horizon: float,
-                    slo_ms: float) -> dict[str, object]:
-    """Request-level metrics, the same for simulated and emulated runs."""
-    ttft = sorted(ttft_ms)
-    q = quantiles(ttft, n=100, method="inclusive") if len(ttft) > 1 else ttft * 99
+def _realised(plan: Plan, tl: Timeline, reqs: list[Request], homes: dict[int, str], costs: dict,
+              bubbles: list[Bubble], opts: BubbleTeaOptions, seed: int, train_mfu: float, kv_tokens: int
+              ) -> BubbleTeaResult:
+    """The online planner against jittered iterations (testbed/bubbletea/realised.py); requests the
+    bubbles did not serve queue in the pool from when the planner gave up on them."""
+    from testbed.bubbletea.realised import realised_run, slowdown
+
+    layers = inference_model(opts.model).layers
+    kv_time = kv_transfer(plan, opts)
+    timeline, real, joins, durations, base, chunks = realised_run(plan, reqs, homes, costs, kv_time, opts, seed,
+                                                                  len(tl.iteration_s), layers)
+    pool = fallback_pool(plan, opts, seed)
+    queued = sorted((joins.get(p.request.request_id, p.request.arrival_s), p.request.arrival_s, i)
+                    for i, p in enumerate(real) if p.fallback)
+    for join, _a, i in queued:
+        p = real[i]
+        served = pool.serve(join, p.request.prompt_tokens, p.home_dc)
+        p.dc, p.end_s, p.queue_s = served.dc, served.end_s, served.start_s - p.request.arrival_s
+        p.kv_ready_s = served.end_s + kv_time(served.dc, p.home_dc, p.request.prompt_tokens)
+    horizon = sum(durations)
+    outcomes = [Outcome(p.request.prompt_tokens, p.ttft_s, not p.fallback, p.queue_s) for p in real]
+    m = {**serving_metrics(outcomes, horizon, opts.ttft_slo_ms / 1e3), **pool_metrics(pool, horizon),
+         **useful_work(plan, opts, chunks, horizon, train_mfu), "bubbles": len(bubbles),
+         "kv_capacity_tokens": kv_tokens, "train_slowdown": round(slowdown(durations, base), 9)}
+    return BubbleTeaResult(timeline, real, bubbles, m, pool)
+
+
+def chunks_of(p: Placement) -> list[tuple[float, float, int, int]]:
+    """(start, end, tokens, tokens already cached) of each chunk of a bubble-served request."""
+    out, done = [], 0
+    for a, b, k in p.intervals:
+        out.append((a, b, k, done))
+        done += k
+    return out
+
+
+# --- metrics ------------------------------------------------------------------------------------
+
+def _pct(values: list[float], p: int) -> float | str:
+    """The p-th percentile (inclusive method), or empty when there are no values."""
+    if not values:
+        return ""
+    v = sorted(values)
+    if len(v) == 1:
+        return v[0]
+    return quantiles(v, n=100, method="inclusive")[p - 1]
+
+
+def _ms(x: float | str) -> float | str:
+    return round(x * 1e3, 3) if isinstance(x, float) else x
+
+
+def serving_metrics(outcomes: list[Outcome], horizon_s: float, slo_s: float) -> dict[str, object]:
+    """Request-level metrics, the same for simulated and emulated runs. TTFT includes the pool's queue."""
+    n = len(outcomes)
+    bubble = [o.ttft_s for o in outcomes if o.in_bubble]
+    pool = [o for o in outcomes if not o.in_bubble]
+    met = sum(o.ttft_s <= slo_s + 1e-9 for o in outcomes)
+    ttft = [o.ttft_s for o in outcomes]
     return {
-        "requests": requests,
-        "request_rate": round(requests / horizon, 3),
-        "fallback": requests - len(served_tokens),
-        "served_in_bubbles": round(len(served_tokens) / requests, 6) if requests else 0.0,
-        "ttft_p50_ms": round(q[49], 3) if ttft else 0.0,
-        "ttft_p99_ms": round(q[98], 3) if ttft else 0.0,
-        "slo_attainment": round(sum(t <= slo_ms for t in ttft) / len(ttft), 6) if ttft else 0.0,
-        "prefill_tokens_per_s": round(sum(served_tokens) / horizon, 3),
+        "requests": n,
+        "request_rate": round(n / horizon_s, 3) if horizon_s > 0 else 0.0,
+        "fallback": len(pool),
+        "served_in_bubbles": round(len(bubble) / n, 6) if n else 0.0,
+        "ttft_p50_ms": _ms(_pct(ttft, 50)) if n else 0.0,
+        "ttft_p99_ms": _ms(_pct(ttft, 99)) if n else 0.0,
+        "ttft_bubble_p50_ms": _ms(_pct(bubble, 50)),
+        "ttft_bubble_p99_ms": _ms(_pct(bubble, 99)),
+        "ttft_pool_p50_ms": _ms(_pct([o.ttft_s for o in pool], 50)),
+        "ttft_pool_p99_ms": _ms(_pct([o.ttft_s for o in pool], 99)),
+        "pool_wait_p99_ms": _ms(_pct([o.queue_s for o in pool], 99)),
+        "slo_attainment": round(met / n, 6) if n else 0.0,
+        "goodput_rps": round(met / horizon_s, 3) if horizon_s > 0 else 0.0,
+        "prefill_tokens_per_s": round(sum(o.tokens for o in outcomes if o.in_bubble) / horizon_s, 3),
     }
 
 
-def metrics(tl: Timeline, pls: list[Placement], opts: BubbleTeaOptions, horizon: float, nbubbles: int,
-            kv_tokens: int) -> dict[str, object]:
-    served = [p.request.prompt_tokens for p in pls if not p.fallback]
-    return {**serving_metrics([p.ttft_s * 1e3 for p in pls], served, len(pls), horizon, opts.ttft_slo_ms),
-            "bubbles": nbubbles, "kv_capacity_tokens": kv_tokens}
+def pool_metrics(pool: FallbackPool, horizon_s: float) -> dict[str, object]:
+    return {"fallback_gpus": pool.gpus, "pool_util": round(pool.busy_share(horizon_s), 6)}
+
+
+def useful_work(plan: Plan, opts: BubbleTeaOptions, chunks: Iterable[tuple[str, tuple[float, float, int, int]]],
+                horizon_s: float, train_mfu: float) -> dict[str, object]:
+    """Prefill as useful work on the training GPUs: its FLOPs, as the GPU time they would take at the
+    training's achieved MFU (`prefill_work_util`), and the MFU prefill itself achieved in the bubbles
+    (`prefill_mfu`). Time occupancy (`prefill_util`) overstates prefill by train_mfu / prefill_mfu."""
+    model = inference_model(opts.model)
+    gpu_s = horizon_s * plan.pp * plan.dp * plan.tp
+    flops_at_train = busy_peak = flops = 0.0
+    for dc, (a, b, k, done) in chunks:
+        f = pass_work(model, 1, k, done).flops
+        peak = GPUS[plan.gpu_types[dc]].peak_tflops * 1e12
+        flops += f
+        flops_at_train += f / (peak * train_mfu)
+        busy_peak += (b - a) * plan.tp * peak
+    return {"prefill_work_util": round(flops_at_train / gpu_s, 6) if gpu_s else 0.0,
+            "prefill_mfu": round(flops / busy_peak, 6) if busy_peak else ""}
+
+
+def train_mfu(workload_mfu: float, tp: int) -> float:
+    """The MFU of the training's compute ops: the cost model runs them at `workload.mfu` (its tensor-parallel
+    all-reduces are timed apart, testbed/costs/stage.py), whatever the TP."""
+    del tp
+    return workload_mfu
 
 
 def request_rows(run_id: str, source: str, pls: list[Placement], kv_per_token: float):
@@ -134,4 +318,5 @@ def request_rows(run_id: str, source: str, pls: list[Placement], kv_per_token: f
         q = p.request
         yield (run_id, source, q.request_id, fmt(q.arrival_s, 6), q.prompt_tokens, p.gpu, p.dc, fmt(p.start_s, 6),
                fmt(p.end_s, 6), fmt(p.ttft_s, 6), len(p.intervals), int(not p.fallback), p.home_dc,
-               int(kv_per_token * q.prompt_tokens), fmt(p.kv_ready_s, 6))
+               int(kv_per_token * q.prompt_tokens), fmt(p.kv_ready_s, 6), fmt(p.queue_s, 6))
+

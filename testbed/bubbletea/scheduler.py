@@ -2,9 +2,11 @@
 mechanism (per-group windows consumed front to back). Requests are handled in arrival order.
 
 A request's state machine: arrived -> placed (whole, or in chunks on one group) -> prefilled ->
-KV cache shipped to its decode pool; or arrived -> fallback (a dedicated prefill pool) when no
-bubble lets it finish within its TTFT SLO. Placement never overlaps a training op: each window is
-a bubble shrunk by the guard band at both ends, and a group serves one prompt at a time.
+KV cache shipped to its decode pool; or arrived -> queued in the fallback pool (finite, FIFO:
+testbed/bubbletea/pool.py) -> prefilled there, when no bubble lets it finish within its TTFT SLO
+(a bubble that misses the SLO still wins if it finishes before the pool would). Placement never
+overlaps a training op: each window is a bubble shrunk by the guard band at both ends, and a group
+serves one prompt at a time.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from testbed.bubbletea.bubbles import Bubble
+from testbed.bubbletea.pool import FallbackPool
 from testbed.bubbletea.trace import Request
 
 MIN_CHUNK_TOKENS = 128
@@ -41,11 +44,11 @@ class Placement:
     kv_ready_s: float = 0.0
     fallback: bool = True
     end_s: float = 0.0
-    fallback_s: float = 0.0  # its prefill time in the fallback pool (a dedicated server in its home DC)
+    queue_s: float = 0.0  # wait in the fallback pool's queue (0 when served in bubbles)
 
     @property
     def start_s(self) -> float:
-        return self.intervals[0][0] if self.intervals else self.request.arrival_s
+        return self.intervals[0][0] if self.intervals else self.request.arrival_s + self.queue_s
 
     @property
     def ttft_s(self) -> float:
@@ -122,12 +125,13 @@ def schedule(
     bubbles: list[Bubble],
     *,
     costs: dict[tuple[str, str], GroupCost],  # per group (gpu, dc)
-    fallback: dict[str, Callable[[int], float]],  # per DC: prefill time on a dedicated server
+    pool: FallbackPool | None,  # None: leave what the bubbles do not serve unplaced (the online planner)
     kv_time: Callable[[str, str, int], float],  # (from dc, to dc, tokens) -> seconds
     home: Callable[[Request], str],
     guard_s: float,
     slo_s: float,
     horizon_s: float,
+    since: dict[int, float] | None = None,  # request id -> when its SLO started, if not at its arrival
 ) -> list[Placement]:
     by_group: dict[tuple[str, str], list[Bubble]] = {}
     for b in bubbles:
@@ -138,7 +142,6 @@ def schedule(
     out: list[Placement] = []
     for req in requests:
         pl = Placement(req, home(req))
-        pl.fallback_s = fallback[pl.home_dc](req.prompt_tokens)
         popped, best = [], None
         while heap and len(popped) < CANDIDATES:
             _, n = heapq.heappop(heap)
@@ -155,15 +158,27 @@ def schedule(
             ready = iv[-1][1] + kv_time(g.dc, pl.home_dc, req.prompt_tokens)
             if best is None or (ready, n) < best[0]:
                 best = ((ready, n), iv)
-        if best is not None and best[1][-1][1] - req.arrival_s <= slo_s:
+        bubble_end = best[1][-1][1] if best is not None else float("inf")
+        queued = None
+        origin = since.get(req.request_id, req.arrival_s) if since else req.arrival_s
+        if bubble_end - origin > slo_s:
+            if pool is None:
+                best = None
+            else:
+                queued = pool.peek(req.arrival_s, req.prompt_tokens, pl.home_dc)
+                if bubble_end < queued.end_s:
+                    queued = None  # late either way: the bubble is sooner
+        if queued is None and best is not None:
             (ready, n), iv = best
             g = groups[n]
             g.commit(iv)
             pl.gpu, pl.dc, pl.intervals, pl.kv_ready_s, pl.fallback = g.gpu, g.dc, iv, ready, False
             pl.end_s = iv[-1][1]
-        else:  # the fallback pool: a dedicated prefill server in the home DC, no queueing modelled
-            pl.dc = pl.home_dc
-            pl.end_s = pl.kv_ready_s = req.arrival_s + pl.fallback_s
+        elif pool is not None:
+            served = queued or pool.peek(req.arrival_s, req.prompt_tokens, pl.home_dc)
+            pool.commit(served)
+            pl.dc, pl.end_s, pl.queue_s = served.dc, served.end_s, served.queue_s(req.arrival_s)
+            pl.kv_ready_s = served.end_s + kv_time(served.dc, pl.home_dc, req.prompt_tokens)
         for n in popped:
             heapq.heappush(heap, (max(groups[n].cursor, req.arrival_s), n))
         out.append(pl)

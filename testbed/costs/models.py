@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from testbed.errors import SpecError
-from testbed.spec.workload import CustomModel
+
+if TYPE_CHECKING:
+    from testbed.spec.workload import CustomModel
 
 
 @dataclass(frozen=True)
@@ -66,12 +69,13 @@ MODELS: dict[str, ModelConfig] = {
         _m("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096, True),
         _m("bloom-176b", 70, 14336, 112, 112, 4 * 14336, 250880, 2048, False),  # BLOOM paper
         _m("tiny", 4, 128, 4, 4, 512, 512, 64, False),  # for tests and CPU torch runs
+        _m("tiny-llama", 2, 64, 2, 1, 176, 32000, 4096, True),  # real CPU prefill (testbed/runtime/tiny_llama.py)
     ]
 }
 
 
 def resolve_model(model: str | CustomModel, seq_len: int | None = None, field: str = "workload.model") -> ModelConfig:
-    if isinstance(model, CustomModel):
+    if not isinstance(model, str):  # a CustomModel
         cfg = ModelConfig(
             model.name,
             model.layers,

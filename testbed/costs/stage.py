@@ -1,14 +1,23 @@
-"""Per-stage compute time, transfer bytes and memory of a pipeline-parallel transformer."""
+"""Per-stage compute time, transfer bytes, memory and optimizer step of a pipeline-parallel transformer.
+
+Every formula is stated in docs/planner.md. Stages may hold different numbers of layers and run on
+different GPU types: a stage's cost is the sum of its layers' costs on its GPU (plus the embedding
+on the first stage and the output head on the last).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from testbed.costs.gpus import GPUS, tp_efficiency
+from testbed.costs.gpus import GPU, GPUS
 from testbed.costs.models import ModelConfig
 
 BF16 = 2
 WORKSPACE_GB = 2.0  # CUDA context, NCCL buffers, allocator fragmentation
+# AdamW in mixed precision, per parameter of the GPU's shard: read the fp32 gradient, master weight,
+# first and second moments (16 bytes); write master weight and moments (12) and the bf16 weight (2).
+ADAMW_BYTES_PER_PARAM = 30
 
 
 def split_layers(layers: int, pp: int) -> list[int]:
@@ -22,21 +31,146 @@ def split_layers(layers: int, pp: int) -> list[int]:
     return counts
 
 
+def tp_allreduce_s(nbytes: float, tp: int, gpu: GPU) -> float:
+    """Ring all-reduce of `nbytes` inside a TP group over NVLink: each GPU sends 2(tp-1)/tp of it."""
+    if tp <= 1:
+        return 0.0
+    return 2 * (tp - 1) / tp * nbytes / gpu.nvlink_bytes_per_s
+
+
+def optimizer_step_s(params_per_gpu: float, gpu: GPU) -> float:
+    """AdamW over the GPU's parameter shard: memory-bound, bytes read and written / HBM bandwidth."""
+    return ADAMW_BYTES_PER_PARAM * params_per_gpu / gpu.hbm_bytes_per_s
+
+
 @dataclass(frozen=True)
 class StageCost:
     layers: int
     params: int
-    fwd_s: float  # one microbatch, forward
-    bwd_s: float  # one microbatch, backward (incl. recomputation)
+    fwd_s: float  # one microbatch, forward (incl. tensor-parallel all-reduces)
+    bwd_s: float  # one microbatch, backward (incl. recomputation and tensor-parallel all-reduces)
     act_bytes: float  # activation to the next stage per microbatch (whole TP group)
     grad_bytes: float  # gradient of this stage's parameters (bf16), reduced across DP
     mem_gb: float  # peak per GPU
     act_gb_per_microbatch: float  # what one more in-flight microbatch adds per GPU
+    optimizer_s: float = 0.0  # AdamW step over the GPU's shard, after the gradient all-reduce
+    tp_comm_s: float = 0.0  # tensor-parallel all-reduces per microbatch, forward and backward together
+
+
+@dataclass(frozen=True)
+class LayerCosts:
+    """What one layer (and the model's ends) costs on one GPU type for one job shape, per GPU of a
+    TP group and per microbatch. Stage costs are sums of these; the planner balances layers with them."""
+
+    model: ModelConfig
+    gpu: GPU
+    tp: int
+    dp: int
+    microbatch: int
+    distributed_optimizer: bool
+    fwd_s: float  # one layer, forward
+    bwd_s: float  # one layer, backward
+    tp_comm_s: float  # one layer, forward and backward all-reduces
+    head_fwd_s: float  # the output head (last stage)
+    head_bwd_s: float
+    act_bytes: float  # activation memory of one layer per in-flight microbatch
+    weight_bytes: float  # weights, gradients and optimizer state of one layer
+    embed_weight_bytes: float  # the same for the embedding (first stage) or the output head (last)
+    logits_bytes: float  # fp32 logits of one microbatch (last stage)
+
+    @property
+    def layer_s(self) -> float:
+        return self.fwd_s + self.bwd_s
+
+    def stage_s(self, layers: int, last: bool) -> float:
+        """Forward plus backward of one microbatch through a stage of `layers` layers."""
+        return layers * self.layer_s + (self.head_fwd_s + self.head_bwd_s if last else 0.0)
+
+    def fixed_bytes(self, first: bool, last: bool) -> float:
+        return (WORKSPACE_GB * 1e9 + (self.embed_weight_bytes if first else 0.0)
+                + (self.embed_weight_bytes + self.logits_bytes if last else 0.0))
+
+    def layer_bytes(self, in_flight: int) -> float:
+        return self.weight_bytes + self.act_bytes * in_flight
+
+    def mem_gb(self, layers: int, first: bool, last: bool, in_flight: int) -> float:
+        return (self.fixed_bytes(first, last) + layers * self.layer_bytes(in_flight)) / 1e9
+
+    def max_layers(self, first: bool, last: bool, in_flight: int) -> int:
+        """Most layers a stage at this position holds within the GPU's memory (0 if none)."""
+        room = self.gpu.memory_gb * 1e9 - self.fixed_bytes(first, last)
+        per = self.layer_bytes(in_flight)
+        return max(0, int(room // per)) if room > 0 else 0
+
+    def stage(self, layers: int, first: bool, last: bool, in_flight: int) -> StageCost:
+        m = self.model
+        params = layers * m.layer_params() + (m.embedding_params() if first else 0) + (
+            m.embedding_params() if last else 0)
+        shard = params / self.tp / (self.dp if self.distributed_optimizer else 1)
+        return StageCost(
+            layers=layers,
+            params=params,
+            fwd_s=layers * self.fwd_s + (self.head_fwd_s if last else 0.0),
+            bwd_s=layers * self.bwd_s + (self.head_bwd_s if last else 0.0),
+            act_bytes=float(m.seq_len * self.microbatch * m.hidden * BF16),
+            grad_bytes=float(params * BF16),
+            mem_gb=self.mem_gb(layers, first, last, in_flight),
+            act_gb_per_microbatch=layers * self.act_bytes / 1e9,
+            optimizer_s=optimizer_step_s(shard, self.gpu),
+            tp_comm_s=layers * self.tp_comm_s,
+        )
+
+
+def layer_costs(
+    model: ModelConfig,
+    gpu_name: str,
+    *,
+    tp: int,
+    dp: int,
+    microbatch: int,
+    mfu: float,
+    recompute: str,
+    distributed_optimizer: bool,
+    sequence_parallel: bool = False,
+) -> LayerCosts:
+    gpu = GPUS[gpu_name]
+    s, b, h, a = model.seq_len, microbatch, model.hidden, model.heads
+    tokens = s * b
+    rate = gpu.peak_tflops * 1e12 * mfu * tp  # FLOP/s of one TP group
+    compute = model.layer_fwd_flops(tokens, s) / rate
+    # Megatron tensor parallelism: two all-reduces of the layer's b*s*h activation per forward (after
+    # attention and after the MLP), two per backward; full recomputation repeats the forward's two.
+    # Sequence parallelism turns each into a reduce-scatter plus an all-gather: the same bytes.
+    ar = tp_allreduce_s(tokens * h * BF16, tp, gpu)
+    fwd = compute + 2 * ar
+    bwd = 2 * compute + 2 * ar + (fwd if recompute == "full" else 0.0)
+    head_fwd = model.logits_fwd_flops(tokens) / rate
+    # Korthikanti et al. 2022, activation bytes per layer per microbatch (per GPU of the TP group)
+    if recompute == "full":
+        act = 2 * s * b * h / (tp if sequence_parallel else 1)
+    else:
+        act = s * b * h * 34 / tp if sequence_parallel else s * b * h * (10 + 24 / tp)
+        if recompute == "none":
+            act += 5 * a * s * s * b / tp
+    bytes_per_param = 2 + 4 + (12 / dp if distributed_optimizer else 12)
+    return LayerCosts(
+        model=model, gpu=gpu, tp=tp, dp=dp, microbatch=microbatch, distributed_optimizer=distributed_optimizer,
+        fwd_s=fwd, bwd_s=bwd, tp_comm_s=(4 + (2 if recompute == "full" else 0)) * ar,
+        head_fwd_s=head_fwd, head_bwd_s=2 * head_fwd,
+        act_bytes=act, weight_bytes=model.layer_params() / tp * bytes_per_param,
+        embed_weight_bytes=model.embedding_params() / tp * bytes_per_param,
+        logits_bytes=4 * s * b * model.vocab / tp,
+    )
+
+
+def in_flight(stage: int, pp: int, microbatches: int, schedule: str) -> int:
+    """Microbatches whose activations a stage holds at its peak: 1F1B keeps pp - stage, GPipe all."""
+    return min(pp - stage, microbatches) if schedule == "1f1b" else microbatches
 
 
 def stage_costs(
     model: ModelConfig,
-    gpu_name: str,
+    gpus: str | Sequence[str],
     *,
     pp: int,
     tp: int,
@@ -47,45 +181,15 @@ def stage_costs(
     recompute: str,
     schedule: str,
     distributed_optimizer: bool,
+    sequence_parallel: bool = False,
+    layers: Sequence[int] | None = None,
 ) -> list[StageCost]:
-    gpu = GPUS[gpu_name]
-    s, b, h = model.seq_len, microbatch, model.hidden
-    tokens = s * b
-    rate = gpu.peak_tflops * 1e12 * mfu * tp_efficiency(tp) * tp  # FLOP/s of one TP group
-    bwd_factor = {"none": 2.0, "selective": 2.0, "full": 3.0}[recompute]
-    bytes_per_param = 2 + 4 + (12 / dp if distributed_optimizer else 12)
-    out = []
-    for i, n in enumerate(split_layers(model.layers, pp)):
-        flops = n * model.layer_fwd_flops(tokens, s)
-        params = n * model.layer_params()
-        if i == 0:
-            params += model.embedding_params()
-        if i == pp - 1:
-            flops += model.logits_fwd_flops(tokens)
-            params += model.embedding_params()
-        fwd = flops / rate
-        # Korthikanti et al. 2022: activation bytes per layer with TP (no sequence parallelism)
-        if recompute == "full":
-            act_layer = 2 * s * b * h
-        else:
-            act_layer = s * b * h * (10 + 24 / tp)
-            if recompute == "none":
-                act_layer += 5 * model.heads * s * s * b / tp
-        in_flight = min(pp - i, microbatches) if schedule == "1f1b" else microbatches
-        act_mem = n * act_layer * in_flight
-        if i == pp - 1:
-            act_mem += 4 * s * b * model.vocab / tp  # fp32 logits of one microbatch
-        mem = params / tp * bytes_per_param + act_mem
-        out.append(
-            StageCost(
-                layers=n,
-                params=params,
-                fwd_s=fwd,
-                bwd_s=bwd_factor * fwd,
-                act_bytes=float(tokens * h * BF16),
-                grad_bytes=float(params * BF16),
-                mem_gb=mem / 1e9 + WORKSPACE_GB,
-                act_gb_per_microbatch=n * act_layer / 1e9,
-            )
-        )
-    return out
+    """Costs of each stage; `gpus` is one GPU type for all stages or one per stage, `layers` the
+    layers per stage (default: as even as possible)."""
+    names = [gpus] * pp if isinstance(gpus, str) else list(gpus)
+    counts = list(layers) if layers is not None else split_layers(model.layers, pp)
+    per_gpu = {g: layer_costs(model, g, tp=tp, dp=dp, microbatch=microbatch, mfu=mfu, recompute=recompute,
+                              distributed_optimizer=distributed_optimizer, sequence_parallel=sequence_parallel)
+               for g in set(names)}
+    return [per_gpu[g].stage(n, i == 0, i == pp - 1, in_flight(i, pp, microbatches, schedule))
+            for i, (g, n) in enumerate(zip(names, counts, strict=True))]

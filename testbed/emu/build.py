@@ -242,7 +242,7 @@ def _build(emu: Emulation) -> None:
         for dev in (w.a, w.b):  # egress towards that DC
             for cmd in htb_commands(dev, rate, rtt, netem):
                 be.run(wan, cmd)
-        if emu.delay == "nfqueue" and link.latency_ms > 0:
+        if emu.delay == "nfqueue" and max([link.latency_ms, *(p.latency_ms for p in link.trace or [])]) > 0:
             start_delayline(emu, wan, w.a, w.b, link.latency_ms)
     be.start()
 
@@ -252,7 +252,8 @@ def start_delayline(emu: Emulation, wan: Node, a: str, b: str, latency_ms: float
     be = emu.backend
     stats = state.run_dir(emu.prefix) / f"{wan.name}.delay.json"
     log = open(state.run_dir(emu.prefix) / f"{wan.name}.delay.log", "w")  # noqa: SIM115 (owned by the child)
-    p = be.spawn(wan, "testbed.emu.delayline", ["--stats-file", str(stats), f"0:{latency_ms}", f"1:{latency_ms}"],
+    args = ["--stats-file", str(stats), "--control", delay_control(emu, wan.name), f"0:{latency_ms}", f"1:{latency_ms}"]
+    p = be.spawn(wan, "testbed.emu.delayline", args,
                  stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
     emu.delaylines[wan.name] = p
     emu.save()
@@ -262,6 +263,11 @@ def start_delayline(emu: Emulation, wan: Node, a: str, b: str, latency_ms: float
     for qnum, (src, dst) in enumerate(((a, b), (b, a))):
         be.run(wan, ["iptables", "-t", "mangle", "-A", "FORWARD", "-i", src, "-o", dst, "-j", "NFQUEUE",
                      "--queue-num", str(qnum)])
+
+
+def delay_control(emu: Emulation, wan: str) -> str:
+    """The delay line's control socket in WAN node `wan` (its delays change live: testbed/emu/wanchange.py)."""
+    return str(state.run_dir(emu.prefix) / f"{wan}.delay.sock")
 
 
 def _readline(p: subprocess.Popen, timeout: float) -> str:

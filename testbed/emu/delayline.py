@@ -4,13 +4,22 @@ Runs inside a WAN namespace: iptables sends each direction's forwarded packets t
 this process holds each packet's id until its deadline, then accepts every id up to the newest due
 one with a single batch verdict (valid because a queue's delay is constant, so packets leave in
 arrival order). Only metadata is copied (COPY_META) and GSO skbs are queued whole, which keeps a
-2-vCPU VM transparent at 100-200 Mbit/s with MTU 9000 (see FEASIBILITY.md section 3). Pure
+2-vCPU VM transparent at 100-200 Mbit/s with MTU 9000 (bench/link_fidelity.py, docs/emulation.md). Pure
 Python: the PyPI NetfilterQueue binding has no GSO flag and measured 51-62 Mbit/s at 100 Mbit/s.
+
+A queue's delay can change while it runs (a WAN that changes, testbed/emu/wanchange.py): `--control PATH` binds a
+Unix datagram socket that takes JSON `{"delays_ms": {"QNUM": DELAY_MS, ...}}` and `{"hold": true|false}`.
+A new delay applies to packets that arrive from then on; a packet never leaves before one that arrived earlier
+(a shorter delay drains the queue in order, as a real path would), so the batch verdict stays valid.
+A hold is a link that is down: packets already on their way arrive, packets that come while it holds wait, and
+leave one delay after it lets go (nothing is dropped, so TCP does not back off; it stops when its window is
+full). Each hold is recorded (`holds` in the stats file: when it began, when its first packet came, when it
+ended, how many packets waited) on the monotonic clock every namespace shares.
 
 No fail-open flag and no --queue-bypass: if this process dies, the link stops instead of silently
 losing its delay. Packet ids are 32-bit; at 10k packets/s they wrap after about 5 days (not handled).
 
-Usage: python -m testbed.emu.delayline [--stats-file F] QNUM:DELAY_MS [QNUM:DELAY_MS ...]
+Usage: python -m testbed.emu.delayline [--stats-file F] [--control PATH] QNUM:DELAY_MS [QNUM:DELAY_MS ...]
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ SO_TIMESTAMP = 29  # SO_TIMESTAMP_OLD: Python's socket module does not export it
 MAXLEN = 200_000
 EARLY_GAIN = 0.05  # how fast the release learns its lateness (an exponential average over ~20 wake-ups)
 MAX_EARLY_S = 2e-3
+HELD = float("inf")  # the deadline of a packet that came while the line holds (the link is down)
 
 
 def _attr(atype: int, payload: bytes) -> bytes:
@@ -57,12 +67,16 @@ class Queue:
         self.line, self.qnum, self.delay = line, qnum, delay_s
         self.pending: collections.deque[tuple[float, int]] = collections.deque()
         self.packets = 0
-        self.stamped = 0  # packets whose kernel arrival time came with them
-        self.inbound_sum = 0.0  # kernel arrival -> this process: what the timestamps take out of the delay
         self.lag_sum = 0.0
         self.lag_max = 0.0
         self.released = 0
+        self.stamped = 0  # packets whose kernel arrival time came with them
+        self.inbound_sum = 0.0  # kernel arrival -> this process: what the timestamps take out of the delay
         self.early = 0.0  # release this much before a deadline: the wake-up lateness this process has seen
+        self.last = 0.0  # the latest deadline given: packets leave in arrival order
+        self.changes = 0
+        self.held = 0  # packets waiting in the current hold
+        self.first_held = None
 
     def msg(self, mtype: int, payload: bytes, flags: int = NLM_F_REQUEST) -> bytes:
         self.line.seq += 1
@@ -110,17 +124,20 @@ class DelayLine:
         self.sock.bind((0, 0))
         self.sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 64 * 2**20)
         self.sock.setsockopt(SOL_NETLINK, NETLINK_NO_ENOBUFS, 1)
+        self.seq = 0
+        self.queues = {q: Queue(self, q, d) for q, d in specs.items()}
+        for q in self.queues.values():
+            q.bind()
         # A socket that asks for receive timestamps turns on the kernel's timestamping of every received packet
         # (a global switch), so NFQUEUE tells us when each packet arrived: its delay then runs from there, not
         # from when this process got round to reading it (0.1 ms idle, milliseconds on a busy machine).
         self.stamper = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.stamper.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMP, 1)
-        self.seq = 0
-        self.queues = {q: Queue(self, q, d) for q, d in specs.items()}
-        for q in self.queues.values():
-            q.bind()
         self.sock.setblocking(False)
         self.running = True
+        self.bad_control = 0
+        self.hold_since: float | None = None
+        self.holds: list[dict] = []
 
     def config(self, q: Queue, payload: bytes) -> None:
         self.sock.send(q.msg(NFQNL_MSG_CONFIG, payload, NLM_F_REQUEST | NLM_F_ACK))
@@ -137,7 +154,7 @@ class DelayLine:
     def dispatch(self, data: bytes) -> None:
         """Parse netlink messages; queue each packet id with its deadline: its kernel arrival time (or, without a
         timestamp, now) plus the queue's delay. Deadlines never go backwards in a queue (the batch verdict
-        releases in arrival order)."""
+        releases in arrival order); while the line holds (the link is down) packets wait for the release."""
         off, n, now = 0, len(data), time.monotonic()
         real_to_mono = now - time.time()
         unpack = struct.unpack_from
@@ -161,10 +178,17 @@ class DelayLine:
                         q.inbound_sum += now - arrived
                     a += (alen + 3) & ~3
                 if q is not None and pid is not None:
-                    deadline = arrived + q.delay
-                    if q.pending and deadline < q.pending[-1][0]:
-                        deadline = q.pending[-1][0]
-                    q.pending.append((deadline, pid))
+                    due = arrived + q.delay
+                    if self.hold_since is not None:  # the link is down: it waits for the release
+                        due = HELD
+                        q.held += 1
+                        if q.first_held is None:
+                            q.first_held = now
+                    elif due < q.last:
+                        due = q.last  # the delay was shortened, or packets came out of order: keep arrival order
+                    else:
+                        q.last = due
+                    q.pending.append((due, pid))
                     q.packets += 1
             off += (ln + 3) & ~3
 
@@ -172,14 +196,45 @@ class DelayLine:
         t = os.times()
         return {"pid": os.getpid(), "cpu_s": t.user + t.system, "wall": time.monotonic(),
                 "queues": {q.qnum: {"delay_ms": q.delay * 1e3, "packets": q.packets, "pending": len(q.pending),
-                                    "stamped": q.stamped, "inbound_avg_us": q.inbound_sum / max(q.stamped, 1) * 1e6,
+                                    "changes": q.changes, "stamped": q.stamped,
+                                    "inbound_avg_us": q.inbound_sum / max(q.stamped, 1) * 1e6,
                                     "lag_avg_us": q.lag_sum / max(q.released, 1) * 1e6, "early_us": q.early * 1e6,
-                                    "lag_max_us": q.lag_max * 1e6} for q in self.queues.values()}}
+                                    "lag_max_us": q.lag_max * 1e6} for q in self.queues.values()},
+                "holds": self.holds, "holding_since": self.hold_since}
 
-    def run(self, stats_file: str | None) -> None:
+    def control(self, data: bytes) -> None:
+        """{"delays_ms": {"QNUM": DELAY_MS}} and/or {"hold": bool}. A malformed datagram is ignored (and counted)."""
+        try:
+            msg = json.loads(data)
+            for q, ms in msg.get("delays_ms", {}).items():
+                d = float(ms)
+                if int(q) in self.queues and 0 <= d <= 10_000:
+                    self.queues[int(q)].delay = d / 1e3
+                    self.queues[int(q)].changes += 1
+            if "hold" in msg:
+                self.set_hold(bool(msg["hold"]))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            self.bad_control += 1
+
+    def set_hold(self, on: bool) -> None:
+        now = time.monotonic()
+        if on and self.hold_since is None:
+            self.hold_since = now
+        elif not on and self.hold_since is not None:
+            for q in self.queues.values():  # held packets enter the wire now, in order, behind the others
+                due = max(now + q.delay, q.last)
+                q.pending = collections.deque((due if d == HELD else d, i) for d, i in q.pending)
+                q.last = due
+                self.holds.append({"queue": q.qnum, "from": self.hold_since, "first": q.first_held, "to": now,
+                                   "packets": q.held})
+                q.held, q.first_held = 0, None
+            self.hold_since = None
+
+    def run(self, stats_file: str | None, ctl: socket.socket | None = None) -> None:
         buf = bytearray(256 * 1024)
         mv = memoryview(buf)
         fd = self.sock.fileno()
+        fds = [fd] + ([ctl.fileno()] if ctl is not None else [])
         qs = list(self.queues.values())
         next_stats = time.monotonic()
         while self.running:
@@ -191,12 +246,16 @@ class DelayLine:
                 if q.pending and q.pending[0][0] - q.early - now < wait:
                     wait, next_q = q.pending[0][0] - q.early - now, q
             try:
-                ready, _, _ = select.select([fd], [], [], max(wait, 0.0))  # select: microsecond timeout
+                ready, _, _ = select.select(fds, [], [], max(wait, 0.0))  # select: microsecond timeout
             except InterruptedError:
                 continue
             if not ready and next_q is not None:
                 next_q.woke(time.monotonic() - now - max(wait, 0.0))
-            if ready:
+            if ctl is not None and ctl.fileno() in ready:
+                with contextlib.suppress(BlockingIOError, InterruptedError):
+                    self.control(ctl.recv(65536))
+                    next_stats = now  # the orchestrator reads a hold's record from the stats file
+            if fd in ready:
                 while True:
                     try:
                         nb = self.sock.recv_into(buf)
@@ -208,6 +267,7 @@ class DelayLine:
             if stats_file and now >= next_stats:
                 next_stats = now + 1.0
                 _write_json(stats_file, self.stats())
+        self.set_hold(False)
         for q in qs:
             q.release(float("inf"))
             q.unbind()
@@ -236,14 +296,25 @@ def parse_specs(args: list[str]) -> dict[int, float]:
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    stats_file = None
+    stats_file = ctl_path = None
     if "--stats-file" in argv:
         i = argv.index("--stats-file")
         stats_file = argv[i + 1]
         del argv[i : i + 2]
+    if "--control" in argv:
+        i = argv.index("--control")
+        ctl_path = argv[i + 1]
+        del argv[i : i + 2]
     line = DelayLine(parse_specs(argv))
     with contextlib.suppress(OSError):  # the emulated link itself: ahead of the workload on a busy machine
         os.nice(-10)
+    ctl = None
+    if ctl_path:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(ctl_path)
+        ctl = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        ctl.bind(ctl_path)
+        ctl.setblocking(False)
 
     def stop(*_: object) -> None:
         line.running = False
@@ -251,7 +322,13 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     print("ready", flush=True)
-    line.run(stats_file)
+    try:
+        line.run(stats_file, ctl)
+    finally:
+        if ctl is not None:
+            ctl.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(ctl_path)  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

@@ -11,66 +11,17 @@ from testbed.errors import NotYetError, SpecError
 from testbed.plan.build import build_plan, resolve_dp
 from testbed.results import fmt
 from testbed.sim.executor import simulate
-from testbed.sim.run import RunResult, lower_bound_s
+from testbed.sim.linkchange import WanSchedule, union_length
+from testbed.sim.run import RunResult, WanRecord, lower_bound_s, simulate_changing_run, stall_rows
 from testbed.spec.experiment import Experiment
 from testbed.spec.topology import Topology
 
 VALIDATED = ("iteration_s", "gpu_util", "bubble_frac")
-
-
-def prefill_plan(plan, tl_sim, exp: Experiment):
-    """BubbleTea's plan for an emulated run: the simulator's scheduler on the bubbles the plan predicts,
-    turned into per-worker, per-iteration jobs (offsets from the iteration's start)."""
-    from testbed.bubbletea.run import run_bubbletea
-
-    T = tl_sim.iteration_s[0]
-    res = run_bubbletea(plan, tl_sim.repeated(exp.iterations), exp.bubbletea, exp.seed)
-    guard = exp.bubbletea.guard_ms / 1e3
-    ends: dict[str, list[float]] = {}
-    for b in res.bubbles:
-        ends.setdefault(b.gpu, []).append(b.end_s)
-    jobs: dict[str, dict[str, list]] = {}
-    for pl in res.placements:
-        for a, b, _tok in pl.intervals:
-            k = min(int(a // T), exp.iterations - 1)
-            bubble_end = min(e for e in ends[pl.gpu] if e >= b - 1e-9)
-            latest = bubble_end - guard - (b - a)  # a late job may still start here and clear the bubble
-            jobs.setdefault(pl.gpu, {}).setdefault(str(k), []).append(
-                [pl.request.request_id, a - k * T, b - a, latest - k * T])
-    return res, jobs, T
-
-
-def emulated_requests(res, ran: list, durations: list[float], T: float, slo_s: float) -> tuple[list, dict]:
-    """TTFT on the emulated clock: a request is served when every one of its chunks ran; otherwise
-    the fallback pool serves it in its prefill time, as in the simulator."""
-    from testbed.bubbletea.run import serving_metrics
-
-    starts = [sum(durations[:k]) for k in range(len(durations))]
-
-    def emu_time(t_sim: float) -> float:
-        k = min(int(t_sim // T), len(durations) - 1)
-        return starts[k] + t_sim - k * T
-
-    done: dict[int, list] = {}
-    for rid, _w, k, a, b in ran:
-        done.setdefault(rid, []).append((starts[k] + a, starts[k] + b))
-    rows, ttft, served = [], [], []
-    for pl in res.placements:
-        q = pl.request
-        arrival = emu_time(q.arrival_s)
-        chunks = done.get(q.request_id, [])
-        ok = not pl.fallback and len(chunks) == len(pl.intervals)
-        start, end = (min(a for a, _ in chunks), max(b for _, b in chunks)) if ok else (arrival,
-                                                                                       arrival + pl.fallback_s)
-        if ok:
-            served.append(q.prompt_tokens)
-        ttft.append((end - arrival) * 1e3)
-        rows.append((q.request_id, arrival, q.prompt_tokens, pl.gpu if ok else "fallback", pl.dc, start, end,
-                     end - arrival, len(chunks), int(ok)))
-    return rows, serving_metrics(ttft, served, len(rows), sum(durations), slo_s * 1e3)
+BUBBLETEA_VALIDATED = ("served_in_bubbles", "prefill_util")
 
 
 LOSS_HEADER = ("run_id", "scheduler", "iteration", "loss")
+CPU_PREFILL_HEADER = ("run_id", "model", "tokens", "cached", "measured_s", "held_out_predicted_s", "rel_error")
 FLOWS_HEADER = ("run_id", "scheduler", "link", "towards", "replica", "iteration", "t_s", "wire_bytes", "scale",
                 "link_gbps")
 VALIDATION_HEADER = ("run_id", "scheduler", "metric", "sim", "emu", "rel_error", "degraded")  # (sim - emu) / emu
@@ -84,6 +35,70 @@ def as_emulated(topo: Topology, scale: float) -> Topology:
         w = emulated_window(topo.window_mb(link) * 2**20, scale) * scale / 2**20
         links.append(link.model_copy(update={"tcp_window_mb": w}))
     return topo.model_copy(update={"links": links})
+
+
+def opened_connections(exp: Experiment, scheduler: str, wan: WanSchedule) -> dict[tuple[str, str], int]:
+    """Per WAN hop, the most connections any iteration's plan stripes over on a changing WAN: the workers open
+    them all at the start, and each iteration uses as many as its plan says."""
+    from testbed.plan.build import transfer_connections
+    from testbed.plan.mechanisms import parse_scheduler
+
+    mech, topo, out = parse_scheduler(scheduler), exp.topology, {}
+    for link in topo.links:
+        states = wan.links.get(tuple(link.between), ([], []))[1]  # type: ignore[arg-type]
+        rates = [(link.gbps * 1e9 / 8, link.latency_ms / 1e3)] + [(st.capacity_bps, st.latency_s) for st in states]
+        n = max(transfer_connections(exp, mech, c, topo.window_mb(link) * 2**20, 2 * lat) for c, lat in rates)
+        a, b = link.between
+        out[(a, b)] = out[(b, a)] = n
+    return out
+
+
+def changing_run(exp: Experiment, plan, sched: str, dp: int, emu, scale: float, progress, capture: bool,
+                 wan: WanSchedule):
+    """An emulated run on a WAN that changes, and the simulator's run of it; returns (emulated run, the
+    simulated timeline, events, the simulator's record, the emulator's record)."""
+    from testbed.emu.wanchange import LiveWan
+    from testbed.plan.build import build_plan
+    from testbed.sim.linkchange import Pair
+
+    def replan(t: float):
+        at = exp.model_copy(update={"topology": wan.topology_at(exp.topology, t)})
+        p = build_plan(at, sched, run_id=plan.run_id, dp=dp)
+        p.scale = scale
+        return p
+
+    hops: list[Pair] = []
+    for row in plan.stage_dc:
+        for a, b in zip(row, row[1:], strict=False):
+            if a != b and (a, b) not in hops and (b, a) not in hops:
+                hops.append((a, b))
+    live = LiveWan(emu, wan, scale, hops)
+    try:
+        run = run_training(plan, emu, exp.iterations, progress, exp.emulation.compute, None, None, capture=capture,
+                           live=live, replan=replan, conns=opened_connections(exp, sched, wan))
+    finally:
+        live.close()
+    durations = run.timeline.iteration_s
+    starts = run.starts
+    rates, changes, stalls = live.report(plan.run_id, starts, durations)
+    rec = WanRecord(rates, changes, [], stalls)
+    clock = [sum(durations[:k]) for k in range(len(durations))]
+    for k, (c, d, st) in enumerate(zip(clock, durations, stall_rows(stalls, durations), strict=True)):
+        rec.iterations.append((plan.run_id, "emu", sched, k, fmt(c, 6), fmt(d, 6), st))
+    _, tl_sim, events, sim_rec = simulate_changing_run(exp, sched, plan.run_id, dp, wan, scale)
+    return run, tl_sim, events, sim_rec, rec
+
+
+def changed_iterations(wan: WanSchedule, runs: list[list[float]]) -> tuple[int, int]:
+    """The first and last iteration, in any of `runs` (iteration lengths), that a change after time 0 falls in."""
+    found = []
+    for durations in runs:
+        t = 0.0
+        for k, d in enumerate(durations):
+            if any(t <= c[0] < t + d for c in wan.changes):
+                found.append(k)
+            t += d
+    return (min(found), max(found)) if found else (0, -1)
 
 
 def check_emulable(exp: Experiment) -> None:
@@ -127,8 +142,9 @@ def preflight(points: list[tuple[Experiment, dict]]) -> None:
 
 
 def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: bool = False, on_up=None
-              ) -> tuple[list[RunResult], list[tuple], list[tuple], list[tuple]]:
+              ) -> tuple[list[RunResult], list[tuple], list[tuple], list[tuple], list[tuple]]:
     """Emulated runs (and, for modeled compute, the simulator's rows and the validation) of one point.
+    The fifth list: with BubbleTea and real compute, the prefill model fitted to this CPU, pass by pass.
     The flows are HTB class counters (FLOWS_HEADER), or with `capture` a packet capture's flows.csv rows
     (testbed.analysis.flows.FLOWS_HEADER). `on_up(emu)` runs once the network is up, before any training
     (e.g. to measure the links)."""
@@ -140,13 +156,23 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
     validation: list[tuple] = []
     losses: list[tuple] = []
     flows: list[tuple] = []
+    cpu_rows: list[tuple] = []
+    durations: dict[str, list[float]] = {}
+    cpu = None
     emu = up(exp.topology, backend=em.backend, prefix=em.prefix, scale=scale, delay=em.delay,
              lan_gpus_per_host=exp.workload.tp, slow_start_after_idle=exp.network.tcp_slow_start_after_idle,
              congestion_control=exp.network.tcp_congestion_control)
+    wan = WanSchedule.from_topology(same.topology)
     try:
         if on_up is not None:
             on_up(emu)
         for sched in exp.schedulers:
+            if wan is not None:
+                plan = build_plan(same, sched, run_id=f"p{index:02d}-{sched}", dp=dp)
+                plan.scale = scale
+                results += _changing_point(same, plan, sched, dp, emu, scale, progress, capture, wan, sweep,
+                                           validation, flows)
+                continue
             plan = build_plan(same, sched, run_id=f"p{index:02d}-{sched}", dp=dp)
             plan.scale = scale
             torch_cfg = None
@@ -155,11 +181,21 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
                 from testbed.emu.train import torch_config
 
                 torch_cfg = torch_config(plan, resolve_model(exp.workload.model, exp.workload.seq_len), em.lr)
-            bt_res, jobs, T = None, None, 0.0
+            svc, reqs = None, []
             if plan.mech.bubbletea:
-                bt_res, jobs, T = prefill_plan(plan, simulate(plan)[0], exp)
-            run = run_training(plan, emu, exp.iterations, progress, em.compute, torch_cfg, jobs, capture=capture)
+                from testbed.emu.bubbletea import DECODE_TOKENS, calibrate_cpu, service_config
+
+                if em.compute == "torch" and cpu is None:
+                    cpu = calibrate_cpu(exp.bubbletea.model)
+                    cpu_rows = [(plan.run_id, exp.bubbletea.model, *r[:2], fmt(r[2], 6), fmt(r[3], 6), round(r[4], 4))
+                                for r in cpu.rows]
+                T = simulate(plan)[0].iteration_s[0]  # (real compute runs at the CPU's pace: ask for plenty)
+                horizon = 2.0 * max(1, exp.iterations - 1) * T if em.compute == "modeled" else 600.0
+                svc, reqs = service_config(plan, exp, horizon, cpu.calibration if cpu else None)
+                svc["decode_tokens"] = DECODE_TOKENS
+            run = run_training(plan, emu, exp.iterations, progress, em.compute, torch_cfg, svc, capture=capture)
             flows += run.captured
+            durations[sched] = run.timeline.iteration_s[1:] or run.timeline.iteration_s
             for k, loss in enumerate(run.losses):
                 losses.append((plan.run_id, sched, k, round(loss, 6)))
             for it, t, link, dev, r, sent in run.flows:
@@ -169,32 +205,95 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
             tl_emu = run.timeline.steady()
             lb = lower_bound_s(plan)
             bt_metrics, req_rows = None, []
-            if bt_res is not None:
-                reqs, bt_metrics = emulated_requests(bt_res, run.prefill_ran, run.timeline.iteration_s, T,
-                                                     exp.bubbletea.ttft_slo_ms / 1e3)
-                req_rows = [(plan.run_id, "emu", *r[:3], *r[3:5], *(fmt(x, 6) for x in r[5:8]), *r[8:], "", "", "")
-                            for r in reqs]
+            if svc is not None:
+                bt_metrics, req_rows = _emulated_requests(plan, exp, svc, reqs, run, em.compute == "torch")
             results.append(RunResult(summary_row(plan, tl_emu, lb, sweep, bt_metrics, degraded=note), tl_emu, 0,
                                      req_rows))
             if em.compute != "modeled":
                 continue  # real compute on this CPU: the cost model's GPU times do not apply
             tl_sim, events = simulate(plan)
-            if bt_res is not None:  # the prediction includes the prefill the plan expects to serve
-                row_sim = summary_row(plan, bt_res.timeline, lb, sweep, {**bt_res.metrics, "train_slowdown": 0.0})
+            steady = max(1, exp.iterations - 1)
+            sim_reqs: list[tuple] = []
+            if svc is not None:  # the prediction: the simulator's BubbleTea on the same trace and steady horizon
+                from testbed.bubbletea.run import request_rows, run_bubbletea, train_mfu
+                from testbed.costs.prefill import inference_model, kv_bytes_per_token
+
+                res = run_bubbletea(plan, tl_sim.repeated(steady), exp.bubbletea, exp.seed,
+                                    train_mfu(exp.workload.mfu, plan.tp))
+                row_sim = summary_row(plan, res.timeline, lb, sweep, {**res.metrics, "train_slowdown": 0.0})
+                tl_pred = res.timeline
+                sim_reqs = list(request_rows(plan.run_id, "sim", res.placements,
+                                             kv_bytes_per_token(inference_model(exp.bubbletea.model))))
             else:
-                row_sim = summary_row(plan, tl_sim.repeated(len(tl_emu.iteration_s)), lb, sweep)
+                tl_pred = tl_sim.repeated(steady)
+                row_sim = summary_row(plan, tl_pred, lb, sweep)
             row_emu = results[-1].summary
-            tl_pred = bt_res.timeline if bt_res is not None else tl_sim.repeated(exp.iterations)  # with its prefill
-            results.insert(-1, RunResult(row_sim, tl_pred, events))
-            for m in VALIDATED:
+            results.insert(-1, RunResult(row_sim, tl_pred, events, sim_reqs))
+            for m in VALIDATED + (BUBBLETEA_VALIDATED if svc is not None else ()):
                 a, b = float(row_sim[m]), float(row_emu[m])
                 validation.append((plan.run_id, sched, m, a, b, round((a - b) / b, 6) if b else "", note))
     finally:
         down(emu)
-    base = {r.summary["scheduler"]: r.summary["iteration_s"] for r in results if r.summary["source"] == "emu"}
+    if wan is not None:
+        add_speedups([r.summary for r in results])
+        return results, validation, losses, flows, cpu_rows
+    from testbed.emu.bubbletea import slowdown
+
     for r in results:
         name = str(r.summary["scheduler"])
-        if r.summary["source"] == "emu" and name.endswith("+bubbletea") and name[:-10] in base:
-            r.summary["train_slowdown"] = round(float(r.summary["iteration_s"]) / float(base[name[:-10]]) - 1, 6)
+        if r.summary["source"] == "emu" and name.endswith("+bubbletea") and name[:-10] in durations:
+            med, p25, p75 = slowdown(durations[name], durations[name[:-10]])
+            r.summary.update(train_slowdown=round(med, 6), train_slowdown_p25=round(p25, 6),
+                             train_slowdown_p75=round(p75, 6))
     add_speedups([r.summary for r in results])
-    return results, validation, losses, flows
+    return results, validation, losses, flows, cpu_rows
+
+
+def _emulated_requests(plan, exp: Experiment, svc: dict, reqs: list, run, real_compute: bool
+                       ) -> tuple[dict, list[tuple]]:
+    """The emulated run's serving metrics and requests.csv rows, from what its BubbleTea service recorded."""
+    from testbed.costs.prefill import inference_model, kv_bytes_per_token
+    from testbed.emu.bubbletea import served_requests
+
+    homes = {int(r[0]): r[4] for r in svc["requests"]}
+    rows, metrics = served_requests(plan, exp, reqs, homes, run.bubbletea, run.starts, run.timeline.iteration_s,
+                                    real_compute)
+    kv = kv_bytes_per_token(inference_model(exp.bubbletea.model))
+    out = []
+    for rid, arrival, tokens, gpu, dc, start, end, chunks, in_bubble, home, kv_ready, queue in rows:
+        out.append((plan.run_id, "emu", rid, fmt(arrival, 6), tokens, gpu, dc, fmt(start, 6), fmt(end, 6),
+                    fmt(end - arrival, 6), chunks, in_bubble, home, int(kv * tokens),
+                    fmt(kv_ready, 6) if kv_ready != "" else "", fmt(queue, 6)))
+    return metrics, out
+
+
+def _changing_point(exp: Experiment, plan, sched: str, dp: int, emu, scale: float, progress, capture: bool,
+                    wan: WanSchedule, sweep: dict, validation: list, flows: list) -> list[RunResult]:
+    """The emulated and simulated rows of one scheduler on a changing WAN, and the validation of each
+    iteration's time (the first, with TCP's slow start, is left out of the summary as usual)."""
+    if exp.emulation.compute != "modeled":
+        raise NotYetError("a changing WAN with torch compute: use compute: modeled")
+    run, tl_sim, events, sim_rec, emu_rec = changing_run(exp, plan, sched, dp, emu, scale, progress, capture, wan)
+    flows += run.captured
+    for it, t, link, dev, r, sent in run.flows:
+        flows.append((plan.run_id, sched, link, dev, r, it, fmt(t, 6), sent, scale))
+    lb = lower_bound_s(plan)
+    tl_emu, tl_s = run.timeline.steady(), tl_sim.steady()
+    skip = sum(run.timeline.iteration_s) - sum(tl_emu.iteration_s)  # the steady rows start after iteration 0
+    skip_sim = sum(tl_sim.iteration_s) - sum(tl_s.iteration_s)
+    row_emu = summary_row(plan, tl_emu, lb, sweep, degraded=run.degraded)
+    row_emu["wan_stall_s"] = round(union_length(emu_rec.stalls, skip), 6)
+    row_sim = summary_row(plan, tl_s, lb, sweep)
+    row_sim["wan_stall_s"] = round(union_length(sim_rec.stalls, skip_sim), 9)
+    for m in VALIDATED:
+        a, b = float(row_sim[m]), float(row_emu[m])
+        validation.append((plan.run_id, sched, m, a, b, round((a - b) / b, 6) if b else "", run.degraded))
+    for k, (a, b) in enumerate(zip(tl_sim.iteration_s, run.timeline.iteration_s, strict=True)):
+        validation.append((plan.run_id, sched, f"iteration_s@{k}", round(a, 6), round(b, 6), round((a - b) / b, 6),
+                           run.degraded))
+    lo, hi = changed_iterations(wan, [tl_sim.iteration_s, run.timeline.iteration_s])
+    if lo <= hi:  # the iterations the changes fall in, in either engine: where their iteration boundaries fall
+        a, b = sum(tl_sim.iteration_s[lo:hi + 1]), sum(run.timeline.iteration_s[lo:hi + 1])  # may differ
+        validation.append((plan.run_id, sched, f"iteration_s@{lo}-{hi}", round(a, 6), round(b, 6),
+                           round((a - b) / b, 6), run.degraded))
+    return [RunResult(row_sim, tl_sim, events, wan=sim_rec), RunResult(row_emu, run.timeline, 0, wan=emu_rec)]

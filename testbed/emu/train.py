@@ -37,9 +37,13 @@ def sidecar_socket(emu: Emulation, a: str, b: str) -> str:
     return str(state.run_dir(emu.prefix) / f"sidecar-{emu.addr.wan(a, b).ns}.sock")
 
 
-def worker_configs(plan: Plan, emu: Emulation, compute: str = "modeled", torch_cfg: dict[int, dict] | None = None
-                   ) -> dict[tuple[int, int], WorkerConfig]:
-    """Each group's lowered program and where its peers listen, on the host the program names."""
+def worker_configs(plan: Plan, emu: Emulation, compute: str = "modeled", torch_cfg: dict[int, dict] | None = None,
+                   conns: dict[tuple[str, str], int] | None = None) -> dict[tuple[int, int], WorkerConfig]:
+    """Each group's lowered program and where its peers listen, on the host the program names. `conns`: the
+    connections to open per WAN hop when a changing WAN makes later iterations stripe over more (wanchange.py)."""
+    if conns:
+        plan = dataclasses.replace(plan, links={k: dataclasses.replace(lp, connections=max(lp.connections, conns[k]))
+                                                for k, lp in plan.links.items()})
     programs = lower(plan)
     problems = dry_run(programs)
     if problems:
@@ -55,7 +59,8 @@ def worker_configs(plan: Plan, emu: Emulation, compute: str = "modeled", torch_c
                     if q.flow_class is not None and q.wan and plan.links[q.wan].temporal}
         cfgs[(p.stage, p.replica)] = WorkerConfig(
             program=p, ip=host[g].ip, peers={x: where[x] for x in sorted(peers)}, scale=plan.scale, compute=compute,
-            dp=plan.dp, host_index=host[g].index, sidecars=sidecars, torch=(torch_cfg or {}).get(p.stage))
+            dp=plan.dp, host_index=host[g].index, sidecars=sidecars, torch=(torch_cfg or {}).get(p.stage),
+            optimizer_s=plan.optimizer_s[p.replica][p.stage] if plan.optimizer_s else 0.0)
     return cfgs
 
 
@@ -243,18 +248,20 @@ def torch_config(plan: Plan, exp_model, lr: float) -> dict[int, dict]:
     from testbed.costs.stage import split_layers
 
     m = exp_model
+    layers = plan.layers or split_layers(m.layers, plan.pp)  # the plan's split (balanced by GPU speed)
     return {s: {"layers": n, "hidden": m.hidden, "heads": m.heads, "vocab": m.vocab, "seq": m.seq_len,
-                "micro": plan.microbatch_size, "lr": lr} for s, n in enumerate(split_layers(m.layers, plan.pp))}
+                "micro": plan.microbatch_size, "lr": lr} for s, n in enumerate(layers)}
 
 
-def start_bubbletea(emu: Emulation, jobs: dict[str, dict[str, list]]) -> tuple[subprocess.Popen, str, str]:
+def start_bubbletea(emu: Emulation, service: dict) -> tuple[subprocess.Popen, str, str]:
+    """The BubbleTea service (testbed/runtime/bubbletea_service.py) with its configuration."""
     rdir = state.run_dir(emu.prefix) / "bubbletea"  # the service's own directory: it may run unprivileged
     rdir.mkdir(exist_ok=True)
     gid, uid = run_gid(emu.backend), worker_uid(emu.backend)
     secure_dir(rdir, gid, uid)
     sock, results = str(rdir / "bubbletea.sock"), str(rdir / "bubbletea-results.json")
     path = rdir / "bubbletea.json"
-    path.write_text(json.dumps({"socket": sock, "results": results, "jobs": jobs, "gid": gid, "peer_uids": [uid]}))
+    path.write_text(json.dumps({**service, "socket": sock, "results": results, "gid": gid, "peer_uids": [uid]}))
     log = open(rdir / "bubbletea.log", "w")  # noqa: SIM115 (owned by the child)
     p = emu.backend.spawn(None, "testbed.runtime.bubbletea_service", [str(path)],
                           stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
@@ -264,6 +271,29 @@ def start_bubbletea(emu: Emulation, jobs: dict[str, dict[str, list]]) -> tuple[s
     return p, sock, results
 
 
+def start_decoders(plan: Plan, emu: Emulation, sock: str, model: str, steps: int
+                   ) -> tuple[list[subprocess.Popen], dict[str, Endpoint]]:
+    """One decode process per DC (testbed/runtime/decode.py) on the DC's first host: KV caches cross the
+    emulated WAN to it. Returns the processes and each DC's address."""
+    from testbed.emu.bubbletea import DECODE_PORT
+
+    rdir = state.run_dir(emu.prefix)
+    procs, where = [], {}
+    for dc in plan.dcs_used():
+        h = next(h for h in emu.addr.hosts if h.dc == dc)
+        path = rdir / f"decode-{dc}.json"
+        path.write_text(json.dumps({"ip": h.ip, "port": DECODE_PORT, "service": sock, "model": model,
+                                    "decode_tokens": steps, "dc": dc}))
+        log = open(rdir / f"decode-{dc}.log", "w")  # noqa: SIM115 (owned by the child)
+        p = emu.backend.spawn(emu.node(h.ns), "testbed.runtime.decode", [str(path)], stdout=subprocess.PIPE,
+                              stderr=log, text=True, start_new_session=True)
+        procs.append(p)
+        if p.stdout.readline().strip() != "ready":  # type: ignore[union-attr]
+            raise EmuError(f"the decode process in {dc} did not start")
+        where[dc] = Endpoint(h.ip, DECODE_PORT)
+    return procs, where
+
+
 @dataclass
 class TrainingRun:
     """What one emulated run produced besides its timeline."""
@@ -271,10 +301,11 @@ class TrainingRun:
     timeline: Timeline
     degraded: str = ""  # why the run did not run as planned (a lost sidecar or BubbleTea service)
     losses: list[float] = field(default_factory=list)  # per iteration, torch compute only
-    prefill_ran: list[list] = field(default_factory=list)  # [request, worker, iteration, start, end]
+    bubbletea: dict = field(default_factory=dict)  # what the BubbleTea service recorded (its results file)
     flows: list[tuple] = field(default_factory=list)  # (iteration, t_s on the timeline, link, towards, replica, bytes)
     captured: list[tuple] = field(default_factory=list)  # flows.csv rows of a packet capture (run's timeline clock)
     capture_summary: str = ""
+    starts: list[float] = field(default_factory=list)  # each iteration's monotonic start
 
 
 def capture_rows(plan: Plan, emu: Emulation, cfgs: dict, res, starts: list[float], durations: list[float]
@@ -298,12 +329,15 @@ def capture_rows(plan: Plan, emu: Emulation, cfgs: dict, res, starts: list[float
 
 
 def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, compute: str = "modeled",
-                 torch_cfg: dict[int, dict] | None = None, prefill_jobs: dict | None = None,
-                 capture: bool = False) -> TrainingRun:
+                 torch_cfg: dict[int, dict] | None = None, bubbletea: dict | None = None,
+                 capture: bool = False, live=None, replan=None, conns: dict | None = None) -> TrainingRun:
     """Run `iterations` iterations of `plan` on `emu`; return the emulated timeline (barrier gaps removed).
+    `bubbletea`: the BubbleTea service's configuration (testbed/emu/bubbletea.py), to serve prefill.
     `capture`: packet headers on every WAN link for the whole run (testbed/emu/capture.py) instead of the
-    HTB class counters of one iteration."""
-    cfgs = worker_configs(plan, emu, compute, torch_cfg)
+    HTB class counters of one iteration. On a changing WAN, `live` (wanchange.LiveWan) applies the link
+    schedule, `replan(clock)` gives each iteration's plan (its programs go out with the iteration's go) and
+    `conns` the connections to open per WAN hop."""
+    cfgs = worker_configs(plan, emu, compute, torch_cfg, conns)
     rdir = state.run_dir(emu.prefix)
     ctl = Controller(str(rdir / "ctl.sock"), len(cfgs), run_gid(emu.backend), worker_uid(emu.backend))
     procs: list[subprocess.Popen] = []
@@ -311,7 +345,8 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
     sidecars: list[subprocess.Popen] = []
     hops: dict[tuple[str, str], dict[str, dict[str, int]]] = {}  # link -> dev -> replica -> class minor
     service, service_results = None, None
-    prefill_ran: list = []
+    decoders: list[subprocess.Popen] = []
+    bt_results: dict = {}
     degraded = ""
     cap = None
     try:
@@ -319,9 +354,15 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
         if any(q.flow_class is not None for c in cfgs.values() for q in c.program.pipes):
             classify_replicas(plan, emu, hops, cfgs)
             sidecars = start_sidecars(plan, emu, hops)
-        if prefill_jobs is not None:
-            service, sock, service_results = start_bubbletea(emu, prefill_jobs)
-            cfgs = {k: dataclasses.replace(c, bubbletea=sock) for k, c in cfgs.items()}
+        if bubbletea is not None:
+            from testbed.runtime.config import PrefillConfig
+
+            service, sock, service_results = start_bubbletea(emu, bubbletea)
+            where: dict[str, Endpoint] = {}
+            if compute == "torch":
+                decoders, where = start_decoders(plan, emu, sock, bubbletea["model"], bubbletea["decode_tokens"])
+            pf = PrefillConfig(bubbletea["model"], bubbletea["layers"], where)
+            cfgs = {k: dataclasses.replace(c, bubbletea=sock, prefill=pf) for k, c in cfgs.items()}
         for (s, r), cfg in cfgs.items():
             path = rdir / f"worker-s{s}r{r}.json"
             path.write_text(cfg.to_json())
@@ -341,13 +382,28 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
             from testbed.emu.capture import Capture
 
             cap = Capture(emu, seconds=ITERATION_TIMEOUT * iterations).start()
+        if live is not None:
+            live.sidecar_paths.update({frozenset(link): sidecar_socket(emu, *link) for link in hops
+                                       if plan.links[link].temporal})
+            live.fair_classes.update({frozenset(link): {dev: tuple(ms.values()) for dev, ms in devs.items()}
+                                      for link, devs in hops.items() if not plan.links[link].temporal})
+            live.prepare()
         for it in range(iterations):
             t_start = time.monotonic() + 0.05
             starts.append(t_start)
-            ctl.broadcast({"go": it, "t": t_start})
+            if live is not None:
+                live.begin(it, t_start, sum(durations))
+            if replan is not None:
+                programs = lower(replan(sum(durations)))
+                for (s, r), c in ctl.conns.items():
+                    send_ctrl(c, {"go": it, "t": t_start, "program": json.loads(programs[group_name(s, r)].to_json())})
+            else:
+                ctl.broadcast({"go": it, "t": t_start})
             with sampler if it == min(1, iterations - 1) else contextlib.nullcontext():  # one steady iteration
                 done = ctl.expect("done", procs, ITERATION_TIMEOUT)
-            end = max((iv[3] for d in done.values() for iv in d["log"] if iv[0] != "prefill"), default=t_start)
+            if live is not None:
+                live.end()
+            end = max((iv[3] for d in done.values() for iv in d["log"]), default=t_start)  # prefill included
             degraded = degraded or next((d["degraded"] for d in done.values() if d.get("degraded")), "")
             it_losses = [d["loss"] for d in done.values() if d.get("loss") is not None]
             if it_losses:
@@ -360,6 +416,8 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
             durations.append(end - t_start)
             if progress:
                 progress()
+        if decoders:
+            time.sleep(1.0)  # the last KV caches reach their decode processes before the workers exit
         ctl.broadcast({"stop": True})
         for p in procs:
             try:
@@ -372,7 +430,7 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
             if p.poll() is None:
                 p.kill()
                 p.wait()
-        for p in [*sidecars, *([service] if service else [])]:
+        for p in [*sidecars, *decoders, *([service] if service else [])]:
             p.terminate()
             try:
                 p.wait(5)
@@ -382,10 +440,10 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
         ctl.close()
     if service_results and os.path.exists(service_results):
         with open(service_results) as f:
-            prefill_ran = json.load(f)["ran"]
+            bt_results = json.load(f)
     ivs = intervals + group_gaps(intervals, durations)
     run = TrainingRun(Timeline(plan.run_id, "emu", sort_intervals(ivs), durations, plan.pp * plan.dp), degraded,
-                      losses, prefill_ran)
+                      losses, bt_results, starts=starts)
     if cap_res is not None:
         run.captured, run.capture_summary = capture_rows(plan, emu, cfgs, cap_res, starts, durations), cap_res.summary()
     k = min(1, iterations - 1)

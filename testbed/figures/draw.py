@@ -14,7 +14,7 @@ import pandas as pd
 
 from testbed import columns as reg
 from testbed.analysis.sweep import axes, short_names, with_sweep_columns
-from testbed.figures import gantt, sweep, training
+from testbed.figures import bubbletea, gantt, sweep, training
 
 LINE_METRICS = ("iteration_s", "tokens_per_s_per_gpu", "gpu_util", "speedup_vs_best")  # each drawn if present
 SERVING_METRICS = ("served_in_bubbles", "prefill_util", "ttft_p50_ms", "ttft_p99_ms", "slo_attainment")
@@ -41,6 +41,15 @@ def draw_all(folder: Path, out: Path, notes: list[str] | None = None) -> list[Pa
         for sub in sorted(p for p in folder.iterdir() if (p / "summary.csv").exists()):
             paths += draw_all(sub, out / sub.name, notes)
     paths += _captured(folder, out, notes)
+    rfile = folder / "linkrates.csv"
+    if rfile.exists() and (folder / "linkchanges.csv").exists():  # a WAN that changes
+        from testbed.figures.wan import link_throughput
+
+        rates, changes = pd.read_csv(rfile), pd.read_csv(folder / "linkchanges.csv")
+        ifile = folder / "iterations.csv"
+        its = pd.read_csv(ifile) if ifile.exists() else None
+        for run_id in list(dict.fromkeys(rates.run_id))[:8]:
+            paths.append(link_throughput(rates, changes, its, run_id, out / f"wan_throughput_{run_id}.png"))
     sfile = folder / "summary.csv"
     if not sfile.exists():
         return paths
@@ -124,8 +133,14 @@ def _serving(folder: Path, df: pd.DataFrame, keys: list[str], out: Path, notes: 
         return []
     paths = []
     by = ["scheduler", "source"] if "source" in df else ["scheduler"]
+    kfile = folder / "knee.csv"
+    knees = pd.read_csv(kfile) if kfile.exists() else pd.DataFrame()
+    bt = df[pd.to_numeric(df.request_rate, errors="coerce").notna()]
     if pd.to_numeric(df.request_rate, errors="coerce").groupby([df[c] for c in by]).nunique().max() > 1:
         paths.append(training.util_vs_rate(df, out / "util_vs_rate.png"))  # the sweep changed the offered load
+        for source, d in bt.groupby("source", sort=False) if "source" in bt else [("sim", bt)]:
+            k = knees[knees.source == source] if len(knees) else knees
+            paths.append(bubbletea.load_sweep(d, k, out / f"load_sweep_{source}.png"))  # with the knee
     rfile = folder / "requests.csv"
     if not rfile.exists():
         notes.append("TTFT CDF: no requests.csv")
@@ -136,6 +151,16 @@ def _serving(folder: Path, df: pd.DataFrame, keys: list[str], out: Path, notes: 
         return paths
     slo = _spec_value(folder, ("bubbletea", "ttft_slo_ms"))
     paths.append(training.ttft_cdfs(reqs, df, keys, out / "ttft_cdf.png", slo))
+    runs: list[str] = []  # bubble- vs pool-served: at the knee and the next offered rate above it
+    for _, k in knees.iterrows():
+        d = bt[(bt.scheduler == k.scheduler) & (bt.source == k.source)] if "source" in bt else bt
+        for rate in (k.knee_request_rate, k.next_request_rate):
+            if pd.notna(rate):
+                runs += list(d[(pd.to_numeric(d.request_rate) - float(rate)).abs() < 1e-6].run_id)
+    runs = list(dict.fromkeys(runs)) or list(bt.run_id[bt.run_id.astype(str).str.startswith("p00-")])
+    for src, r in reqs[reqs.run_id.isin(runs)].groupby("source", sort=False):
+        title = f"TTFT ({src}): bubbles vs pool" + (", at the knee and just past it" if len(knees) else "")
+        paths.append(bubbletea.ttft_cdf(r, out / f"ttft_cdf_bubble_pool_{src}.png", slo, title))
     return paths
 
 
@@ -223,8 +248,12 @@ def _gantts(folder: Path, df: pd.DataFrame, keys: list[str], out: Path, notes: l
         notes.append(f"Gantt charts: drawn for the first sweep point only ({len(pick)} of {len(runs)} runs)")
     ndcs = dict(zip(df.run_id, df.dcs.astype(str).str.count(r"\|") + 1, strict=False)) if "dcs" in df else {}
     r0 = tl[tl.replica == 0].groupby("run_id").dc.nunique()
-    return [gantt.gantt(tl, r, out / f"gantt_{r}.png", allreduce_over_wan=ndcs.get(r, 1) > r0.get(r, 1))
-            for r in pick]
+    paths = [gantt.gantt(tl, r, out / f"gantt_{r}.png", allreduce_over_wan=ndcs.get(r, 1) > r0.get(r, 1))
+             for r in pick]
+    for r in tl[tl.kind == "prefill"].run_id.unique():  # one iteration with prefill, simulated and emulated
+        if r in pick:
+            paths.append(bubbletea.gantt_pair(tl, r, out / f"gantt_prefill_{r}.png"))
+    return paths
 
 
 def _spec_value(folder: Path, path: tuple[str, ...]) -> float | None:

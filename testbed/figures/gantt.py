@@ -18,8 +18,9 @@ import pandas as pd
 
 from testbed.figures.style import KIND_COLOURS, plt, save
 
-COMPUTE_KINDS = ("fwd", "bwd", "allreduce", "prefill")
-KIND_NAMES = {"fwd": "forward", "bwd": "backward", "allreduce": "gradient all-reduce", "prefill": "prefill (BubbleTea)"}
+COMPUTE_KINDS = ("fwd", "bwd", "allreduce", "optimizer", "prefill")
+KIND_NAMES = {"fwd": "forward", "bwd": "backward", "allreduce": "gradient all-reduce", "optimizer": "optimizer step",
+              "prefill": "prefill (BubbleTea)"}
 
 
 def with_peers(tl: pd.DataFrame) -> pd.DataFrame:

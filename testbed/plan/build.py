@@ -6,23 +6,25 @@ import math
 
 from testbed.costs.gpus import GPUS
 from testbed.costs.models import ModelConfig, resolve_model
-from testbed.costs.stage import stage_costs
+from testbed.costs.stage import in_flight, layer_costs
 from testbed.costs.tcp import connections_for
 from testbed.errors import SpecError
+from testbed.plan.layers import stage_layers
 from testbed.plan.mechanisms import Mechanisms, parse_scheduler
 from testbed.plan.placement import place
 from testbed.plan.plan import IntraDC, LinkPlan, Plan
 from testbed.plan.schedules import build_schedule
 from testbed.spec.experiment import Experiment
+from testbed.spec.topology import Topology
 
 # (stage, microbatch) pairs per iteration, each a forward and a backward the simulator runs for every
-# replica: 250,000 holds a 100,000-GPU job (global batch 16k, pp 16) and takes minutes per scheduler;
-# beyond it a run would look like a hang
+# replica it cannot prove symmetric: 250,000 holds a 100,000-GPU job (global batch 16k, pp 16), which
+# takes seconds per scheduler (docs/simulator-speed.md); the bound keeps any accepted job to minutes
 MAX_STAGE_MICROBATCHES = 250_000
 
 
 def check_workload(exp: Experiment, model: ModelConfig) -> None:
-    w, topo = exp.workload, exp.topology
+    w = exp.workload
     if w.pp > model.layers:
         raise SpecError("workload.pp", f"{w.pp} stages for a {model.layers}-layer model", f"use pp <= {model.layers}")
     seqs = w.global_batch // w.microbatch
@@ -33,10 +35,9 @@ def check_workload(exp: Experiment, model: ModelConfig) -> None:
     if model.heads % w.tp:
         raise SpecError("workload.tp", f"tp={w.tp} does not divide the model's {model.heads} heads",
                         "use a tp that divides the number of heads")
-    for d in topo.dcs:
-        if d.gpus_per_node % w.tp:
-            raise SpecError("workload.tp", f"tp={w.tp} does not divide DC {d.name}'s {d.gpus_per_node} GPUs per node",
-                            "keep each TP group inside one node: use a divisor of gpus_per_node")
+    if model.kv_heads % w.tp:
+        raise SpecError("workload.tp", f"tp={w.tp} does not divide the model's {model.kv_heads} key/value heads",
+                        "use a tp that divides the number of key/value heads (Megatron shards them too)")
     if w.global_batch % w.microbatch:
         raise SpecError("workload.global_batch", f"{w.global_batch} is not a multiple of microbatch={w.microbatch}",
                         "make global_batch a multiple of microbatch")
@@ -55,6 +56,14 @@ def divisors_desc(n: int, limit: int) -> list[int]:
     return [d for d in large + small[::-1] if d <= limit]
 
 
+def check_nodes(topo: Topology, tp: int, dcs: set[str]) -> None:
+    """Each TP group stays inside one node (NVLink) of every DC that runs a stage."""
+    for d in topo.dcs:
+        if d.name in dcs and d.gpus_per_node % tp:
+            raise SpecError("workload.tp", f"tp={tp} does not divide DC {d.name}'s {d.gpus_per_node} GPUs per node",
+                            "keep each TP group inside one node: use a divisor of gpus_per_node")
+
+
 def _dp_candidates(exp: Experiment) -> list[int]:
     """DP degrees that divide the batch, largest first; never more replicas than the GPUs can hold."""
     w = exp.workload
@@ -71,11 +80,11 @@ def resolve_dp(exp: Experiment) -> int:
             raise SpecError("workload.dp", f"dp={w.dp} does not divide {seqs} microbatch-sized sequences per batch",
                             "pick a dp dividing global_batch/microbatch, or dp: auto")
         return int(w.dp)
-    mechs = [parse_scheduler(s) for s in exp.schedulers]
+    pins = [(m, pinned_chain(exp, m)) for m in (parse_scheduler(s) for s in exp.schedulers)]
     for dp in _dp_candidates(exp):
         try:
-            for m in mechs:
-                place(m.placement, exp.topology, w.pp, w.tp, dp)
+            for m, (order, counts) in pins:
+                place(m.placement, exp.topology, w.pp, w.tp, dp, order, counts)
             return dp
         except SpecError:
             continue
@@ -92,17 +101,39 @@ def boundary_connections(mech: Mechanisms, tp: int, net) -> int:
     return 1 if mech.transport == "one" else tp * net.nccl_channels_per_peer * net.nccl_sockets
 
 
+def pinned_chain(exp: Experiment, mech: Mechanisms) -> tuple[list[str] | None, list[int] | None]:
+    """`workload.stages_per_dc` as (DC order, stages per DC), for pipeline placements; (None, None) if unset."""
+    w = exp.workload
+    if not w.stages_per_dc or mech.placement == "dp-wan":
+        return None, None
+    names = [d.name for d in exp.topology.dcs]
+    for d in w.stages_per_dc:
+        if d not in names:
+            raise SpecError("workload.stages_per_dc", f"unknown DC {d!r}",
+                            f"use DCs of the topology: {', '.join(names)}")
+    if sum(w.stages_per_dc.values()) != w.pp:
+        raise SpecError("workload.stages_per_dc", f"{sum(w.stages_per_dc.values())} stages but pp={w.pp}",
+                        "make the stage counts add up to workload.pp")
+    return list(w.stages_per_dc), list(w.stages_per_dc.values())
+
+
+def transfer_connections(exp: Experiment, mech: Mechanisms, capacity_bps: float, window_bytes: float,
+                         rtt_s: float) -> int:
+    """Connections one stage boundary's transfers use on a link of this capacity, window and RTT."""
+    base = boundary_connections(mech, exp.workload.tp, exp.network)
+    if mech.multi_tcp:
+        return max(base, connections_for(capacity_bps, window_bytes, rtt_s, exp.network.max_tcp_connections))
+    return base
+
+
 def link_plans(exp: Experiment, mech: Mechanisms) -> dict[tuple[str, str], LinkPlan]:
     """Both directions of every WAN link, with the connections one stage boundary's transfers use."""
     topo, out = exp.topology, {}
-    base = boundary_connections(mech, exp.workload.tp, exp.network)
     for link in topo.links:
         cap = link.gbps * 1e9 / 8
         lat = link.latency_ms / 1e3
         win = topo.window_mb(link) * 2**20
-        n = base
-        if mech.multi_tcp:
-            n = max(base, connections_for(cap, win, 2 * lat, exp.network.max_tcp_connections))
+        n = transfer_connections(exp, mech, cap, win, 2 * lat)
         a, b = link.between
         for src, dst in ((a, b), (b, a)):
             out[(src, dst)] = LinkPlan(src, dst, cap, lat, win, n, mech.temporal)
@@ -123,25 +154,36 @@ def stagger_offsets(row: list[str], act_bytes: list[float], links: dict, dp: int
     return [(r // group) * turn for r in range(dp)]
 
 
-def latency_warmup(row: list[str], costs: list, links: dict, m: int, schedule: str,
-                   gpu_mem_gb: list[float], dp: int = 1) -> list[int]:
+def wan_round_trips(row: list[str], act_bytes: list[float], links: dict, dp: int = 1) -> list[float]:
+    """Per stage boundary k -> k+1: the activation there and its gradient back over the WAN (one way each:
+    latency + transfer at the rate a transfer gets when the dp replicas crossing the hop share it,
+    min(C / dp, n W / RTT), whether they share it side by side or take turns); 0 inside a DC."""
+    out = []
+    for k in range(len(row) - 1):
+        rt = 0.0
+        if row[k] != row[k + 1]:
+            for lp in (links[(row[k], row[k + 1])], links[(row[k + 1], row[k])]):
+                rt += lp.latency_s + act_bytes[k] / min(lp.capacity_bps / dp, lp.transfer_cap_bps)
+        out.append(rt)
+    return out
+
+
+def latency_warmup(fb_s: list[float], round_trips: list[float], free_gb: list[float], act_gb: list[float], m: int,
+                   schedule: str) -> list[int]:
     """Extra 1F1B warm-up per stage: enough microbatches to cover the WAN round trips downstream of
-    the stage (one activation and one gradient per hop: latency + transfer at the rate a transfer gets
-    when the dp replicas crossing the hop share it, min(C / dp, n W / RTT), whether they share it side by
-    side or take turns), as many as the GPU's free memory allows, never increasing along the pipeline."""
-    pp = len(row)
+    the stage (`round_trips`, one per stage boundary), as many as the GPU's free memory allows, and
+    never increasing along the pipeline. `fb_s` is a stage's forward plus backward per microbatch."""
+    pp = len(fb_s)
     if schedule != "1f1b":
         return [0] * pp
+    downstream = [0.0] * pp  # WAN round trips from stage s to the end
+    for s in range(pp - 2, -1, -1):
+        downstream[s] = downstream[s + 1] + round_trips[s]
     extra, prev = [], m
     for s in range(pp):
-        rt = 0.0
-        for k in range(s, pp - 1):
-            if row[k] != row[k + 1]:
-                for lp in (links[(row[k], row[k + 1])], links[(row[k + 1], row[k])]):
-                    rt += lp.latency_s + costs[k].act_bytes / min(lp.capacity_bps / dp, lp.transfer_cap_bps)
-        want = math.ceil(rt / (costs[s].fwd_s + costs[s].bwd_s)) if rt else 0
-        free = gpu_mem_gb[s] - costs[s].mem_gb
-        fits = int(free // costs[s].act_gb_per_microbatch) if costs[s].act_gb_per_microbatch > 0 else want
+        rt = downstream[s]
+        want = math.ceil(rt / fb_s[s]) if rt else 0
+        fits = int(free_gb[s] // act_gb[s]) if act_gb[s] > 0 else want
         e = max(0, min(want, fits, prev, m))
         extra.append(e)
         prev = e
@@ -149,9 +191,11 @@ def latency_warmup(row: list[str], costs: list, links: dict, m: int, schedule: s
 
 
 def build_plan(
-    exp: Experiment, scheduler: str, run_id: str = "run", dp: int | None = None, order: list[str] | None = None
+    exp: Experiment, scheduler: str, run_id: str = "run", dp: int | None = None, order: list[str] | None = None,
+    counts: list[int] | None = None,
 ) -> Plan:
-    """`order` pins the pipeline's DC chain (DC selection); by default the scheduler's placement decides."""
+    """`order` pins the pipeline's DC chain and `counts` its stages per DC (DC selection); by default the
+    scheduler's placement decides."""
     mech = parse_scheduler(scheduler)
     w, topo = exp.workload, exp.topology
     model = resolve_model(w.model, w.seq_len)
@@ -161,15 +205,21 @@ def build_plan(
     if m < 1:
         raise SpecError("workload.global_batch", f"{w.global_batch} sequences cannot feed dp={dp} replicas",
                         "raise global_batch or lower dp")
-    stage_dc = place(mech.placement, topo, w.pp, w.tp, dp, order)
-
-    by_gpu = {}
-    for d in {dc for row in stage_dc for dc in row}:
-        g = topo.dc(d).gpu
-        if g not in by_gpu:
-            by_gpu[g] = stage_costs(model, g, pp=w.pp, tp=w.tp, dp=dp, microbatch=w.microbatch, microbatches=m,
-                                    mfu=w.mfu, recompute=w.recompute, schedule=w.schedule,
-                                    distributed_optimizer=w.distributed_optimizer)
+    if order is None:
+        order, counts = pinned_chain(exp, mech)
+    stage_dc = place(mech.placement, topo, w.pp, w.tp, dp, order, counts)
+    gpu_of = {d: topo.dc(d).gpu for row in stage_dc for d in row}
+    check_nodes(topo, w.tp, set(gpu_of))
+    per_gpu = {g: layer_costs(model, g, tp=w.tp, dp=dp, microbatch=w.microbatch, mfu=w.mfu, recompute=w.recompute,
+                              distributed_optimizer=w.distributed_optimizer, sequence_parallel=w.sequence_parallel)
+               for g in sorted(set(gpu_of.values()))}
+    stage_gpus = [sorted({gpu_of[row[s]] for row in stage_dc}) for s in range(w.pp)]
+    # dp-wan keeps the even split: its iteration is bound by each stage's gradient all-reduce over the WAN,
+    # which balancing compute would make larger on the embedding's stage
+    split = "even" if mech.placement == "dp-wan" else w.layer_split
+    layers, _ = stage_layers(model.layers, [[per_gpu[g] for g in gs] for gs in stage_gpus], m, w.schedule, split)
+    by_gpu = {g: [c.stage(n, s == 0, s == w.pp - 1, in_flight(s, w.pp, m, w.schedule)) for s, n in enumerate(layers)]
+              for g, c in per_gpu.items()}
     for r_row in stage_dc:
         for s, d in enumerate(r_row):
             g = topo.dc(d).gpu
@@ -178,13 +228,18 @@ def build_plan(
                 raise SpecError(
                     "workload",
                     f"stage {s} needs {need:.0f} GB per {g} GPU (it has {GPUS[g].memory_gb:.0f} GB)",
-                    "raise tp or pp, set recompute: full, or lower microbatch",
+                    "raise tp or pp, set sequence_parallel: true or recompute: full, or lower microbatch",
                 )
     costs = [[by_gpu[topo.dc(d).gpu][s] for s, d in enumerate(row)] for row in stage_dc]
     ref = costs[0]
     links = link_plans(exp, mech)
-    gpu_mem = [GPUS[topo.dc(d).gpu].memory_gb for d in stage_dc[0]]
-    extra = latency_warmup(stage_dc[0], ref, links, m, w.schedule, gpu_mem, dp) if mech.warmup else [0] * w.pp
+    if mech.warmup:
+        free = [GPUS[topo.dc(d).gpu].memory_gb - c.mem_gb for d, c in zip(stage_dc[0], ref, strict=True)]
+        trips = wan_round_trips(stage_dc[0], [c.act_bytes for c in ref], links, dp)
+        extra = latency_warmup([c.fwd_s + c.bwd_s for c in ref], trips, free, [c.act_gb_per_microbatch for c in ref],
+                               m, w.schedule)
+    else:
+        extra = [0] * w.pp
     mem = [max(costs[r][s].mem_gb + extra[s] * costs[r][s].act_gb_per_microbatch for r in range(dp))
            for s in range(w.pp)]
 
@@ -218,6 +273,8 @@ def build_plan(
         turn_order=list(range(dp)),
         nccl_sockets=exp.network.nccl_sockets,
         hosts={d.name: d.hosts for d in topo.dcs},
+        layers=layers,
+        optimizer_s=[[c.optimizer_s for c in row] for row in costs],
     )
     plan.turn_policy = turn_policy(exp.network.turn_order, plan)
     return plan

@@ -84,6 +84,13 @@ def lower_group(plan: Plan, s: int, r: int, reduce: AllReduce | None = None) -> 
                    tuple(steps), pipes)
 
 
+def program_shape(plan: Plan, s: int, r: int) -> tuple:
+    """What group (s, r)'s steps depend on besides r itself: groups of one stage with equal shapes have
+    the same steps, their peers being the neighbouring stages of their own replica (lower_group). The
+    simulator lowers one group per shape and shares its steps (tests/test_lower.py checks this)."""
+    return (s, plan.fwd_s[r][s], plan.bwd_s[r][s])
+
+
 def lower(plan: Plan, replicas: Iterable[int] | None = None) -> dict[str, Program]:
     """Programs of every group of `replicas` (default: all), in (replica, stage) order."""
     reps = range(plan.dp) if replicas is None else replicas

@@ -16,11 +16,21 @@ def dcs_by_free_gpus(topo: Topology) -> list[str]:
     return [d.name for d in sorted(topo.dcs, key=lambda d: -d.gpus)]
 
 
-def chain_stages(order: list[str], topo: Topology, pp: int, tp: int, dp: int, *, even: bool) -> list[str]:
-    """Stage -> DC: consecutive stages per DC, each stage's tp*dp GPUs inside one DC."""
+def chain_stages(order: list[str], topo: Topology, pp: int, tp: int, dp: int, *, even: bool,
+                 counts: list[int] | None = None) -> list[str]:
+    """Stage -> DC: consecutive stages per DC, each stage's tp*dp GPUs inside one DC. `counts` pins
+    how many stages each DC of `order` runs (the planner's choice)."""
     per_stage = tp * dp
     caps = [topo.dc(n).gpus // per_stage for n in order]
-    if even:
+    if counts is not None:
+        if len(counts) != len(order) or sum(counts) != pp:
+            raise SpecError("plan", f"stage counts {counts} do not give {pp} stages over {len(order)} DCs",
+                            "give one count per DC, summing to pp")
+        for name, c, cap in zip(order, counts, caps, strict=True):
+            if c > cap:
+                raise SpecError("plan", f"DC {name} fits {cap} stages of {per_stage} GPUs, not {c}",
+                                "lower the stage count, dp or tp")
+    elif even:
         share = math.ceil(pp / len(order))
         counts = [min(share, pp - share * i) for i in range(len(order))]
         counts = [max(c, 0) for c in counts]
@@ -53,7 +63,8 @@ def chain_stages(order: list[str], topo: Topology, pp: int, tp: int, dp: int, *,
     return stages
 
 
-def place(kind: Placement, topo: Topology, pp: int, tp: int, dp: int, order: list[str] | None = None) -> StageDC:
+def place(kind: Placement, topo: Topology, pp: int, tp: int, dp: int, order: list[str] | None = None,
+          counts: list[int] | None = None) -> StageDC:
     if kind == "dp-wan":
         per_replica = tp * pp
         out: StageDC = []
@@ -76,5 +87,5 @@ def place(kind: Placement, topo: Topology, pp: int, tp: int, dp: int, order: lis
         return out
     if order is None:
         order = dcs_by_free_gpus(topo) if kind == "atlas" else [d.name for d in topo.dcs]
-    stages = chain_stages(order, topo, pp, tp, dp, even=(kind == "pp-even"))
+    stages = chain_stages(order, topo, pp, tp, dp, even=(kind == "pp-even"), counts=counts)
     return [list(stages) for _ in range(dp)]

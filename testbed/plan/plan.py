@@ -75,6 +75,8 @@ class Plan:
     scale: float = 1.0  # emulation scale factor k (bytes and rates divided by k); 1 in the simulator
     ideal_wan: bool = False  # lower-bound run: WAN transfers cost what intra-DC ones do
     meta: dict[str, object] = field(default_factory=dict)
+    layers: list[int] = field(default_factory=list)  # [stage] -> transformer layers it holds
+    optimizer_s: list[list[float]] = field(default_factory=list)  # [replica][stage] AdamW step after the all-reduce
 
     @property
     def gpus(self) -> int:

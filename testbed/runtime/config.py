@@ -18,6 +18,16 @@ class Endpoint:
 
 
 @dataclass(frozen=True)
+class PrefillConfig:
+    """BubbleTea's inference model on this worker: its name and layers (a job pauses at layer boundaries),
+    and, with real compute, the decode process of each DC that finished KV caches go to."""
+
+    model: str
+    layers: int
+    decode: dict[str, Endpoint]
+
+
+@dataclass(frozen=True)
 class WorkerConfig:
     program: Program
     ip: str  # the address this worker listens on (its emulated host's)
@@ -28,7 +38,9 @@ class WorkerConfig:
     host_index: int  # the host's index in its DC (torch on GPUs: its pinned device)
     sidecars: dict[str, str]  # peer group -> the Atlas sidecar's socket for the pipe to it (temporal sharing)
     torch: dict | None = None  # the real model's shape and optimizer for `compute: torch`
+    optimizer_s: float = 0.0  # the cost model's AdamW step after the all-reduce (modeled compute waits it)
     bubbletea: str | None = None  # the BubbleTea service's socket
+    prefill: PrefillConfig | None = None  # with `bubbletea`: what its jobs run
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -41,7 +53,10 @@ class WorkerConfig:
             d = json.loads(text)
             program = program_from_dict(d.pop("program"))
             peers = {str(k): Endpoint(str(v["ip"]), int(v["port"])) for k, v in d.pop("peers").items()}
-            cfg = cls(program=program, peers=peers, **d)
+            pf = d.pop("prefill", None)
+            prefill = None if pf is None else PrefillConfig(str(pf["model"]), int(pf["layers"]), {
+                str(k): Endpoint(str(v["ip"]), int(v["port"])) for k, v in pf["decode"].items()})
+            cfg = cls(program=program, peers=peers, prefill=prefill, **d)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ProgramError(f"malformed worker config: {e}") from None
         if cfg.compute not in ("modeled", "torch") or cfg.scale <= 0 or cfg.dp < 1:

@@ -23,8 +23,13 @@ to the next replica while the tail was still queued, which a packet capture show
 each millisecond). An end may take effect `drain_s` later still (0 by default); a finished transfer that
 keeps its priority for a while costs nothing, as HTB only lends to classes with packets queued.
 
+When the link changes (testbed/emu/wanchange.py), the orchestrator tells the sidecar its new rate: every class
+gets the new ceiling (and a guaranteed rate of 1/100 of it) at once, and keeps its turn; a link that is down
+has the smallest rate HTB allows. The turn order itself does not depend on the rate.
+
 Control protocol (a Unix socket, length-prefixed JSON, see wire.py), fire-and-forget:
   {"op": "start", "dev": DEV, "replica": R, "mb": I, "kind": "a"|"g", "id": ID}   {"op": "end", "id": ID}
+  {"op": "link", "link_bps": BITS_PER_S}
 A transfer's issue time is the order its start notice arrived in.
 A malformed message closes that client's connection; the sidecar keeps serving the others.
 
@@ -43,7 +48,7 @@ from collections import defaultdict
 
 from testbed.plan.turns import TURN_KEYS
 from testbed.runtime.ctlserver import serve_frames
-from testbed.runtime.htb import ClassChanger
+from testbed.runtime.htb import MIN_RATE_BPS, ClassChanger
 from testbed.runtime.wire import ProtocolError
 
 IDLE_PRIO = 7
@@ -90,6 +95,16 @@ class Sidecar:
                 self.issued += 1
                 self.active[dev][tid] = (self.key(mb, self.turn.get(r, r), kind, self.issued), r)
                 self.apply(dev, msg.get("t"))
+        elif op == "link":
+            bps = float(msg["link_bps"])
+            if not bps > 0:
+                raise ProtocolError(f"bad link rate {bps}")
+            with self.lock:
+                self.cfg["link_bps"] = max(bps, MIN_RATE_BPS)
+                self.cfg["min_rate_bps"] = max(bps / 100, MIN_RATE_BPS)
+                self.prio.clear()  # every class is set again with the new rates
+                for dev in self.cfg["devs"]:
+                    self.apply(dev)
         elif op == "end":
             tid = str(msg["id"])
             if self.drain_s > 0:

@@ -20,8 +20,9 @@ import sys
 import threading
 import time
 
-from testbed.program import AllReduce, Backward, Exchange, Forward, Recv, Send, exchanges
+from testbed.program import AllReduce, Backward, Exchange, Forward, Recv, Send, exchanges, program_from_dict
 from testbed.runtime.config import WorkerConfig
+from testbed.runtime.prefill import PrefillClient
 from testbed.runtime.wire import DATA, chunk_offset, chunk_sizes, recv_ctrl, send_ctrl
 
 ZEROS = bytes(4 * 2**20)
@@ -214,9 +215,10 @@ class Striped:
             sel.close()
 
     def send(self, kind: bytes, it: int, mb: int, nbytes: int, on_done, sidecar: SidecarClient | None = None,
-             replica: int = 0, payload: memoryview | None = None) -> None:
-        """Stripe one message; `payload` (real bytes) or `nbytes` of zeros (modeled compute)."""
-        n = len(self.socks)
+             replica: int = 0, payload: memoryview | None = None, stripes: int | None = None) -> None:
+        """Stripe one message over the first `stripes` connections (all by default); `payload` (real bytes) or
+        `nbytes` of zeros (modeled compute)."""
+        n = min(stripes or len(self.socks), len(self.socks))
         if payload is not None:
             nbytes = len(payload)
         sizes = chunk_sizes(nbytes, n)
@@ -225,7 +227,7 @@ class Striped:
             sidecar.notice({"op": "start", "replica": replica, "mb": mb, "kind": kind.decode(),
                             "id": transfer_id(replica, kind, it, mb)})
         parts = []
-        for i, (sock, size) in enumerate(zip(self.socks, sizes, strict=True)):
+        for i, (sock, size) in enumerate(zip(self.socks[:n], sizes, strict=True)):
             off = chunk_offset(nbytes, n, i)
             body = [payload[off:off + size]] if payload is not None else _zeros(size)
             parts.append((sock, [memoryview(DATA.pack(kind, it, mb, i, n, size, nbytes, t0)), *body]))
@@ -351,7 +353,7 @@ class Modeled:
             inbox.wait((b"r", it, k))
 
     def step(self) -> None:
-        pass
+        self.wait(self.cfg.optimizer_s)
 
 
 class TorchCompute(Modeled):
@@ -442,75 +444,6 @@ class TorchCompute(Modeled):
     def step(self) -> None:
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-
-
-class Prefill:
-    """This worker's BubbleTea jobs for one iteration, run only while it waits for training input.
-    A job runs once its planned start has come, if it can still start by its latest start (its
-    predicted bubble's end, less the guard band and its duration); otherwise it is skipped and the
-    service counts its request as fallback."""
-
-    def __init__(self, cfg: WorkerConfig) -> None:
-        self.path = cfg.bubbletea
-        self.name = cfg.program.group
-        self.jobs: list[list] = []
-        self.ran: list[list] = []
-        self.degraded = ""
-        self.sock: socket.socket | None = None
-
-    def _ask(self, msg: dict) -> dict:
-        if self.sock is None:
-            self.sock = socket.socket(socket.AF_UNIX)
-            self.sock.settimeout(2.0)
-            self.sock.connect(self.path)
-        send_ctrl(self.sock, msg)
-        return recv_ctrl(self.sock)
-
-    def begin(self, it: int, t_start: float) -> None:
-        self.t0, self.ran, self.jobs = t_start, [], []
-        if not self.path or self.degraded:
-            return
-        try:
-            self.jobs = sorted(self._ask({"op": "jobs", "worker": self.name, "iteration": it})["jobs"],
-                               key=lambda j: j[1])
-        except (OSError, ValueError) as e:
-            self.degraded = f"BubbleTea service unreachable ({e}): no prefill"
-
-    def next_start(self) -> float | None:
-        return self.t0 + self.jobs[0][1] if self.jobs else None
-
-    def run_due(self, rec) -> None:
-        """Run every job whose time has come; drop the ones that can no longer fit."""
-        while self.jobs:
-            rid, off, dur, latest = self.jobs[0]
-            now = time.monotonic()
-            if now < self.t0 + off:
-                return
-            self.jobs.pop(0)
-            if now > self.t0 + latest:
-                continue  # the bubble moved: skip rather than delay training
-            time.sleep(dur)
-            t1 = time.monotonic()
-            rec("prefill", -1, now, t1)
-            self.ran.append([rid, now - self.t0, t1 - self.t0])
-
-    def wait_for(self, inbox: Inbox, key: tuple, rec) -> None:
-        """Wait for training input; run due prefill jobs in the meantime."""
-        while not inbox.arrived(key):
-            self.run_due(rec)
-            nxt = self.next_start()
-            if nxt is None:
-                return
-            if inbox.wait_until(key, nxt):
-                return
-
-    def end(self, it: int) -> None:
-        if not self.path or self.degraded:
-            return
-        try:
-            self._ask({"op": "done", "worker": self.name, "iteration": it, "ran": self.ran})
-        except (OSError, ValueError) as e:
-            self.degraded = f"BubbleTea service lost ({e}): no prefill"
 
 
 def connect(ip: str, port: int, hello: dict, deadline: float, window: int = 0) -> socket.socket:
@@ -658,6 +591,7 @@ def main(cfg_path: str, ctl_path: str) -> None:
     def rec(kind: str, mb: int, t0: float, t1: float, nbytes: float = 0.0) -> None:
         with log_lock:
             log.append([kind, mb, t0, t1, nbytes])
+        bt.busy(kind, t0, t1)  # training ops end BubbleTea's idle windows
 
     def sent(kind_bytes: float, i: int, pending: threading.Semaphore):
         def done(t0: float, t1: float) -> None:
@@ -675,23 +609,24 @@ def main(cfg_path: str, ctl_path: str) -> None:
         return inbox.payload(key) if torch_mode else None
 
     comp = TorchCompute(cfg) if torch_mode else Modeled(cfg)
-    bt = Prefill(cfg)
+    bt = PrefillClient(prog.group, cfg.bubbletea, cfg.compute, cfg.prefill)
     send_ctrl(ctl, {"ready": [s, r]})
     while True:
         msg = recv_ctrl(ctl)
         if "stop" in msg:
             break
         it, t_start = msg["go"], msg["t"]
+        # a changing WAN re-plans each iteration (testbed/emu/wanchange.py): this iteration's program, run over
+        # the connections opened at the start (as many as any iteration needs), striping as its pipes say
+        p_it = program_from_dict(msg["program"]) if "program" in msg else prog
         log.clear()
         comp.losses.clear()
         pending = threading.Semaphore(0)
         sends = 0
         bt.begin(it, t_start)
-        wake = t_start + prog.offset_s
-        if (d := wake - time.monotonic()) > 0:
-            time.sleep(d)
+        bt.wait_until(t_start + p_it.offset_s, rec)  # the replica's stagger, serving prefill meanwhile
         data = out_data = None  # the last message in (for the next compute), the last compute's output
-        for st in prog.steps:
+        for st in p_it.steps:
             t = type(st)
             if t is Recv:
                 data = receive(st, it)
@@ -703,16 +638,18 @@ def main(cfg_path: str, ctl_path: str) -> None:
             elif t is Send:
                 nbytes = max(1, round(st.bytes / cfg.scale))
                 pipes[st.peer].send(st.kind.encode(), it, st.microbatch, nbytes, sent(st.bytes, st.microbatch, pending),
-                                    sidecars.get(st.peer), r, out_data)
+                                    sidecars.get(st.peer), r, out_data, p_it.pipe(st.peer).connections)
                 sends += 1
             else:  # AllReduce
                 t0 = time.monotonic()
                 comp.allreduce(exchanges(st, prog.group), ring, inbox, it)
                 rec("allreduce", -1, t0, time.monotonic(), st.bytes)
+        t0 = time.monotonic()
         comp.step()
+        rec("optimizer", -1, t0, time.monotonic())
         for _ in range(sends):
             pending.acquire()
-        bt.run_due(rec)  # jobs planned after this worker's last training op (the drain bubble)
+        bt.drain(rec)  # jobs planned after this worker's last training op (the drain bubble)
         bt.end(it)
         degraded = [c.degraded for c in sidecars.values() if c.degraded] + ([bt.degraded] if bt.degraded else [])
         with log_lock:

@@ -21,20 +21,48 @@ ring across DCs for dp-wan). The iteration ends when every all-reduce is done.
 Replicas that are provably symmetric (the same placement, costs and start time, on links shared side
 by side) run identical timelines: one of each such class is simulated, standing for the others, and its
 flows count once per replica in the link's sharing. Under temporal sharing replicas take turns, so
-every replica is simulated.
+every replica is simulated, except in the lower-bound run, which uses no WAN link.
+
+A WAN that changes during the iteration (testbed/sim/linkchange.py) re-rates its links at each change; a
+realised iteration (timing noise, BubbleTea's prefill jobs) runs on testbed/sim/realised.py.
+
+Speed (docs/simulator-speed.md): one group is lowered per program shape (plan/lower.py program_shape)
+and its steps compiled to plain tuples shared by every group of that shape. A group's program depends on
+nothing but its messages' arrival times, so each group runs ahead of the event clock until it waits for a
+message not sent yet: compute and transfers inside a DC cost no events. The event loop keeps what groups
+share, at the time a group reaches it: WAN transfers (flows on their link) and the all-reduce. Its
+events sit in per-time buckets under a heap of distinct times; at one time, transfers that end go first,
+then events in the order they were caused (when the compute that issued a transfer started, when a flow's
+rate was set), then in the order they were pushed.
 """
 
 from __future__ import annotations
 
+import gc
 import heapq
 from collections import defaultdict, deque
+from contextlib import contextmanager
 
-from testbed.plan.lower import lower
+from testbed.plan.lower import allreduce, lower_group, program_shape
 from testbed.plan.plan import Plan
 from testbed.plan.turns import TURN_KEYS
-from testbed.program import AllReduce, Forward, Recv, Send
+from testbed.program import AllReduce, Backward, Forward, Recv, Send
+from testbed.sim.linkchange import LiveLinks, WanSchedule
 from testbed.sim.network import Flow, LinkState
-from testbed.timeline import Timeline
+from testbed.timeline import Timeline, group_name
+
+# compiled step opcodes (the first item of a step tuple)
+RECV, SEND, COMPUTE, ALLREDUCE = range(4)
+# event codes (the first item of an event tuple)
+EV_FLOW, EV_SEND, EV_CALL = range(3)
+INF = float("inf")
+
+
+def _order(ev: tuple) -> tuple:
+    """The order of events at one time: transfers that end first (a flow whose last byte leaves now is
+    done, not overtaken by a transfer issued now), then by when each was caused; a stable sort keeps
+    push order after that."""
+    return (ev[0] != EV_FLOW, ev[1])
 
 # The Atlas sidecar learns that a transfer started or ended from the workers' notices: the sender's when it
 # issues the transfer, the receiver's once its last byte has arrived (runtime/sidecar.py), and a notice takes this
@@ -70,8 +98,10 @@ class WindowRounds:
 
 
 def replica_classes(plan: Plan) -> dict[int, list[int]]:
-    """Replica -> the replicas it stands for (itself first). Symmetric replicas share one entry."""
-    if any(lp.temporal for lp in plan.links.values()):
+    """Replica -> the replicas it stands for (itself first). Symmetric replicas share one entry. Under
+    temporal sharing replicas take turns on the WAN, so each is its own class, except in the lower-bound
+    run (`ideal_wan`), where no transfer touches a WAN link."""
+    if not plan.ideal_wan and any(lp.temporal for lp in plan.links.values()):
         return {r: [r] for r in range(plan.dp)}
     classes: dict[tuple, list[int]] = {}
     for r in range(plan.dp):
@@ -80,126 +110,235 @@ def replica_classes(plan: Plan) -> dict[int, list[int]]:
     return {rs[0]: rs for rs in classes.values()}
 
 
+def compile_steps(steps: tuple, s: int, r: int, m: int) -> tuple[tuple, ...]:
+    """Group (s, r)'s steps as tuples the event loop reads without attribute lookups; a message's index
+    in the receiver's arrival flags is its microbatch (activations) or m + its microbatch (gradients).
+    Peers are the neighbouring stages of the same replica, written as +1 or -1 so that groups of one
+    shape share the compiled steps."""
+    peers = {group_name(s + 1, r): 1, group_name(s - 1, r): -1}
+    out: list[tuple] = []
+    for st in steps:
+        t = type(st)
+        if t is Recv:
+            out.append((RECV, st.microbatch if st.kind == "a" else m + st.microbatch))
+        elif t is Send:
+            if st.peer not in peers:
+                raise ValueError(f"{group_name(s, r)} sends to {st.peer}, not a neighbouring stage of its replica")
+            idx = st.microbatch if st.kind == "a" else m + st.microbatch
+            out.append((SEND, peers[st.peer], st.kind, st.microbatch, st.bytes, idx))
+        elif t is Forward or t is Backward:
+            out.append((COMPUTE, st.seconds, "fwd" if t is Forward else "bwd", st.microbatch))
+        elif t is AllReduce:
+            out.append((ALLREDUCE, st))
+        else:
+            raise TypeError(f"{group_name(s, r)}: the simulator does not execute {t.__name__} steps")
+    return tuple(out)
+
+
 class Simulation:
-    def __init__(self, plan: Plan) -> None:
+    event_order = staticmethod(_order)  # the order of events at one time (None: push order)
+
+    def __init__(self, plan: Plan, wan: WanSchedule | None = None, t0: float = 0.0) -> None:
         self.p = plan
-        self.heap: list = []
-        self.seq = 0
+        self.heap: list[float] = []  # the distinct times that have events, a heap
+        self.buckets: dict[float, list[tuple]] = {}  # time -> its events, in push order
         self.now = 0.0
-        self.copies = replica_classes(plan)
+        self.copies = self._classes()
         self.reps = list(self.copies)  # simulated replicas; group g = k * pp + s for replica reps[k]
         self.weight = [len(self.copies[r]) for r in self.reps]
         P, m = plan.pp, plan.microbatches
         n = P * len(self.reps)
-        programs = lower(plan, self.reps)
-        self.steps = [programs[f"s{s}r{r}"].steps for r in self.reps for s in range(P)]  # index g = k * pp + s
-        self.index = {name: k * P + s for k, r in enumerate(self.reps) for s in range(P)
-                      for name in (f"s{s}r{r}",)}
-        self.ptr = [0] * n
-        self.busy = [False] * n
-        self.got_act = [bytearray(m) for _ in range(n)]
-        self.got_grad = [bytearray(m) for _ in range(n)]
+        self.steps = self._compile()  # index g = k * pp + s
+        self.ptr = [0] * n  # each group's next step
+        self.clock = [plan.replica_offset_s[r] for r in self.reps for _ in range(P)]  # when it reached that step
+        self.waits = [-1] * n  # the message a blocked group waits for (-1: none)
+        # when each message reaches its group (INF: not sent yet): [g][microbatch] activations, [g][m + microbatch]
+        # gradients
+        self.arrival = [[INF] * (2 * m) for _ in range(n)]
         self.stage_done = [0] * P
         self.out: list[tuple] = []  # (group, kind, microbatch, start, end, bytes)
         self.links = {
             k: LinkState(lp.capacity_bps, lp.temporal, self._schedule_flow) for k, lp in plan.links.items()
         }
-        self.turn_pos = {r: i for i, r in enumerate(plan.turn_order)}
+        self.lp = dict(plan.links)  # each link as it is now (a changing WAN replaces entries)
+        turn_pos = {r: i for i, r in enumerate(plan.turn_order)}
+        self.turn_rank = [turn_pos[r] for r in self.reps]  # [k]: replica reps[k]'s place in the turn order
         self.turn_key = TURN_KEYS[plan.turn_policy]
+        # per group and direction (2g: to the next stage, 2g+1: to the previous): the WAN link a pipe
+        # crosses ((from DC, to DC), None inside a DC), the DC fabric's bandwidth and latency, and when its
+        # last byte leaves
+        self.pipe_link: list = [None] * (2 * n)
+        self.pipe_bw = [0.0] * (2 * n)
+        self.pipe_lat = [0.0] * (2 * n)
+        self.pipe_free = [0.0] * (2 * n)
+        for k, r in enumerate(self.reps):
+            row = plan.stage_dc[r]
+            for s in range(P):
+                a = row[s]
+                for d, q in ((0, s + 1), (1, s - 1)):
+                    j = 2 * (k * P + s) + d
+                    intra = plan.intra[a]
+                    self.pipe_bw[j], self.pipe_lat[j] = intra.bandwidth_bps, intra.latency_s
+                    if 0 <= q < P and row[q] != a and not plan.ideal_wan:
+                        self.pipe_link[j] = (a, row[q])
         self.pipes: dict[tuple[int, int], deque] = defaultdict(deque)  # (src, dst) -> queued WAN transfers
         self.rounds: dict[tuple[int, int], WindowRounds] = {}  # (src, dst) -> its window's rounds
         # temporal links: (link, replica) -> the turn keys of its transfers the sidecar knows to be in flight
         self.known: dict[tuple, list[tuple]] = defaultdict(list)
-        self.pipe_free: dict[tuple[int, int], float] = {}  # (src, dst) inside a DC -> when its last byte leaves
         self.wan_ar: dict[int, dict] = {}  # stage -> pending cross-DC all-reduce state
         self.events = 0
+        self.wan = LiveLinks(self, wan, t0) if wan is not None else None  # the schedule's clock is t0 + now
+
+    def _classes(self) -> dict[int, list[int]]:
+        return replica_classes(self.p)
+
+    def pending(self) -> bool:
+        """Whether the iteration goes on: events at later times, or groups not at their program's end (the
+        events left at the current time belong to one of those)."""
+        return bool(self.heap) or any(k < len(st) for k, st in zip(self.ptr, self.steps, strict=True))
+
+    def _compile(self) -> list[tuple]:
+        """Each simulated group's compiled steps; groups of one program shape share one lowering."""
+        p = self.p
+        reduces = [allreduce(p, s) if p.dp > 1 else None for s in range(p.pp)]  # shared by the stage's groups
+        shared: dict[tuple, tuple] = {}
+        out = []
+        for r in self.reps:
+            for s in range(p.pp):
+                key = program_shape(p, s, r)
+                if key not in shared:
+                    shared[key] = compile_steps(lower_group(p, s, r, reduces[s]).steps, s, r, p.microbatches)
+                out.append(shared[key])
+        return out
 
     def replica(self, g: int) -> int:
         return self.reps[g // self.p.pp]
 
     # --- event plumbing -------------------------------------------------------------------
+    def _push_event(self, t: float, ev: tuple) -> None:
+        b = self.buckets.get(t)
+        if b is None:
+            self.buckets[t] = [ev]
+            heapq.heappush(self.heap, t)
+        else:
+            b.append(ev)
+
     def push(self, t: float, fn, *args) -> None:
-        self.seq += 1
-        heapq.heappush(self.heap, (t, self.seq, fn, args))
+        """Call fn(*args) at time t (after the events already pushed for t)."""
+        self._push_event(t, (EV_CALL, self.now, fn, args))
 
     def _schedule_flow(self, t: float, flow: Flow, version: int) -> None:
-        self.push(t, self._flow_done, flow, version)
+        self._push_event(t, (EV_FLOW, self.now, flow, version))
 
     def run(self) -> Timeline:
         p = self.p
-        for k, r in enumerate(self.reps):
-            for s in range(p.pp):
-                self.push(p.replica_offset_s[r], self.try_start, k * p.pp + s)
-        heap, pop = self.heap, heapq.heappop
-        while heap:
-            t, _, fn, args = pop(heap)
-            self.now = t
-            fn(*args)
-            self.events += 1
+        if self.wan is not None:
+            self.wan.start()
+        self._drain(list(range(len(self.steps) - 1, -1, -1)))  # every group from its start, group 0 first
+        self._loop()
         if any(self.ptr[g] < len(self.steps[g]) for g in range(len(self.ptr))):
             raise RuntimeError(f"{p.run_id}: simulation deadlocked (a schedule waits on input that never comes)")
         return Timeline.from_sim(p, self.out, self.reps, self.copies)
 
-    # --- compute --------------------------------------------------------------------------
-    def try_start(self, g: int) -> None:
-        """Run g's program until it blocks: on a Recv whose message has not arrived, or on compute."""
-        p = self.p
-        if self.busy[g]:
-            return
-        s, r = g % p.pp, self.reps[g // p.pp]
-        if self.now < p.replica_offset_s[r]:
-            return
-        steps = self.steps[g]
-        k = self.ptr[g]
-        while k < len(steps):
-            st = steps[k]
-            t = type(st)
-            if t is Recv:
-                if not (self.got_act if st.kind == "a" else self.got_grad)[g][st.microbatch]:
-                    break
-            elif t is Send:
-                self.send(g, self.index[st.peer], st.kind, st.microbatch, st.bytes)
-            elif t is AllReduce:
-                self.ptr[g] = k + 1
-                self.stage_finished(s, g, st)
-            else:  # Forward or Backward
-                self.ptr[g] = k
-                self.busy[g] = True
-                self.push(self.now + st.seconds, self.compute_done, g, st, self.now)
-                return
-            k += 1
-        self.ptr[g] = k
+    def _loop(self) -> None:
+        """The event loop: WAN transfers and all-reduces, in time order; events at one time as `_order`
+        says."""
+        times, buckets = self.heap, self.buckets
+        pop = heapq.heappop
+        order = self.event_order
+        events = 0
+        while times:
+            now = pop(times)
+            batch = buckets.pop(now)
+            self.now = now
+            events += len(batch)
+            if order is not None and len(batch) > 1:
+                batch.sort(key=order)
+            for ev in batch:
+                code = ev[0]
+                if code == EV_FLOW:
+                    flow = ev[2]
+                    if ev[3] == flow.version:  # else superseded by a rate change
+                        self._flow_done(flow)
+                elif code == EV_SEND:
+                    g, st = ev[2], ev[3]
+                    self._send_wan(g, g + st[1], st[2], st[3], st[4], self.pipe_link[2 * g + (st[1] < 0)])
+                else:
+                    ev[2](*ev[3])
+        self.events += events
 
-    def compute_done(self, g: int, st, t0: float) -> None:
-        self.out.append((g, "fwd" if type(st) is Forward else "bwd", st.microbatch, t0, self.now, 0.0))
-        self.busy[g] = False
-        self.ptr[g] += 1
-        self.try_start(g)
+    def _drain(self, ready: list[int]) -> None:
+        """Run the groups in `ready` (and those their messages wake) each until it blocks on a message that
+        has not been sent yet. A group's program depends on nothing but its messages' arrival times, so it
+        runs ahead of the event loop's clock on its own: a step starts when the group is free and its
+        message has arrived (the later of the two), a compute ends `seconds` later, and a transfer inside a
+        DC leaves when its pipe is free. Only what other groups share is left to the event loop, at the
+        time the group reaches it: a transfer across the WAN (its link) and the all-reduce (the stage)."""
+        P = self.p.pp
+        steps_of, ptr, clock, waits, arr = self.steps, self.ptr, self.clock, self.waits, self.arrival
+        out_append = self.out.append
+        pipe_link, pipe_bw, pipe_lat, pipe_free = self.pipe_link, self.pipe_bw, self.pipe_lat, self.pipe_free
+        push_event = self._push_event
+        while ready:
+            g = ready.pop()
+            steps, a, k, t = steps_of[g], arr[g], ptr[g], clock[g]
+            t0 = t  # when the last compute started: the cause of the WAN transfer or all-reduce that follows it
+            n = len(steps)
+            while k < n:
+                st = steps[k]
+                op = st[0]
+                if op == COMPUTE:
+                    t0, t1 = t, t + st[1]
+                    out_append((g, st[2], st[3], t0, t1, 0.0))
+                    t = t1
+                elif op == RECV:
+                    ta = a[st[1]]
+                    if ta > t:
+                        if ta == INF:
+                            waits[g] = st[1]
+                            break
+                        t = ta
+                elif op == SEND:
+                    j = 2 * g + (st[1] < 0)
+                    if pipe_link[j] is None:  # inside a DC: FIFO on the fabric, no contention
+                        dst, idx, nbytes = g + st[1], st[5], st[4]
+                        free = pipe_free[j]
+                        end = (t if t >= free else free) + nbytes / pipe_bw[j]
+                        pipe_free[j] = end
+                        arrive = end + pipe_lat[j]
+                        out_append((g, "send", st[3], t, end, nbytes))
+                        out_append((dst, "recv", st[3], t, arrive, nbytes))
+                        arr[dst][idx] = arrive
+                        if waits[dst] == idx:
+                            waits[dst] = -1
+                            ready.append(dst)
+                    else:
+                        push_event(t, (EV_SEND, t0, g, st))
+                else:  # ALLREDUCE
+                    push_event(t, (EV_CALL, t0, self.stage_finished, (g % P, g, st[1])))
+                k += 1
+            ptr[g] = k
+            clock[g] = t
+
+    def _deliver(self, g: int, idx: int, arrive: float) -> None:
+        """A message for g arrives at `arrive`; g goes on if it was waiting for it."""
+        self.arrival[g][idx] = arrive
+        if self.waits[g] == idx:
+            self.waits[g] = -1
+            self._drain([g])
 
     # --- transfers ------------------------------------------------------------------------
-    def send(self, src: int, dst: int, kind: str, i: int, nbytes: float) -> None:
-        """Queue a transfer on the (src, dst) pipe; it leaves after the transfers queued before it."""
-        p = self.p
-        r = self.replica(src)
-        a, b = p.stage_dc[r][src % p.pp], p.stage_dc[r][dst % p.pp]
-        if a == b or p.ideal_wan:
-            intra = p.intra[a]
-            start = max(self.now, self.pipe_free.get((src, dst), 0.0))
-            end = start + nbytes / intra.bandwidth_bps
-            self.pipe_free[(src, dst)] = end
-            arrive = end + intra.latency_s
-            self.out.append((src, "send", i, self.now, end, nbytes))
-            self.out.append((dst, "recv", i, self.now, arrive, nbytes))
-            self.push(arrive, self.arrival, dst, kind, i)
-            return
+    def _send_wan(self, src: int, dst: int, kind: str, i: int, nbytes: float, link: tuple[str, str]) -> None:
+        """Queue a transfer on the (src, dst) pipe across the WAN; it leaves after the transfers queued before it.
+        Under temporal sharing the sidecar hears of it SIDECAR_REACTION_S later."""
         pipe = self.pipes[(src, dst)]
-        lp = p.links[(a, b)]
-        key = self.turn_key(i, self.turn_pos[r], kind, self.now)
+        k = src // self.p.pp
+        key = self.turn_key(i, self.turn_rank[k], kind, self.now)
         pipe.append([kind, i, nbytes, self.now, nbytes, key])  # [4]: bytes not yet sent
-        if lp.temporal:
-            self.push(self.now + SIDECAR_REACTION_S, self._sidecar, (a, b), r, key, True)
+        if self.links[link].temporal:
+            self.push(self.now + SIDECAR_REACTION_S, self._sidecar, link, self.reps[k], key, True)
         if len(pipe) == 1:
-            self._send_head(src, dst, lp)
+            self._send_head(src, dst, link)
 
     def rank(self, link: tuple[str, str], r: int) -> tuple:
         """A replica's place in the turns on a link, as the sidecar ranks it: by the smallest turn key of its
@@ -219,51 +358,51 @@ class Simulation:
         for f in [f for f in ls.flows if f.payload[2] != "ar" and self.replica(f.payload[0]) == r]:
             ls.reprioritize(f, prio, self.now)
 
-    def _send_head(self, src: int, dst: int, lp) -> None:
+    def _send_head(self, src: int, dst: int, link: tuple[str, str]) -> None:
         """Put as much of the pipe's head transfer on the link as its window allows now, or wait for the round."""
         kind, i, _nbytes, t_issue, left, _key = self.pipes[(src, dst)][0]
+        lp = self.lp[link]  # as the link is now (a changing WAN's latency changes the round trip)
         rounds = self.rounds.get((src, dst))
         if rounds is None:
             rounds = self.rounds[(src, dst)] = WindowRounds(lp.connections * lp.window_bytes, lp.rtt_s)
-        budget = rounds.budget(self.now) if lp.rtt_s > 0 else float("inf")
+        rounds.rtt_s = lp.rtt_s
+        budget = rounds.budget(self.now) if lp.rtt_s > 0 else INF
         if budget <= 0:
-            self.push(rounds.next_round_s(), self._send_head, src, dst, lp)
+            self.push(rounds.next_round_s(), self._send_head, src, dst, link)
             return
         k = src // self.p.pp
-        prio = self.rank((lp.src, lp.dst), self.reps[k]) if lp.temporal else ()
-        flow = Flow(min(left, budget), float("inf"), prio, payload=(src, dst, kind, i, lp, t_issue),
-                    weight=self.weight[k])
-        self.links[(lp.src, lp.dst)].add(flow, self.now)
+        ls = self.links[link]
+        prio = self.rank(link, self.reps[k]) if ls.temporal else ()
+        ls.add(Flow(min(left, budget), INF, prio, (src, dst, kind, i, lp, t_issue, ls), self.weight[k]), self.now)
 
-    def _flow_done(self, flow: Flow, version: int) -> None:
-        if version != flow.version:
-            return  # superseded by a rate change
-        src, dst, kind, i, lp, t_issue = flow.payload
-        self.links[(lp.src, lp.dst)].remove(flow, self.now)
+    def _flow_done(self, flow: Flow) -> None:
+        src, dst, kind, i, lp, t_issue, link = flow.payload
+        now = self.now
+        link.remove(flow, now)
         if kind == "ar":
             self._wan_allreduce_part_done(src)
             return
+        key = (lp.src, lp.dst)
         pipe = self.pipes[(src, dst)]
         head = pipe[0]
         head[4] -= flow.nbytes
-        if (src, dst) in self.rounds:
-            self.rounds[(src, dst)].sent(flow.nbytes)
+        self.rounds[(src, dst)].sent(flow.nbytes)
         if head[4] > head[2] * 1e-12:
-            self._send_head(src, dst, lp)  # the window ran out: the rest goes in the next round
+            self._send_head(src, dst, key)  # the window ran out: the rest goes in the next round
             return
-        arrive = self.now + lp.latency_s
-        self.out.append((src, "send", i, t_issue, self.now, head[2]))
+        arrive = now + self.lp[key].latency_s * self._delay(src, dst, kind, i)
+        self.out.append((src, "send", i, t_issue, now, head[2]))
         self.out.append((dst, "recv", i, t_issue, arrive, head[2]))
-        self.push(arrive, self.arrival, dst, kind, i)
-        if lp.temporal:  # the receiver's end notice
-            self.push(arrive + SIDECAR_REACTION_S, self._sidecar, (lp.src, lp.dst), self.replica(src), head[5], False)
+        self._deliver(dst, i if kind == "a" else self.p.microbatches + i, arrive)
+        if link.temporal:  # the receiver's end notice
+            self.push(arrive + SIDECAR_REACTION_S, self._sidecar, key, self.replica(src), head[5], False)
         pipe.popleft()
         if pipe:
-            self._send_head(src, dst, lp)
+            self._send_head(src, dst, key)
 
-    def arrival(self, g: int, kind: str, i: int) -> None:
-        (self.got_act if kind == "a" else self.got_grad)[g][i] = 1
-        self.try_start(g)
+    def _delay(self, *what) -> float:
+        """The factor on a transfer's delay (1: the plan's timing; realised iterations draw it)."""
+        return 1.0
 
     # --- data-parallel gradient all-reduce ---------------------------------------------------
     def stage_finished(self, s: int, g: int, ar: AllReduce) -> None:
@@ -293,13 +432,14 @@ class Simulation:
         nbytes = 2 * (D - 1) / D * ar.bytes
         hops = list(zip(ring, ring[1:] + ring[:1], strict=True))
         # each of the 2(D-1) ring steps pays one WAN latency; the bandwidth part is the flows below
-        lat = max(p.links[h].latency_s for h in hops)
+        lat = max(self.lp[h].latency_s for h in hops)
         self.wan_ar[s] = {"pending": len(hops), "t0": t0, "tail": tail + 2 * (D - 1) * lat}
         for a, b in hops:
-            lp = p.links[(a, b)]
+            lp = self.lp[(a, b)]
             conns = ar.wan_connections[ring.index(a)]
             cap = conns * lp.window_bytes / lp.rtt_s if lp.rtt_s > 0 else float("inf")
-            flow = Flow(nbytes, cap, (float("inf"), s), payload=(s, None, "ar", -1, lp, self.now))
+            flow = Flow(nbytes, cap, (float("inf"), s), payload=(s, None, "ar", -1, lp, self.now, self.links[(a, b)]),
+                        window=conns * lp.window_bytes)
             self.links[(a, b)].add(flow, self.now)
 
     def _wan_allreduce_part_done(self, s: int) -> None:
@@ -316,8 +456,32 @@ class Simulation:
             self.out.append((k * p.pp + s, "allreduce", -1, t0, t1, p.grad_bytes[s]))
 
 
+@contextmanager
+def paused_gc():
+    """Python's cyclic garbage collector paused for a block that allocates millions of objects that all
+    stay alive (a run's tuples and intervals), which it would traverse again and again to free nothing;
+    restored as it was found."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def simulate(plan: Plan) -> tuple[Timeline, int]:
     """Run one iteration; returns its timeline and the number of events processed."""
-    sim = Simulation(plan)
-    tl = sim.run()
+    with paused_gc():
+        sim = Simulation(plan)
+        tl = sim.run()
     return tl, sim.events
+
+
+def simulate_changing(plan: Plan, wan: WanSchedule, t0: float) -> tuple[Timeline, Simulation]:
+    """One iteration that starts at t0 on a changing WAN (testbed/sim/linkchange.py); the simulation keeps what
+    it saw of the links (`sim.wan`)."""
+    with paused_gc():
+        sim = Simulation(plan, wan, t0)
+        tl = sim.run()
+    return tl, sim

@@ -10,7 +10,11 @@ capacity among active flows in one of two ways:
 A flow may stand for `weight` identical copies (replicas the executor proved symmetric): it gets
 what each copy would, and counts `weight` times in the sharing.
 
-Rates change only when a flow starts or ends, and only flows whose rate changed get a new completion
+A link may change while flows are on it (testbed/sim/linkchange.py): `set_capacity` re-rates them (capacity 0
+is a failed link: every flow stalls at rate 0 and resumes when capacity returns) and `set_rtt` re-caps them
+(a flow's cap is the bytes its connections keep in flight, `window`, over the RTT).
+
+Rates change only when a flow starts or ends or the link changes, and only flows whose rate changed get a new completion
 event, so a cap-bound flow costs nothing when others come and go. Under temporal sharing the flows
 are kept in priority order and only the ones that get capacity are visited, so a long queue of
 waiting flows costs nothing per event either.
@@ -37,6 +41,7 @@ class Flow:
     version: int = 0
     start: float = 0.0
     seq: int = 0  # arrival order on its link: breaks priority ties deterministically
+    window: float = math.inf  # bytes its connections keep in flight (n x W): its cap is window / RTT
 
     def __post_init__(self) -> None:
         self.remaining = self.nbytes
@@ -83,6 +88,7 @@ class LinkState:
         self.running: list[Flow] = []  # temporal: the flows that get capacity now, in priority order
         self.bytes_total = 0.0
         self.arrivals = 0
+        self.on_change: Callable[[float, LinkState], None] | None = None  # told after every re-rating
 
     def add(self, flow: Flow, now: float) -> None:
         flow.t_last = now
@@ -126,6 +132,21 @@ class LinkState:
         self.flows.insert(j, flow)
         self._reallocate(now)
 
+    def set_capacity(self, now: float, capacity: float) -> None:
+        """The link's rate changes now (0: it failed); the flows on it are re-rated."""
+        self.capacity = capacity
+        self._reallocate(now)
+
+    def set_rtt(self, now: float, rtt_s: float) -> None:
+        """The link's round trip changes now: each flow's window-bound cap follows, then flows are re-rated."""
+        for f in self.flows:
+            f.cap = f.window / rtt_s if rtt_s > 0 else math.inf
+        self._reallocate(now)
+
+    def throughput(self) -> float:
+        """Bytes/s the link carries now, all copies counted."""
+        return sum((f.rate * f.weight for f in (self.running if self.temporal else self.flows)), 0.0)
+
     def _set_rate(self, f: Flow, r: float, now: float) -> None:
         if r == f.rate and f.version:
             return  # unchanged: its completion event still holds
@@ -144,31 +165,50 @@ class LinkState:
     def _reallocate(self, now: float) -> None:
         if self.temporal:
             self._reallocate_turns(now)
-            return
+        elif self.flows:
+            self._reallocate_fair(now)
+        if self.on_change is not None:
+            self.on_change(now, self)
+
+    def _reallocate_fair(self, now: float) -> None:
         flows = self.flows
-        if not flows:
-            return
         self._advance(flows, now)
         for f, r in zip(flows, allocate_spatial(self.capacity, flows), strict=True):
             self._set_rate(f, r, now)
 
     def _reallocate_turns(self, now: float) -> None:
         """Visit flows in priority order until the capacity is used up; the flows that ran before and no
-        longer get capacity are paused."""
-        self._advance(self.running, now)
+        longer get capacity are paused. (_advance and _set_rate inlined: this runs at every flow's start
+        and end under temporal sharing.)"""
+        before = self.running
+        for f in before:
+            if f.rate:
+                x = f.remaining - f.rate * (now - f.t_last)
+                f.remaining = x if x > 0.0 else 0.0
+            f.t_last = now
         running: list[Flow] = []
         left = self.capacity
+        schedule = self.schedule
         for f in self.flows:
             if left <= 0:
                 break
-            if not f.rate:
+            rate = f.rate
+            if not rate:
                 f.t_last = now
-            r = min(f.cap, left / f.weight)
-            self._set_rate(f, r, now)
+            r = left / f.weight
+            if not r < f.cap:
+                r = f.cap
+            if r != rate or not f.version:
+                f.rate = r
+                f.version += 1
+                if r > 0:
+                    schedule(now + (f.remaining / r if r < math.inf else 0.0), f, f.version)
             running.append(f)
             left -= r * f.weight
-        kept = set(map(id, running))
-        for f in self.running:
-            if id(f) not in kept and f.rate:
-                self._set_rate(f, 0.0, now)
+        if before:
+            kept = running if len(running) < 8 else set(running)
+            for f in before:
+                if f.rate and f not in kept:
+                    f.rate = 0.0
+                    f.version += 1
         self.running = running

@@ -1,4 +1,8 @@
-"""Run an experiment in the simulator: every sweep point x scheduler, plus its lower bound."""
+"""Run an experiment in the simulator: every sweep point x scheduler, plus its lower bound.
+
+Sweep points run on an engine: a local process pool, or Ray (a local Ray, or an existing cluster at an
+address). Either way the results come back in sweep order, so the CSVs are the same byte for byte.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +14,22 @@ from pathlib import Path
 
 from testbed.analysis.metrics import SUMMARY_HEADER, add_speedups, summary_row
 from testbed.bubbletea.bubbles import BUBBLES_HEADER, bubble_rows, extract_bubbles
-from testbed.bubbletea.run import REQUESTS_HEADER, request_rows, run_bubbletea
+from testbed.bubbletea.knee import KNEE_HEADER, knees
+from testbed.bubbletea.run import REQUESTS_HEADER, request_rows, run_bubbletea, train_mfu
 from testbed.costs.prefill import inference_model, kv_bytes_per_token
 from testbed.errors import SpecError
 from testbed.plan.build import build_plan, resolve_dp
-from testbed.results import write_csv
-from testbed.sim.executor import simulate
+from testbed.plan.plan import Plan
+from testbed.results import fmt, write_csv
+from testbed.sim.executor import paused_gc, simulate, simulate_changing
+from testbed.sim.linkchange import WanSchedule, union_length
 from testbed.spec.experiment import Experiment
 from testbed.timeline import COMPUTE, Timeline, write_timelines, write_trace
+
+ENGINES = ("process", "ray")
+LINKRATES_HEADER = ("run_id", "source", "link", "t_s", "gbps")  # a link direction's throughput from t_s on
+LINKCHANGES_HEADER = ("run_id", "source", "link", "t_s", "applied_s", "gbps", "latency_ms", "up", "apply_ms")
+ITERATIONS_HEADER = ("run_id", "source", "scheduler", "iteration", "start_s", "iteration_s", "wan_stall_s")
 
 
 @dataclass
@@ -28,6 +40,56 @@ class RunResult:
     requests: list[tuple] = field(default_factory=list)
     bubbles: list[tuple] = field(default_factory=list)
     error: SpecError | None = None  # why this (point, scheduler) could not run; its row says `infeasible: ...`
+    wan: WanRecord | None = None  # what the links did, when the WAN changes
+
+
+@dataclass
+class WanRecord:
+    """A run on a changing WAN: each link direction's throughput, the changes applied, the stalls."""
+
+    rates: list[tuple] = field(default_factory=list)  # LINKRATES_HEADER rows
+    changes: list[tuple] = field(default_factory=list)  # LINKCHANGES_HEADER rows
+    iterations: list[tuple] = field(default_factory=list)  # ITERATIONS_HEADER rows
+    stalls: list[tuple[float, float]] = field(default_factory=list)  # (from, to): transfers waited on a down link
+
+
+def stall_rows(stalls: list[tuple[float, float]], durations: list[float]) -> list[float]:
+    """Seconds of each iteration during which some transfer waited on a link that was down."""
+    out, t = [], 0.0
+    for d in durations:
+        out.append(round(union_length(stalls, t, t + d), 9))
+        t += d
+    return out
+
+
+def simulate_changing_run(exp: Experiment, scheduler: str, run_id: str, dp: int, wan: WanSchedule,
+                          scale: float = 1.0) -> tuple[list[Plan], Timeline, int, WanRecord]:
+    """Every iteration on its own, back to back, each planned from the WAN as it is when it starts (connection
+    counts, stagger, warm-up) and re-rated at every change inside it."""
+    plans, parts, t, events = [], [], 0.0, 0
+    rec = WanRecord()
+    for _k in range(exp.iterations):
+        at = exp.model_copy(update={"topology": wan.topology_at(exp.topology, t)})
+        plan = build_plan(at, scheduler, run_id=run_id, dp=dp)
+        plan.scale = scale
+        tl, sim = simulate_changing(plan, wan, t)
+        plans.append(plan)
+        parts.append(tl)
+        events += sim.events
+        rec.stalls += sim.wan.stalls  # type: ignore[union-attr]
+        for (a, b), rows in sim.wan.link_rates().items():  # type: ignore[union-attr]
+            rec.rates += [(run_id, "sim", f"{a}>{b}", fmt(t1, 9), fmt(r * 8 / 1e9, 9)) for t1, r in rows]
+        t += tl.iteration_s[0]
+    first = [(0.0, 0, pair, wan.state_at(pair, 0.0)) for pair in wan.links]  # the state each link starts in
+    for t1, _i, (a, b), st in first + wan.changes:
+        if t1 < t:
+            rec.changes.append((run_id, "sim", f"{a}-{b}", fmt(t1, 9), fmt(t1, 9), fmt(st.gbps, 9),
+                                fmt(st.latency_s * 1e3, 9), int(st.up), 0.0))
+    tl = Timeline.joined(parts)
+    starts = [sum(tl.iteration_s[:k]) for k in range(len(tl.iteration_s))]
+    for k, (t0, d, st) in enumerate(zip(starts, tl.iteration_s, stall_rows(rec.stalls, tl.iteration_s), strict=True)):
+        rec.iterations.append((run_id, "sim", scheduler, k, fmt(t0, 9), fmt(d, 9), st))
+    return plans, tl, events, rec
 
 
 def infeasible(exp: Experiment, run_id: str, scheduler: str, sweep: dict, err: SpecError) -> RunResult:
@@ -56,7 +118,8 @@ def run_point(exp: Experiment, index: int, sweep: dict, keep_timeline: bool) -> 
     bounds: dict[tuple, float] = {}  # schedulers that differ only in the network share one lower bound
     for sched in exp.schedulers:
         try:
-            out.append(_run_scheduler(exp, index, sweep, keep_timeline, sched, dp, bounds))
+            with paused_gc():  # a run's tuples and intervals all stay alive: nothing for the collector
+                out.append(_run_scheduler(exp, index, sweep, keep_timeline, sched, dp, bounds))
         except SpecError as e:
             out.append(infeasible(exp, f"p{index:02d}-{sched}", sched, sweep, e))
     add_speedups([r.summary for r in out])
@@ -67,31 +130,40 @@ def _run_scheduler(exp: Experiment, index: int, sweep: dict, keep_timeline: bool
                    bounds: dict[tuple, float]) -> RunResult:
     """One scheduler at one point; `bounds` shares a lower bound between schedulers that differ only in
     the network."""
-    plan = build_plan(exp, sched, run_id=f"p{index:02d}-{sched}", dp=dp)
-    tl, events = simulate(plan)
+    wan = WanSchedule.from_topology(exp.topology)
+    rec = None
+    if wan is None:
+        plan = build_plan(exp, sched, run_id=f"p{index:02d}-{sched}", dp=dp)
+        tl, events = simulate(plan)
+    else:  # a WAN that changes: every iteration its own (testbed/sim/linkchange.py)
+        plans, tl, events, rec = simulate_changing_run(exp, sched, f"p{index:02d}-{sched}", dp, wan)
+        plan = plans[0]
     key = (tuple(map(tuple, plan.stage_dc)), tuple(map(tuple, plan.actions)))
     if key not in bounds:
         bounds[key] = lower_bound_s(plan)
     lb = bounds[key]
-    tl = tl.repeated(exp.iterations)
+    if wan is None:
+        tl = tl.repeated(exp.iterations)
     bt, reqs, bubbles = None, [], None
     if plan.mech.bubbletea:
-        res = run_bubbletea(plan, tl, exp.bubbletea, exp.seed)
+        res = run_bubbletea(plan, tl, exp.bubbletea, exp.seed, train_mfu(exp.workload.mfu, plan.tp))
         train_end = max(iv.end_s for iv in res.timeline.intervals if iv.kind in COMPUTE)
         base_end = max(iv.end_s for iv in tl.intervals if iv.kind in COMPUTE)
-        bt = {**res.metrics, "train_slowdown": round(train_end / base_end - 1, 9)}
+        bt = {"train_slowdown": round(train_end / base_end - 1, 9), **res.metrics}  # realised runs measure theirs
         kv = kv_bytes_per_token(inference_model(exp.bubbletea.model))
         reqs = list(request_rows(plan.run_id, "sim", res.placements, kv))
         tl, bubbles = res.timeline, res.bubbles
     row = summary_row(plan, tl, lb, sweep, bt)
+    if rec is not None:
+        row["wan_stall_s"] = round(union_length(rec.stalls), 9)
     rows: list[tuple] = []
     if keep_timeline:
         limit = exp.timeline_replicas
+        if limit is not None:
+            tl = tl.only_replicas(limit)  # bubbles per group need only the groups written
         rows = [b for b in bubble_rows(plan.run_id, "sim", bubbles or extract_bubbles(tl))
                 if limit is None or b[5] < limit]
-        if limit is not None:
-            tl = tl.only_replicas(limit)
-    return RunResult(row, tl if keep_timeline else None, events, reqs, rows)
+    return RunResult(row, tl if keep_timeline else None, events, reqs, rows, wan=rec)
 
 
 def _run_point_args(args: tuple) -> list[RunResult]:
@@ -99,14 +171,23 @@ def _run_point_args(args: tuple) -> list[RunResult]:
 
 
 def run_experiment(points: list[tuple[Experiment, dict]], jobs: int | None = None,
-                   on_point: Callable[[int, list[RunResult]], None] | None = None) -> list[RunResult]:
-    """Sweep points run in a process pool; results come back in sweep order (deterministic). `on_point`
-    hears of each point as it finishes (in the order they finish)."""
+                   on_point: Callable[[int, list[RunResult]], None] | None = None, engine: str = "process",
+                   address: str | None = None) -> list[RunResult]:
+    """Sweep points run on `engine`: a process pool, or Ray (at `address`, else a local Ray). Results come back
+    in sweep order whatever order points finish in (deterministic). `on_point` hears of each point as it
+    finishes (in the order they finish)."""
+    if engine not in ENGINES:
+        raise SpecError("--engine", f"unknown engine {engine!r}", f"use one of {', '.join(ENGINES)}")
     mode = points[0][0].timeline
     args = [(exp, i, sweep, mode == "all" or (mode == "first-point" and i == 0))
             for i, (exp, sweep) in enumerate(points)]
-    jobs = jobs or min(len(args), os.cpu_count() or 1)
     results: list[list[RunResult]] = [[] for _ in args]
+    if engine == "ray":
+        from testbed.sim.rayengine import run_on_ray
+
+        results = run_on_ray(_run_point_args, args, address, jobs, on_point)
+        return [r for point in results for r in point]
+    jobs = jobs or min(len(args), os.cpu_count() or 1)
     if jobs <= 1 or len(args) == 1:
         for i, a in enumerate(args):
             results[i] = _run_point_args(a)
@@ -126,7 +207,9 @@ def run_experiment(points: list[tuple[Experiment, dict]], jobs: int | None = Non
 def write_outputs(out: Path, results: list[RunResult]) -> list[Path]:
     """Write summary.csv (and timeline.csv, trace.json when timelines were kept); return the paths."""
     paths = [out / "summary.csv"]
-    write_csv(paths[0], SUMMARY_HEADER, ([r.summary[k] for k in SUMMARY_HEADER] for r in results))
+    # a WAN that changes adds the stall column (and leaves every other run's summary as it was)
+    header = SUMMARY_HEADER + (("wan_stall_s",) if any("wan_stall_s" in r.summary for r in results) else ())
+    write_csv(paths[0], header, ([r.summary.get(k, "") for k in header] for r in results))
     tls = [r.timeline for r in results if r.timeline is not None]
     if tls:
         paths += [out / "timeline.csv", out / "trace.json"]
@@ -136,8 +219,16 @@ def write_outputs(out: Path, results: list[RunResult]) -> list[Path]:
     if bubbles:
         paths.append(out / "bubbles.csv")
         write_csv(paths[-1], BUBBLES_HEADER, bubbles)
+    wans = [r.wan for r in results if r.wan is not None]
+    for name, hdr, attr in (("linkrates.csv", LINKRATES_HEADER, "rates"), ("linkchanges.csv", LINKCHANGES_HEADER,
+                            "changes"), ("iterations.csv", ITERATIONS_HEADER, "iterations")):
+        if wans:
+            paths.append(out / name)
+            write_csv(paths[-1], hdr, (row for w in wans for row in getattr(w, attr)))
     reqs = [q for r in results for q in r.requests]
     if any(r.summary["requests"] != "" for r in results):
         paths.append(out / "requests.csv")
         write_csv(paths[-1], REQUESTS_HEADER, reqs)
+        paths.append(out / "knee.csv")
+        write_csv(paths[-1], KNEE_HEADER, knees(r.summary for r in results))
     return paths

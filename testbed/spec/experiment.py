@@ -46,6 +46,15 @@ class BubbleTeaOptions(Strict):
     model: str = "llama2-7b"
     guard_ms: GUARD_MS = 1.0
     ttft_slo_ms: TTFT_SLO_MS = 2000.0
+    # GPUs of the dedicated prefill pool that serves what the bubbles do not (one FIFO queue);
+    # None: enough to carry the trace's mean load at its own rate (testbed/bubbletea/pool.py)
+    fallback_gpus: Annotated[int, Field(gt=0, le=1_000_000)] | None = None
+    # the simulator's timing noise: coefficients of variation of lognormal factors (mean 1) on compute times
+    # and on transfer delays. Above 0, BubbleTea runs its online planner against noisy iterations
+    # (testbed/bubbletea/realised.py), so training can wait for prefill; the emulated runs measured about
+    # 0.06 and 0.10 (docs/bubbletea.md). 0 and 0 (default): exact bubbles, a static placement, no slowdown.
+    jitter_compute_cv: Annotated[float, Field(ge=0, le=1)] = 0.0
+    jitter_wan_cv: Annotated[float, Field(ge=0, le=1)] = 0.0
 
 
 class MultiTcpOptions(Strict):

@@ -165,8 +165,17 @@ def validate(model: type[BaseModel], data: dict[str, Any], prefix: str = "") -> 
         raise format_validation(err, prefix) from None
 
 
+def resolve_traces(topo: Any, base: Path) -> None:
+    """Link trace files named relative to the YAML that names them become absolute paths."""
+    links = topo.get("links") if isinstance(topo, dict) else None
+    for link in links if isinstance(links, list) else []:
+        if isinstance(link, dict) and isinstance(link.get("trace"), str) and not Path(link["trace"]).is_absolute():
+            link["trace"] = str((base / link["trace"]).resolve())
+
+
 def load_topology(path: str | Path, sets: list[str] | None = None) -> Topology:
     data = _read_yaml(Path(path))
+    resolve_traces(data, Path(path).parent)
     for s in sets or []:
         k, v = split_assignment(s)
         set_dotted(data, k, parse_value(v, k))
@@ -194,6 +203,9 @@ def experiment_data(path: str | Path) -> dict[str, Any]:
         if not found:
             raise SpecError("topology", f"file {topo!r} not found next to {path}", "fix the relative path")
         data["topology"] = _read_yaml(tpath)
+        resolve_traces(data["topology"], tpath.parent)
+    else:
+        resolve_traces(topo, path.parent)
     bt = data.get("bubbletea")
     if isinstance(bt, dict) and isinstance(bt.get("trace"), str) and bt["trace"] != "synthetic":
         tr = Path(bt["trace"])

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import csv
 import re
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -16,6 +18,7 @@ from testbed.spec.bounds import (
     LATENCY_MS,
     WAN_GBPS,
     WINDOW_MB,
+    real,
 )
 
 SAFE_NAME = re.compile(r"^[a-z][a-z0-9]{0,11}$")
@@ -25,6 +28,11 @@ RESERVED_NAMES = ("lo", "tunl0", "sit0", "gre0", "gretap0", "erspan0", "ip6tnl0"
 GPU_TYPES = ("A100", "H100", "H200")
 # net.ipv4.tcp_rmem max on stock Linux kernels (6 MiB): what one untuned TCP connection can keep in flight.
 DEFAULT_WINDOW_MB = 6.0
+# A changing link (testbed/sim/linkchange.py): a schedule of at most 100,000 points; rates and latencies have the
+# link's own bounds (spec/bounds.py).
+MAX_TRACE_POINTS = 100_000
+SCHEDULE_S = real(0, 7 * 86400, "s", "seconds of training from the first iteration; a week at most")
+OUTAGE_S = real(0, 86400, "s", "a day at most", lo_open=True)
 
 
 class Strict(BaseModel):
@@ -60,19 +68,82 @@ class DC(Strict):
         return up
 
 
+class TracePoint(Strict):
+    """From `t_s` seconds into the run on, the link carries `gbps` (each direction) with `latency_ms` one way."""
+
+    t_s: SCHEDULE_S
+    gbps: WAN_GBPS
+    latency_ms: LATENCY_MS
+
+
+class LinkOutage(Strict):
+    """The link carries nothing, either way, from `at_s` for `down_for_s` seconds; then it is back."""
+
+    at_s: SCHEDULE_S
+    down_for_s: OUTAGE_S
+
+
+def read_trace(path: str) -> list[dict[str, Any]]:
+    """A link trace CSV (header `t_s,gbps,latency_ms`) as rows; a bad file is one ValueError naming the line."""
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.reader(f))
+    except OSError as e:
+        raise ValueError(f"cannot read trace file {path!r} ({e.strerror}); give a CSV of t_s,gbps,latency_ms"
+                         ) from None
+    rows = [r for r in rows if r and not r[0].lstrip().startswith("#")]
+    want = ["t_s", "gbps", "latency_ms"]
+    if not rows or [c.strip() for c in rows[0]] != want:
+        raise ValueError(f"{Path(path).name} must start with the header line t_s,gbps,latency_ms")
+    if len(rows) - 1 > MAX_TRACE_POINTS:
+        raise ValueError(f"{Path(path).name} has {len(rows) - 1} points; keep it to {MAX_TRACE_POINTS}")
+    out = []
+    for i, r in enumerate(rows[1:], start=2):
+        try:
+            t, g, lat = (float(x) for x in r)
+        except ValueError:
+            raise ValueError(f"{Path(path).name} line {i}: expected three numbers t_s,gbps,latency_ms, got {r}"
+                             ) from None
+        out.append({"t_s": t, "gbps": g, "latency_ms": lat})
+    return out
+
+
 class WanLink(Strict):
-    """A full-duplex WAN link between two DCs; each direction has the full capacity."""
+    """A full-duplex WAN link between two DCs; each direction has the full capacity.
+
+    It may change during a run: `trace` (a CSV of t_s,gbps,latency_ms, or the points inline) sets its rate and
+    latency from each point's time on; `events` take it down for a while. `gbps` and `latency_ms` hold until the
+    first trace point."""
 
     between: tuple[str, str]
     gbps: WAN_GBPS
     latency_ms: LATENCY_MS
     tcp_window_mb: WINDOW_MB | None = None
+    trace: Annotated[list[TracePoint], Field(min_length=1, max_length=MAX_TRACE_POINTS)] | None = None
+    events: Annotated[list[LinkOutage], Field(max_length=MAX_TRACE_POINTS)] = []
+
+    @field_validator("trace", mode="before")
+    @classmethod
+    def _read(cls, v: Any) -> Any:
+        return read_trace(v) if isinstance(v, str) else v
 
     @model_validator(mode="after")
     def _distinct(self) -> WanLink:
         if self.between[0] == self.between[1]:
             raise ValueError("a link joins two different DCs; name two distinct DCs in 'between'")
+        for i, (p, q) in enumerate(zip(self.trace or [], (self.trace or [])[1:], strict=False)):
+            if q.t_s <= p.t_s:
+                raise ValueError(f"trace.{i + 1}.t_s: {q.t_s:g} does not come after {p.t_s:g}; "
+                                 f"list the points in increasing time")
+        for i, (p, q) in enumerate(zip(self.events, self.events[1:], strict=False)):
+            if q.at_s < p.at_s + p.down_for_s:
+                raise ValueError(f"events.{i + 1}.at_s: {q.at_s:g} is before the outage at {p.at_s:g} s is over; "
+                                 f"list outages in time order without overlap")
         return self
+
+    @property
+    def changes(self) -> bool:
+        return bool(self.trace or self.events)
 
 
 class Topology(Strict):

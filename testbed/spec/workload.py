@@ -40,6 +40,15 @@ class Workload(Strict):
     mfu: MFU = 0.5
     recompute: Literal["none", "selective", "full"] = "selective"
     distributed_optimizer: bool = True
+    # Megatron sequence parallelism: the norms and dropouts outside the TP-sharded matmuls are split
+    # along the sequence too, so their activations shrink by tp (same communication bytes)
+    sequence_parallel: bool = False
+    # layers per stage: `auto` balances them by each stage's GPU speed and free memory (kept even when
+    # that is as fast), `even` splits them as evenly as possible whatever the GPUs
+    layer_split: Literal["auto", "even"] = "auto"
+    # pins the pipeline's DCs, in order, with their number of stages (as `testbed plan` prints them);
+    # pipeline placements only: dp-wan keeps whole pipelines inside each DC
+    stages_per_dc: dict[str, PP] | None = None
 
     @model_validator(mode="after")
     def _batch(self) -> Workload:

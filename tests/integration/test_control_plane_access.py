@@ -121,14 +121,17 @@ def test_bubbletea_service_refuses_users_the_run_does_not_run_as(emu, tmp_path):
     sock = str(rdir / "bubbletea.sock")
     cfg = tmp_path / "bt.json"
     cfg.write_text(json.dumps({"socket": sock, "results": str(tmp_path / "ran.json"), "gid": gid, "peer_uids": [0],
-                               "jobs": {"s0r0": {"0": [[7, 0.0, 0.1, 0.2]]}}}))
+                               "model": "llama2-7b", "layers": 32, "guard_s": 0.001, "slo_s": 2.0, "calibration": None,
+                               "workers": {"s0r0": {"dc": "a", "gpu": "H100", "tp": 1, "max_tokens": 10000}},
+                               "kv": {"a|a": [0.0001, 1e10]}, "kv_bytes_per_token": 1000.0,
+                               "requests": [[7, 0.0, 100, 10, "a"]]}))
     svc = subprocess.Popen([sys.executable, "-m", "testbed.runtime.bubbletea_service", str(cfg)],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert first_line(svc) == "ready"
         st = os.stat(sock)
         assert stat.S_IMODE(st.st_mode) == 0o660 and st.st_gid == gid
-        ask = json.dumps({"op": "jobs", "worker": "s0r0", "iteration": 0})
+        ask = json.dumps({"op": "jobs", "worker": "s0r0", "iteration": 0, "t_start": 100.0})
         member = client([*NOBODY, f"--groups={gid}"], sock, ask)
         assert first_line(member) == "connected" and first_line(member).startswith("closed")
         worker = client([], sock, ask)  # the run's workers run as root on bare namespaces

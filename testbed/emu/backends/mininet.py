@@ -1,6 +1,6 @@
 """Mininet backend: Mininet hosts (unnamed namespaces held by a shell), LinuxBridge switches for the
 DC LANs, no controller, no Open vSwitch. WAN shaping and delay are ours, as on every backend:
-Mininet's TCLink `delay=` silently does nothing without netem (FEASIBILITY.md section 1).
+Mininet's TCLink `delay=` silently does nothing without netem (this kernel has none: testbed/emu/kernel.py).
 
 Never calls `mininet.clean.cleanup()` / `mn -c`: they kill by program name and delete /tmp/*.log.
 The network lives only inside the process that built it (the hosts are that process's shells).

@@ -1,0 +1,69 @@
+"""How far the planner's analytic estimate is from the simulator, on jobs the estimate was not tuned on.
+
+The estimate's terms were checked against the simulator on GPT-3 175B over topologies/3dc.yaml (atlas and
+pp-wan+greedy, default latencies). This script measures it elsewhere: mixed GPUs, another model and
+batch, longer WAN latencies, GPipe. For each job it runs the planner with the best 3 layouts of every
+DC set simulated and prints the relative error (estimate - simulated) / simulated over those layouts,
+and how much slower than the set's simulated best the estimate's first choice in each DC set is (at
+worst over the sets: what trusting the estimate alone would cost). A benchmark, not a test.
+Run: .venv/bin/python bench/planner_estimate_error.py
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from testbed.plan.select import search
+from testbed.spec.experiment import Experiment
+from testbed.spec.load import load_topology
+
+ROOT = Path(__file__).resolve().parent.parent
+TWO_DC = {"name": "2dc", "dcs": [{"name": "east", "gpus": 512}, {"name": "west", "gpus": 512}],
+          "links": [{"between": ["east", "west"], "gbps": 400, "latency_ms": 33}]}
+JOBS = [
+    ("gpt3-175b on mixed-3dc (A100/H100/H200)", "mixed-3dc.yaml", {}, "atlas"),
+    ("gpt3-175b on mixed-3dc (A100/H100/H200)", "mixed-3dc.yaml", {}, "pp-wan+greedy"),
+    ("llama3-70b, batch 512, on 2 x 512 H100", TWO_DC, {"model": "llama3-70b", "global_batch": 512}, "atlas"),
+    ("llama3-70b, batch 512, on 2 x 512 H100", TWO_DC, {"model": "llama3-70b", "global_batch": 512}, "pp-1tcp+greedy"),
+    ("gpt3-175b on 3dc, every link 50 ms", "3dc.yaml@50", {}, "atlas"),
+    ("gpt3-175b on 3dc, GPipe", "3dc.yaml", {"schedule": "gpipe"}, "atlas"),
+    ("gpt3-175b on 3dc, turns by microbatch", "3dc.yaml", {}, "atlas"),
+]
+NETWORK = {"gpt3-175b on 3dc, turns by microbatch": {"turn_order": "microbatch"}}
+
+
+def topology(spec):
+    if isinstance(spec, dict):
+        return spec
+    name, _, lat = spec.partition("@")
+    topo = load_topology(ROOT / "topologies" / name).model_dump()
+    for link in topo["links"]:
+        if lat:
+            link["latency_ms"] = float(lat)
+    return topo
+
+
+def main() -> None:
+    print(f"{'job':<44}{'scheduler':<16}{'layouts':>8}{'median':>9}{'max':>9}{'bias':>9}"
+          f"{'multi-DC median':>17}{'first choice slower by':>24}")
+    for title, topo, workload, sched in JOBS:
+        exp = Experiment(topology=topology(topo), schedulers=[sched], network=NETWORK.get(title, {}),
+                         workload={"model": "gpt3-175b", "global_batch": 1728, "sequence_parallel": True, **workload})
+        res = search(exp, sched, top=3)
+        sims = [c for c in res.candidates if c.iteration_s]
+        errs = [(c.estimate_s - c.iteration_s) / c.iteration_s for c in sims]
+        multi = [abs(e) for e, c in zip(errs, sims, strict=True) if "|" in c.dcs]
+        worst = 0.0
+        for s in res.sets:
+            mine = [c for c in sims if c.dcs == s.dcs]
+            if mine:
+                first = min(mine, key=lambda c: (c.estimate_s, -c.gpus, c.key()))
+                worst = max(worst, first.iteration_s / s.best.iteration_s - 1)
+        print(f"{title:<44}{sched:<16}{len(errs):>8}{statistics.median(map(abs, errs)):>9.1%}"
+              f"{max(map(abs, errs)):>9.1%}{statistics.mean(errs):>+9.1%}{statistics.median(multi):>17.1%}"
+              f"{worst:>24.2%}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""BubbleTea in an emulated run, the orchestrator's part: the service's configuration (requests,
+workers' prefill costs, KV paths), the prefill model fitted to this CPU for real compute, and the
+served requests and serving metrics from what the service recorded.
+
+The emulated run's clock is its timeline: iterations back to back, each from its start to its last
+op (prefill included), iteration 0 (warm-up) first; requests arrive from iteration 1's start.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from statistics import median
+
+from testbed.bubbletea.run import (
+    Outcome,
+    fallback_pool,
+    group_costs,
+    home_dcs,
+    pool_metrics,
+    requests_for,
+    serving_metrics,
+    useful_work,
+)
+from testbed.bubbletea.trace import Request
+from testbed.costs.prefill import (
+    Calibration,
+    PassWork,
+    fit_calibration,
+    inference_model,
+    kv_bytes_per_token,
+    pass_time_s,
+    pass_work,
+    spread,
+)
+from testbed.plan.plan import Plan
+from testbed.spec.experiment import Experiment
+
+DECODE_PORT = 7900
+DECODE_TOKENS = 4
+CPU = "cpu"  # the prefill "GPU" of real compute on this machine (no datasheet: its calibration is all)
+
+
+@dataclass
+class CpuCalibration:
+    calibration: Calibration
+    rows: list[tuple[int, int, float, float, float]]  # tokens, cached, measured s, held-out predicted s, rel. error
+
+    @property
+    def held_out(self) -> tuple[float, float]:
+        return spread([r[4] for r in self.rows])
+
+
+def calibrate_cpu(model_name: str, repeats: int = 5) -> CpuCalibration:
+    """Time real prefill passes of `model_name` (testbed/runtime/tiny_llama.py, one thread, like the
+    workers) on this CPU, fit the roofline's overhead and FLOP rate, and score each measured pass by a
+    fit without it (leave one out)."""
+    import torch
+
+    from testbed.runtime.tiny_llama import TinyLlama, prompt_ids
+
+    torch.set_num_threads(1)
+    m = inference_model(model_name)
+    net = TinyLlama(m)
+    shapes = [(n, 0) for n in (32, 64, 128, 256, 512, 768, 1024, 1536, 2048)] + [(256, 512), (512, 1024), (256, 1536)]
+    samples: list[tuple[PassWork, float]] = []
+    for tokens, cached in shapes:
+        ids = prompt_ids(0, tokens + cached, m.vocab)
+        past = net.prefill(ids[:cached])[1] if cached else None
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            net.prefill(ids[cached:], past)
+            best = min(best, time.perf_counter() - t)
+        samples.append((pass_work(m, 1, tokens, cached), best))
+    rows = []
+    for i, (w, t) in enumerate(samples):
+        cal = fit_calibration(samples[:i] + samples[i + 1:], CPU, attention=True)
+        pred = pass_time_s(w, CPU, cal)
+        rows.append((shapes[i][0], shapes[i][1], t, pred, abs(pred / t - 1)))
+    return CpuCalibration(fit_calibration(samples, CPU, attention=True), rows)
+
+
+def service_config(plan: Plan, exp: Experiment, horizon_s: float, cal: Calibration | None) -> tuple[dict, list]:
+    """The service's configuration and the requests it serves (arrivals from iteration 1's start)."""
+    from testbed.bubbletea.run import kv_transfer
+
+    opts = exp.bubbletea
+    reqs = requests_for(opts, horizon_s, exp.seed)
+    homes = home_dcs(reqs, plan.dcs_used(), exp.seed)
+    _per_dc, max_tokens = group_costs(plan, opts)
+    workers = {}
+    for r in range(plan.dp):
+        for s in range(plan.pp):
+            if max_tokens[s]:
+                dc = plan.stage_dc[r][s]
+                workers[f"s{s}r{r}"] = {"dc": dc, "gpu": CPU if cal else plan.gpu_types[dc], "tp": plan.tp,
+                                        "max_tokens": max_tokens[s]}
+    kv_time = kv_transfer(plan, opts)
+    per_tok = kv_bytes_per_token(inference_model(opts.model))
+    kv = {}
+    for a in plan.dcs_used():
+        for b in plan.dcs_used():
+            lat = kv_time(a, b, 0)
+            kv[f"{a}|{b}"] = [lat, per_tok * 1e6 / max(kv_time(a, b, 1_000_000) - lat, 1e-12)]
+    cfg = {"model": opts.model, "layers": inference_model(opts.model).layers, "workers": workers,
+           "guard_s": opts.guard_ms / 1e3, "slo_s": opts.ttft_slo_ms / 1e3,
+           "kv": kv, "kv_bytes_per_token": per_tok,
+           "calibration": [cal.overhead_per_layer_s, cal.flop_rate, cal.allreduce_rate, cal.large_pass_factor,
+                           cal.attention_rate] if cal else None,
+           "requests": [[q.request_id, q.arrival_s, q.prompt_tokens, q.output_tokens, homes[q.request_id]]
+                        for q in reqs]}
+    return cfg, reqs
+
+
+def served_requests(plan: Plan, exp: Experiment, reqs: list[Request], homes: dict[int, str], results: dict,
+                    starts: list[float], durations: list[float], real_compute: bool) -> tuple[list[tuple], dict]:
+    """Requests.csv rows and serving metrics of the steady iterations (1..), on the timeline clock.
+
+    Served in bubbles: every chunk of its final placement ran (after its last skip, if any). TTFT: the
+    last chunk's end, or with real compute the KV cache's arrival at its decode process (end to end).
+    Otherwise the fallback pool (same size as the simulator's) serves it, queued from when the service
+    sent it there (its arrival, or the re-plan or skip that gave up on the bubbles)."""
+    opts = exp.bubbletea
+    tl_start = [sum(durations[:k]) for k in range(len(durations))]
+
+    def on_timeline(it: int, t: float) -> float:
+        return tl_start[it] + t - starts[it]
+
+    shift, horizon_end = durations[0], sum(durations)
+    last_skip: dict[int, float] = {}
+    for rid, _w, it, t in results.get("skipped", []):
+        if it < len(starts):
+            last_skip[rid] = max(last_skip.get(rid, 0.0), on_timeline(it, t))
+    ran: dict[int, list] = {}
+    for rid, w, it, chunk, a, b, tokens, cached in results.get("ran", []):
+        if it < len(starts):
+            ran.setdefault(rid, []).append((w, chunk, on_timeline(it, a), on_timeline(it, b), tokens, cached))
+    decided = {int(d[0]): d for d in results.get("decisions", [])}
+    decoded = {int(d[0]): d for d in results.get("decoded", [])}
+    starts_by_abs = sorted(zip(starts, range(len(starts)), strict=True))
+
+    def abs_to_timeline(t: float) -> float:
+        k = max((i for s, i in starts_by_abs if s <= t), default=0)
+        return on_timeline(k, t)
+
+    outcomes, rows, pool_queue, chunks_ran = [], [], [], []
+    for q in reqs:
+        arrival = q.arrival_s + shift
+        if arrival >= horizon_end:
+            break
+        d = decided.get(q.request_id)
+        mine = []
+        if d is not None and d[1]:
+            mine = [c for c in ran.get(q.request_id, []) if c[0] == d[1] and c[2] >= last_skip.get(q.request_id, -1)]
+        if d is not None and d[1] and len({c[1] for c in mine}) == d[3]:
+            end = max(c[3] for c in mine)
+            kv_ready = ""
+            if real_compute and q.request_id in decoded:
+                kv_ready = abs_to_timeline(decoded[q.request_id][2])
+                end = kv_ready
+            start = min(c[2] for c in mine)
+            dc = plan.stage_dc[int(d[1][1:].split("r")[1])][int(d[1][1:].split("r")[0])]
+            chunks_ran += [(dc, (c[2], c[3], c[4], c[5])) for c in mine]
+            outcomes.append(Outcome(q.prompt_tokens, end - arrival, True))
+            rows.append([q.request_id, arrival, q.prompt_tokens, d[1], dc, start, end, len(mine), 1,
+                         homes[q.request_id], kv_ready, 0.0])
+        else:
+            join = d[2] if d is not None and d[2] is not None else arrival
+            join = max(join, arrival, last_skip.get(q.request_id, 0.0))
+            pool_queue.append((join, arrival, q))
+    pool = fallback_pool(plan, opts, exp.seed)
+    for join, arrival, q in sorted(pool_queue, key=lambda x: (x[0], x[1])):
+        served = pool.serve(join, q.prompt_tokens, homes[q.request_id])
+        outcomes.append(Outcome(q.prompt_tokens, served.end_s - arrival, False, served.start_s - arrival))
+        rows.append([q.request_id, arrival, q.prompt_tokens, "fallback", served.dc, served.start_s, served.end_s,
+                     0, 0, homes[q.request_id], "", served.start_s - arrival])
+    horizon = horizon_end - shift
+    handed = sum(len(js) for k, per in results.get("jobs", {}).items() if int(k) < len(starts) for js in per.values())
+    m = {**serving_metrics(outcomes, horizon, opts.ttft_slo_ms / 1e3), **pool_metrics(pool, horizon),
+         "prefill_skipped": round(len(results.get("skipped", [])) / handed, 6) if handed else 0.0}
+    if not real_compute:
+        from testbed.bubbletea.run import train_mfu
+
+        work = useful_work(plan, opts, chunks_ran, horizon, train_mfu(exp.workload.mfu, plan.tp))
+        m.update(work)
+    return sorted(rows, key=lambda r: r[0]), m
+
+
+def slowdown(bt_durations: list[float], base_durations: list[float]) -> tuple[float, float, float]:
+    """Training slowdown over the steady iterations: median(BubbleTea) / median(alone) - 1, and the
+    25th and 75th percentiles of each BubbleTea iteration against the median alone (the spread)."""
+    base = median(base_durations)
+    rel = sorted(d / base - 1 for d in bt_durations)
+
+    def pct(p: float) -> float:
+        x = p * (len(rel) - 1)
+        i = int(x)
+        return rel[i] + (rel[min(i + 1, len(rel) - 1)] - rel[i]) * (x - i)
+
+    return median(bt_durations) / base - 1, pct(0.25), pct(0.75)

@@ -1,0 +1,253 @@
+"""A fast analytic estimate of one iteration, for ranking thousands of layouts before simulating a few.
+
+It keeps what makes geo-distributed training slow: the busiest WAN link's bytes under the scheduler's
+sharing and TCP window caps, the WAN latency in pipeline fill and drain, 1F1B stalls when too few
+microbatches are in flight to cover a WAN round trip, and the gradient all-reduce and optimizer
+step after the last backward. Formulas: docs/planner.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from testbed.costs.models import ModelConfig
+from testbed.costs.stage import ADAMW_BYTES_PER_PARAM, BF16, WORKSPACE_GB, LayerCosts, layer_costs
+from testbed.plan.build import link_plans
+from testbed.plan.layers import choose_layers
+from testbed.plan.mechanisms import Mechanisms
+from testbed.plan.plan import LinkPlan
+from testbed.spec.experiment import Experiment
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One candidate: the DC chain, stages per DC, and the parallelism."""
+
+    order: tuple[str, ...]
+    counts: tuple[int, ...]  # stages per DC of `order`
+    tp: int
+    pp: int
+    dp: int
+    microbatch: int
+
+    def stage_dcs(self) -> list[str]:
+        return [d for d, c in zip(self.order, self.counts, strict=True) for _ in range(c)]
+
+
+@dataclass
+class Estimate:
+    iteration_s: float  # inf when it does not fit
+    layers: list[int]
+    mem_gb: float  # the fullest GPU, before the latency warm-up's extra microbatches
+    problem: str = ""  # why it does not fit
+
+
+@dataclass(frozen=True)
+class _Stages:
+    """What a layout's stages cost, whatever DCs they sit in (shared by layouts with the same GPUs).
+    Arrays are per stage."""
+
+    layers: list[int]
+    problem: str
+    mem_gb: float  # the fullest GPU
+    f: np.ndarray
+    b: np.ndarray
+    free_gb: np.ndarray  # memory left per GPU
+    act_gb: np.ndarray  # what one more in-flight microbatch costs per GPU
+    grad_bytes: np.ndarray
+    opt_s: np.ndarray
+
+
+@functools.cache
+def _pairs(pp: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every (s, t) with s <= t < pp, as two index arrays."""
+    return np.triu_indices(pp)
+
+
+class Estimator:
+    """Estimates layouts of one job; caches per-layer costs by (GPU, tp, dp, microbatch) and stage
+    costs by the GPUs along the pipeline."""
+
+    def __init__(self, exp: Experiment, model: ModelConfig, mech: Mechanisms):
+        self.exp, self.model, self.mech = exp, model, mech
+        self.dc = {d.name: d for d in exp.topology.dcs}
+        self._costs: dict[tuple, LayerCosts] = {}
+        self._stages: dict[tuple, _Stages] = {}
+        self._links: dict[int, dict[tuple[str, str], LinkPlan]] = {}
+
+    def links(self, tp: int) -> dict[tuple[str, str], LinkPlan]:
+        """The WAN plan at this tp (a boundary's NCCL connections grow with it)."""
+        if tp not in self._links:
+            w = self.exp.workload.model_copy(update={"tp": tp})
+            self._links[tp] = link_plans(self.exp.model_copy(update={"workload": w}), self.mech)
+        return self._links[tp]
+
+    def costs(self, gpu: str, tp: int, dp: int, microbatch: int) -> LayerCosts:
+        key = (gpu, tp, dp, microbatch)
+        if key not in self._costs:
+            w = self.exp.workload
+            self._costs[key] = layer_costs(self.model, gpu, tp=tp, dp=dp, microbatch=microbatch, mfu=w.mfu,
+                                           recompute=w.recompute, distributed_optimizer=w.distributed_optimizer,
+                                           sequence_parallel=w.sequence_parallel)
+        return self._costs[key]
+
+    def stages(self, segments: tuple[tuple[str, int], ...], tp: int, dp: int, microbatch: int) -> _Stages:
+        """Stage costs for `segments` (GPU type, stages) along the pipeline."""
+        key = (segments, tp, dp, microbatch)
+        got = self._stages.get(key)
+        if got is not None:
+            return got
+        w, model = self.exp.workload, self.model
+        segs = [(self.costs(g, tp, dp, microbatch), n) for g, n in segments]
+        lc = [c for c, n in segs for _ in range(n)]
+        pp = len(lc)
+        last = pp - 1
+        m = w.global_batch // (microbatch * dp)
+        # per stage, as LayerCosts.max_layers and mem_gb compute them one by one
+        weight, act, layer_s, fwd, bwd, gpu_bytes, hbm = np.repeat(
+            [(c.weight_bytes, c.act_bytes, c.layer_s, c.fwd_s, c.bwd_s, c.gpu.memory_gb * 1e9, c.gpu.hbm_bytes_per_s)
+             for c, _ in segs], [n for _, n in segs], axis=0).T
+        fl = np.minimum(pp - np.arange(pp), m) if w.schedule == "1f1b" else np.full(pp, m)
+        fixed = np.full(pp, WORKSPACE_GB * 1e9)
+        fixed[0] = lc[0].fixed_bytes(True, last == 0)
+        fixed[last] = lc[last].fixed_bytes(last == 0, True)
+        per_layer = weight + act * fl
+        room = np.where(gpu_bytes > fixed, np.floor_divide(gpu_bytes - fixed, per_layer), 0).astype(int).tolist()
+        head = [0.0] * pp
+        head[last] = lc[last].head_fwd_s + lc[last].head_bwd_s
+        layers, fits = choose_layers(model.layers, layer_s.tolist(), head, room, w.layer_split)
+        n = np.array(layers, dtype=float)
+        mem = (fixed + n * per_layer) / 1e9
+        problem = ""
+        if not fits:
+            s = int(np.argmax(mem - gpu_bytes / 1e9))
+            problem = (f"stage {s} needs {mem[s]:.0f} GB per {lc[s].gpu.name} GPU (it has "
+                       f"{lc[s].gpu.memory_gb:.0f} GB)")
+        emb = model.embedding_params()
+        params = n * model.layer_params()
+        params[0] += emb
+        params[last] += emb
+        f = n * fwd
+        b = n * bwd
+        f[last] += lc[last].head_fwd_s
+        b[last] += lc[last].head_bwd_s
+        shard = tp * (dp if w.distributed_optimizer else 1)
+        got = _Stages(layers=layers, problem=problem, mem_gb=float(mem.max()), f=f, b=b,
+                      free_gb=gpu_bytes / 1e9 - mem, act_gb=n * act / 1e9,
+                      grad_bytes=params * BF16, opt_s=params / shard * ADAMW_BYTES_PER_PARAM / hbm)
+        self._stages[key] = got
+        return got
+
+    def turn_order(self, fb: np.ndarray, wan_s: float) -> str:
+        """As build.turn_policy: under `auto`, replica order when the WAN bounds the iteration (Plan.wan_load:
+        the busiest WAN direction's bytes per microbatch at capacity, over the slowest stage's fwd + bwd)."""
+        order = self.exp.network.turn_order
+        if order == "auto":
+            return "replica" if wan_s >= fb.max() else "microbatch"
+        return order
+
+    def starved(self, f: np.ndarray, b: np.ndarray, burst_f: np.ndarray, burst_b: np.ndarray, busy_f: np.ndarray,
+                busy_b: np.ndarray, own_f: np.ndarray, own_b: np.ndarray, wan_s: float) -> float:
+        """How late the replica last in a fixed turn order finishes. A stage sends bursts: the warm-up's
+        forwards (burst_f[k] from stage k) and the cool-down's backwards (burst_b[k] from stage k + 1); GPipe
+        sends all m each way. When the link needs more time for every replica's transfer (busy) than the
+        stage takes to make one, the last replica's burst crosses only after the others', back to back, and
+        its next stage then computes the whole burst without overlap: per burst transfer it loses the next
+        stage's compute less its own transfer time. Other turn orders share the link in rounds instead."""
+        if not self.mech.temporal:
+            return 0.0
+        if self.turn_order(f + b, wan_s) != "replica":
+            return 0.0
+        f_next = np.concatenate((f[1:], [0.0]))
+        lag_f = np.where(busy_f > f, burst_f * np.maximum(0.0, f_next - own_f), 0.0)
+        b_next = np.concatenate((b[1:], [0.0]))
+        lag_b = np.where(busy_b > b_next, burst_b * np.maximum(0.0, b - own_b), 0.0)
+        return float(lag_f.sum() + lag_b.sum())
+
+    def __call__(self, lay: Layout) -> Estimate:
+        w, mech, model, dc = self.exp.workload, self.mech, self.model, self.dc
+        pp, tp, dp = lay.pp, lay.tp, lay.dp
+        m = w.global_batch // (lay.microbatch * dp)
+        segs: list[tuple[str, int]] = []
+        for d, n in zip(lay.order, lay.counts, strict=True):
+            if segs and segs[-1][0] == dc[d].gpu:
+                segs[-1] = (dc[d].gpu, segs[-1][1] + n)
+            else:
+                segs.append((dc[d].gpu, n))
+        st = self.stages(tuple(segs), tp, dp, lay.microbatch)
+        if st.problem:
+            return Estimate(float("inf"), st.layers, st.mem_gb, st.problem)
+        f, b = st.f, st.b
+        fb = f + b
+        A = model.seq_len * lay.microbatch * model.hidden * BF16
+        # per stage boundary k -> k+1: delay of the activation (fd) and of the gradient (bd). A boundary's
+        # transfers queue on one pipe per replica and direction (n connections, one n W/RTT cap), and a WAN
+        # link direction carries every replica's pipe: both bound the time per microbatch (service)
+        links = self.links(tp)
+        fd, bd = np.empty(pp), np.empty(pp)  # the last entries stay 0: no boundary after the last stage
+        intra_bps = np.empty(pp)  # a stage's DP all-reduce bandwidth (one NIC per GPU of its TP group)
+        intra_lat = np.empty(pp)
+        round_trips = np.zeros(pp)  # WAN round trip at each boundary, for the latency warm-up
+        busy_f, busy_b = np.zeros(pp), np.zeros(pp)  # link time per microbatch (all replicas) at WAN boundaries
+        own_f, own_b = np.zeros(pp), np.zeros(pp)  # one transfer alone at its full rate there
+        service, wan_s, wan_caps, turn, group, s0 = 0.0, 0.0, [], 0.0, dp, 0
+        for i, (name, n) in enumerate(zip(lay.order, lay.counts, strict=True)):
+            d = dc[name]
+            bw, lat = tp * d.intra_gbps * 1e9 / 8, d.intra_latency_us / 1e6
+            fd[s0:s0 + n] = bd[s0:s0 + n] = A / bw + lat
+            intra_bps[s0:s0 + n], intra_lat[s0:s0 + n] = bw, lat
+            s0 += n
+            if i + 1 < len(lay.order):
+                k, nxt = s0 - 1, lay.order[i + 1]
+                for src, dst, out in ((name, nxt, fd), (nxt, name, bd)):
+                    lp = links[(src, dst)]
+                    alone = lp.transfer_rate_bps
+                    busy = dp * A / min(lp.capacity_bps, dp * lp.transfer_cap_bps)
+                    wan_s = max(wan_s, dp * A / lp.capacity_bps)
+                    service = max(service, busy, A / alone)
+                    (busy_f if out is fd else busy_b)[k] = busy
+                    (own_f if out is fd else own_b)[k] = A / alone
+                    # turns: a replica's transfer goes alone at its full rate; fair sharing: all finish together
+                    out[k] = lp.latency_s + (A / alone if mech.temporal else busy)
+                    round_trips[k] += lp.latency_s + A / min(lp.capacity_bps / dp, lp.transfer_cap_bps)
+                    wan_caps.append(lp.capacity_bps)
+                    if out is fd and A / alone > turn:  # as build.stagger_offsets
+                        turn, group = A / alone, max(1, math.floor(lp.capacity_bps / alone * (1 + 1e-12)))
+        fd[pp - 1] = bd[pp - 1] = 0.0
+        if w.schedule == "1f1b":
+            extra = np.zeros(pp)
+            if mech.warmup and wan_caps:
+                # as build.latency_warmup: cover the downstream WAN round trips, memory permitting,
+                # never increasing along the pipeline
+                downstream = np.cumsum(round_trips[::-1])[::-1]
+                want = np.ceil(downstream / fb)
+                fits = np.floor(st.free_gb / st.act_gb)
+                extra = np.maximum(0, np.minimum.accumulate(np.minimum(np.minimum(want, fits), m)))
+            # steady state with period T: stage s runs F(i + w_s) then B(i), w_s = in-flight - 1. A microbatch
+            # entering stages s..t and coming back must fit in the slack the in-flight counts leave:
+            # T (w_s - w_t + 1) >= sum of fb over s..t + the boundary delays between them, for every s <= t
+            # (t = last stage: the round trip; t = s + 1 across a WAN hop: only two microbatches of slack)
+            d = fd + bd
+            w = np.minimum(pp - 1 - np.arange(pp) + extra, m - 1)
+            F = np.cumsum(fb)
+            D = np.concatenate(([0.0], np.cumsum(d)))
+            s_, t_ = _pairs(pp)
+            ratio = (F[t_] - F[s_] + fb[s_] + D[t_] - D[s_]) / (w[s_] - w[t_] + 1.0)
+            period = max(float(ratio.max()), service)
+            burst = self.starved(f, b, w + 1, np.concatenate((w[1:] + 1, [0.0])), busy_f, busy_b, own_f, own_b, wan_s)
+            pipe = float(fb.sum() + d.sum()) + (m - 1) * period + burst
+        else:
+            pipe = (float(f.sum() + fd.sum()) + (m - 1) * max(float(f.max()), service)
+                    + float(b.sum() + bd.sum()) + (m - 1) * max(float(b.max()), service))
+            pipe += self.starved(f, b, np.full(pp, m), np.full(pp, m), busy_f, busy_b, own_f, own_b, wan_s)
+        # after its last backward a stage all-reduces its gradients inside its DC, then steps AdamW
+        back = np.concatenate(([0.0], np.cumsum(b + bd)[:-1]))  # how much earlier stage s finishes
+        ar = (2 * (dp - 1) / dp * st.grad_bytes / intra_bps + 2 * (dp - 1) * intra_lat) if dp > 1 else 0.0
+        end = pipe + float((ar + st.opt_s - back).max())
+        if mech.stagger and wan_caps:
+            end += (dp - 1) // group * turn  # the last replica starts this much later
+        return Estimate(end, st.layers, st.mem_gb)

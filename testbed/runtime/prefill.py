@@ -1,0 +1,291 @@
+"""The worker's side of BubbleTea: run prefill jobs in this worker's bubbles, report its idle windows.
+
+- At each iteration's start the worker fetches its jobs from the BubbleTea service (each: a chunk of
+  a request, its planned start and latest start as offsets from the iteration's start, its predicted
+  duration, tokens, tokens already cached, the request's home DC).
+- It runs a job only while it waits (for training input, its replica offset, or the iteration's end)
+  and never after the job's latest start: the predicted end of its bubble less the guard band and the
+  job's duration. A job that can no longer start in time is skipped and reported; training is never
+  held for prefill beyond a job already started.
+- Each idle window (the gap between two of its training ops) is sent to the service as it ends, so
+  the service can predict the next iteration's windows from the live ones (testbed/bubbletea/online.py).
+- compute `modeled`: a job waits its predicted time. compute `torch`: a real prefill of the request's
+  prompt on a small Llama-style model (testbed/runtime/tiny_llama.py), chunk by chunk with the KV
+  cache kept between chunks; after the last chunk the KV cache and the first token are shipped over
+  the emulated WAN to the decode process of the request's home DC (testbed/runtime/decode.py).
+
+The service link is one Unix socket: notices (windows, reports) go through a queue and a thread of
+their own, in order, so they never hold the training loop; only the job fetch waits for its reply.
+"""
+
+from __future__ import annotations
+
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+from testbed.runtime.wire import recv_ctrl, send_ctrl
+
+TRAINING = ("fwd", "bwd", "allreduce")
+FETCH_TIMEOUT = 5.0
+Rec = Callable[..., None]
+
+
+class ServiceLink:
+    """Messages to the BubbleTea service in order; `ask` waits for its reply, `tell` does not."""
+
+    def __init__(self, path: str) -> None:
+        self.q: queue.Queue = queue.Queue()
+        self.error: str = ""
+        self.path = path
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            s = socket.socket(socket.AF_UNIX)
+            s.settimeout(FETCH_TIMEOUT)
+            s.connect(self.path)
+        except OSError as e:
+            self.error = f"BubbleTea service unreachable ({e.strerror or e}): no prefill"
+            self._drain()
+            return
+        while True:
+            msg, box = self.q.get()
+            try:
+                send_ctrl(s, msg)
+                reply = recv_ctrl(s)
+            except (OSError, ValueError) as e:
+                self.error = f"BubbleTea service lost ({e}): no prefill"
+                if box is not None:
+                    box.put(None)
+                self._drain()
+                return
+            if box is not None:
+                box.put(reply)
+
+    def _drain(self) -> None:
+        while True:
+            _msg, box = self.q.get()
+            if box is not None:
+                box.put(None)
+
+    def tell(self, msg: dict) -> None:
+        if not self.error:
+            self.q.put((msg, None))
+
+    def ask_later(self, msg: dict) -> queue.Queue:
+        """Send `msg`; its reply (None on failure) will be in the returned queue."""
+        box: queue.Queue = queue.Queue(maxsize=1)
+        if self.error:
+            box.put(None)
+        else:
+            self.q.put((msg, box))
+        return box
+
+    def ask(self, msg: dict) -> dict | None:
+        try:
+            return self.ask_later(msg).get(timeout=FETCH_TIMEOUT)
+        except queue.Empty:
+            self.error = "BubbleTea service did not answer: no prefill"
+            return None
+
+
+class TorchPrefill:
+    """Real prefill on the CPU; shipping of finished KV caches to the home DC's decode process."""
+
+    def __init__(self, decode: dict, model_name: str) -> None:
+        import torch
+
+        from testbed.costs.models import MODELS
+        from testbed.runtime.tiny_llama import TinyLlama
+
+        torch.set_num_threads(1)
+        self.m = MODELS[model_name]
+        self.net = TinyLlama(self.m)
+        self.cache: dict[int, list] = {}
+        self.decode = decode
+        self.out: dict[str, queue.Queue] = {}
+
+    def steps(self, rid: int, tokens: int, cached: int, last: bool, home: str):
+        """The job's real prefill, one layer per step; after the last layer the cache is kept (more chunks
+        follow) or shipped with the first token to the request's home DC."""
+        from testbed.runtime.tiny_llama import prompt_ids
+
+        ids = prompt_ids(rid, cached + tokens, self.m.vocab)[cached:]
+        first, kv = yield from self.net.prefill_steps(ids, self.cache.pop(rid, None))
+        if last:
+            self._ship(rid, first, kv, cached + tokens, home)
+        else:
+            self.cache[rid] = kv
+
+    def drop(self, rid: int) -> None:
+        self.cache.pop(rid, None)
+
+    def _ship(self, rid: int, first: int, kv, tokens: int, home: str) -> None:
+        from testbed.runtime.tiny_llama import kv_to_bytes
+
+        if home not in self.out:
+            q: queue.Queue = queue.Queue()
+            self.out[home] = q
+            threading.Thread(target=self._sender, args=(home, q), daemon=True).start()
+        self.out[home].put((rid, first, tokens, kv_to_bytes(kv)))
+
+    def _sender(self, home: str, q: queue.Queue) -> None:
+        """One TCP connection to the home DC's decode process; KV caches go in order, off the training path."""
+        ep = self.decode[home]
+        sock = socket.create_connection((ep.ip, ep.port), timeout=30)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        while True:
+            rid, first, tokens, data = q.get()
+            send_ctrl(sock, {"request": rid, "first": first, "tokens": tokens, "bytes": len(data),
+                             "t_send": time.monotonic()})
+            sock.sendall(data)
+
+
+class PrefillClient:
+    """This worker's prefill jobs and idle windows, one iteration at a time (see the module docstring)."""
+
+    def __init__(self, name: str, service: str | None, compute: str, prefill=None) -> None:
+        """`prefill`: testbed/runtime/config.py's PrefillConfig (model, layers, decode endpoints)."""
+        self.name = name
+        self.link = ServiceLink(service) if service else None
+        self.torch = None
+        if service and compute == "torch" and prefill is not None:
+            self.torch = TorchPrefill(prefill.decode, prefill.model)
+        self.jobs: list[list] = []
+        self.layers = prefill.layers if prefill is not None else 32
+        self.current = None  # the job under way: (job, its steps, when it first started)
+        self.t0 = self.last_end = self.last_any = 0.0
+        self.reply: queue.Queue | None = None
+        self.it = 0
+
+    @property
+    def degraded(self) -> str:
+        return self.link.error if self.link else ""
+
+    def begin(self, it: int, t_start: float) -> None:
+        """Ask for this iteration's jobs without waiting: training starts now, the jobs join when their
+        reply is in (the service's planning time costs prefill, never training)."""
+        self.it, self.t0, self.last_end, self.last_any, self.jobs = it, t_start, t_start, t_start, []
+        self.ready_at: float | None = None
+        self.ran: list[list] = []
+        self.skipped: list[list] = []
+        self.reply = None if self.link is None else self.link.ask_later(
+            {"op": "jobs", "worker": self.name, "iteration": it, "t_start": t_start})
+
+    def _collect(self) -> None:
+        if self.reply is None:
+            return
+        try:
+            reply = self.reply.get_nowait()
+        except queue.Empty:
+            return
+        self.reply = None
+        self.jobs = sorted(reply.get("jobs", []), key=lambda j: j[3]) if reply else []
+
+    def busy(self, kind: str, t0: float, t1: float) -> None:
+        """A training op ran [t0, t1]: the gap before it was an idle window; tell the service now."""
+        self.last_any = max(self.last_any, t1)
+        if kind == "recv":
+            self.ready_at = t1  # training could go on from here: a prefill running past it made training wait
+        if kind not in TRAINING:
+            return
+        end = min(t0, self.ready_at) if self.ready_at is not None and self.ready_at > self.last_end else t0
+        if self.link is not None and end > self.last_end + 1e-6:
+            self.link.tell({"op": "idle", "worker": self.name, "iteration": self.it, "start": self.last_end,
+                            "end": end})
+        self.last_end = max(self.last_end, t1)
+        self.ready_at = None
+
+    def _next_start(self) -> float | None:
+        self._collect()
+        return self.t0 + self.jobs[0][3] if self.jobs else None
+
+    def run_due(self, rec: Rec, stop: Callable[[], bool] = lambda: False) -> None:
+        """Run the jobs whose time has come, in order, until `stop()` (training input is in); skip the
+        ones that can no longer finish before their bubble's predicted end. A job runs one layer at a
+        time: when training input arrives mid-job, the job pauses at the next layer boundary and resumes
+        in the next idle time, so a misjudged bubble costs training at most one layer."""
+        self._collect()
+        while (self.current or self.jobs) and not stop():
+            now = time.monotonic()
+            if self.current is None:
+                rid, chunk, chunks, off, dur, latest, tokens, cached, home = self.jobs[0]
+                if now < self.t0 + off:
+                    return
+                self.jobs.pop(0)
+                if now > self.t0 + latest:
+                    self._skip(rid, now)
+                    continue
+                steps = (self.torch.steps(rid, tokens, cached, chunk == chunks - 1, home) if self.torch is not None
+                         else self._sleeps(dur))
+                self.current = ([rid, chunk, chunks, off, dur, latest, tokens, cached, home], steps, now, 0.0)
+            job, steps, first, busy = self.current
+            try:
+                while not stop():
+                    next(steps)
+            except StopIteration:
+                self.current = None
+                t1 = time.monotonic()
+                rec("prefill", -1, now, t1)
+                self.ran.append([job[0], job[1], first, t1, job[6], job[7], busy + t1 - now])
+                continue
+            t1 = time.monotonic()
+            rec("prefill", -1, now, t1)  # paused: training input is in
+            self.current = (job, steps, first, busy + t1 - now)
+
+    def _sleeps(self, dur: float):
+        """Modeled compute: the job's predicted time, one layer's share per step, against a clock anchor
+        (so late wake-ups do not add up); a pause (a gap between steps) moves the anchor."""
+        step, done = dur / self.layers, 0.0
+        anchor = time.monotonic()
+        for _ in range(self.layers):
+            now = time.monotonic()
+            if now - (anchor + done) > step:  # resumed after a pause
+                anchor = now - done
+            done += step
+            time.sleep(max(0.0, anchor + done - now))
+            yield
+
+    def _skip(self, rid: int, now: float) -> None:
+        self.skipped.append([rid, now])
+        self.jobs = [j for j in self.jobs if j[0] != rid]  # its later chunks have nothing to continue from
+        if self.torch is not None:
+            self.torch.drop(rid)
+
+    def wait_for(self, inbox, key: tuple, rec: Rec) -> None:
+        """Wait for training input; run due prefill jobs in the meantime."""
+        while not inbox.arrived(key):
+            self.run_due(rec, lambda: inbox.arrived(key))
+            nxt = self._next_start()
+            if nxt is None or inbox.wait_until(key, nxt):
+                return
+
+    def wait_until(self, deadline: float, rec: Rec) -> None:
+        """Wait until `deadline` (the replica's start offset); run due prefill jobs in the meantime."""
+        while (now := time.monotonic()) < deadline:
+            self.run_due(rec, lambda: time.monotonic() >= deadline)
+            nxt = self._next_start()
+            time.sleep(max(0.0, min(deadline, nxt if nxt is not None and nxt > now else deadline) - now))
+
+    def drain(self, rec: Rec) -> None:
+        """After this worker's last training op: a paused job finishes, then the jobs planned in its tail
+        bubble run, each from its start."""
+        self._collect()
+        self.run_due(rec)
+        while self.jobs:
+            nxt = self._next_start()
+            if nxt is not None and (d := nxt - time.monotonic()) > 0:
+                time.sleep(d)
+            self.run_due(rec)
+
+    def end(self, it: int) -> None:
+        """Report what ran and what was skipped; waits for the service, so that every worker's report is
+        in before the orchestrator's barrier lets the next iteration (and its re-plan) start."""
+        if self.link is None:
+            return
+        self.link.ask({"op": "done", "worker": self.name, "iteration": it, "t_start": self.t0,
+                       "last_train_end": self.last_end, "last_end": self.last_any, "ran": self.ran,
+                       "skipped": self.skipped})
