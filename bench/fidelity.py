@@ -139,7 +139,7 @@ def run_case(case: Case, timelines: Path | None = None) -> list[dict[str, object
     both engines' timelines go to timelines/<topology>.csv."""
     from testbed.emu.experiment import run_point
 
-    results, validation, _losses, _flows = run_point(case.experiment, case.index, {})
+    results, validation, _losses, _flows, _cpu = run_point(case.experiment, case.index, {})
     if timelines is not None:
         from testbed.timeline import write_timelines
 

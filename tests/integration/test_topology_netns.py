@@ -38,7 +38,9 @@ def test_wan_rtt_matches_configuration(three_dc):
         a, b = link.between
         st = ping(emu, f"{a}-h0", emu.addr.host(f"{b}-h0").ip, 20)
         cfg = 2 * link.latency_ms
-        assert cfg <= st["rtt_min_ms"] and st["rtt_avg_ms"] <= cfg + 10, (link.between, st)
+        # the delay line releases early by the wake-up lateness it has learned (emu/delayline.py), so a packet may
+        # leave a fraction of a millisecond before its deadline, and they leave on time on average
+        assert cfg - 1.0 <= st["rtt_min_ms"] and cfg - 0.5 <= st["rtt_avg_ms"] <= cfg + 10, (link.between, st)
 
 
 def test_delay_method_is_reported(three_dc):
