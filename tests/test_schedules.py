@@ -33,3 +33,14 @@ def test_extra_warmup_keeps_more_in_flight_and_rejects_increasing_extras():
     assert str(acts[3][1]) == "B0"
     with pytest.raises(ValueError):
         build_schedule("1f1b", 3, 8, [0, 2, 0])
+
+
+def test_warmup_covers_a_round_trip_at_the_pipelines_bottleneck_rate():
+    """Little's law: a round trip holds the microbatches that enter during it, one per compute time, or one per
+    busiest-hop time when a WAN link is the bottleneck (then more in flight would only delay)."""
+    from testbed.plan.build import latency_warmup
+
+    args = ([1.0] * 4, [10.0, 0.0, 0.0], [80.0] * 4, [1.0] * 4, 16, "1f1b")
+    assert latency_warmup(*args) == [10, 0, 0, 0]
+    assert latency_warmup(*args, busy_s=5.0) == [2, 0, 0, 0]
+    assert latency_warmup(*args, busy_s=0.5) == [10, 0, 0, 0]  # compute is the bottleneck: as without

@@ -57,3 +57,34 @@ def test_checker_catches_overlap():
     moved = fwd[1]._replace(start_s=fwd[0].start_s)
     tl.intervals[tl.intervals.index(fwd[1])] = moved
     assert any("overlaps" in v or "before" in v for v in check_timeline(tl, plan))
+
+
+def test_lower_bound_is_each_schedulers_own():
+    """Schedulers that place alike but split layers differently (dp-wan even, atlas balanced) do not share a
+    lower bound: each row's bound is the one it gets alone, and never above its iteration time."""
+    import yaml
+
+    from testbed.sim.run import run_point
+    from testbed.spec.experiment import Experiment
+
+    spec = yaml.safe_load("""
+name: lb
+topology:
+  name: lb
+  tcp_window_mb: 4
+  dcs:
+  - {name: d0, gpu: A100, gpus: 64, gpus_per_node: 8, intra_gbps: 400}
+  - {name: d1, gpu: A100, gpus: 128, gpus_per_node: 8, intra_gbps: 400}
+  links:
+  - {between: [d0, d1], gbps: 25, latency_ms: 2}
+workload: {model: llama3-8b, global_batch: 16, microbatch: 1, seq_len: 4096, tp: 4, pp: 16, dp: 2, schedule: gpipe,
+           recompute: full, sequence_parallel: true}
+schedulers: [dp-wan, atlas]
+iterations: 1
+timeline: none
+""")
+    both = {r.summary["scheduler"]: r.summary for r in run_point(Experiment.model_validate(spec), 0, {}, False)}
+    for sched in ("dp-wan", "atlas"):
+        alone = run_point(Experiment.model_validate({**spec, "schedulers": [sched]}), 0, {}, False)[0].summary
+        assert both[sched]["lower_bound_s"] == alone["lower_bound_s"]
+        assert both[sched]["lower_bound_s"] <= both[sched]["iteration_s"] * (1 + 1e-9)

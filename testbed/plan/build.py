@@ -168,11 +168,28 @@ def wan_round_trips(row: list[str], act_bytes: list[float], links: dict, dp: int
     return out
 
 
+def wan_busy_s(row: list[str], act_bytes: list[float], links: dict, dp: int = 1) -> float:
+    """The longest a WAN hop of the pipeline is busy per microbatch: one activation (or gradient) for each of
+    the dp replicas crossing it, at what a transfer gets when they share it, max over hops and directions
+    (0 without WAN hops). The pipeline cannot take microbatches faster than one per this."""
+    busy = 0.0
+    for k in range(len(row) - 1):
+        if row[k] != row[k + 1]:
+            for lp in (links[(row[k], row[k + 1])], links[(row[k + 1], row[k])]):
+                busy = max(busy, act_bytes[k] / min(lp.capacity_bps / dp, lp.transfer_cap_bps))
+    return busy
+
+
 def latency_warmup(fb_s: list[float], round_trips: list[float], free_gb: list[float], act_gb: list[float], m: int,
-                   schedule: str) -> list[int]:
+                   schedule: str, busy_s: float = 0.0) -> list[int]:
     """Extra 1F1B warm-up per stage: enough microbatches to cover the WAN round trips downstream of
     the stage (`round_trips`, one per stage boundary), as many as the GPU's free memory allows, and
-    never increasing along the pipeline. `fb_s` is a stage's forward plus backward per microbatch."""
+    never increasing along the pipeline. `fb_s` is a stage's forward plus backward per microbatch.
+    Little's law: a round trip holds as many microbatches as enter during it, one per max(fb_s, busy_s)
+    where `busy_s` is the busiest WAN hop's time per microbatch (wan_busy_s). On a link that is the
+    bottleneck more in flight adds nothing but delay: counting the round trip in compute times there
+    asked for every microbatch, which turned 1F1B into GPipe and kept one direction of each link idle
+    while the other worked (1.7x slower at 1 Gbit/s)."""
     pp = len(fb_s)
     if schedule != "1f1b":
         return [0] * pp
@@ -182,7 +199,7 @@ def latency_warmup(fb_s: list[float], round_trips: list[float], free_gb: list[fl
     extra, prev = [], m
     for s in range(pp):
         rt = downstream[s]
-        want = math.ceil(rt / fb_s[s]) if rt else 0
+        want = math.ceil(rt / max(fb_s[s], busy_s)) if rt else 0
         fits = int(free_gb[s] // act_gb[s]) if act_gb[s] > 0 else want
         e = max(0, min(want, fits, prev, m))
         extra.append(e)
@@ -236,8 +253,9 @@ def build_plan(
     if mech.warmup:
         free = [GPUS[topo.dc(d).gpu].memory_gb - c.mem_gb for d, c in zip(stage_dc[0], ref, strict=True)]
         trips = wan_round_trips(stage_dc[0], [c.act_bytes for c in ref], links, dp)
+        busy = wan_busy_s(stage_dc[0], [c.act_bytes for c in ref], links, dp)
         extra = latency_warmup([c.fwd_s + c.bwd_s for c in ref], trips, free, [c.act_gb_per_microbatch for c in ref],
-                               m, w.schedule)
+                               m, w.schedule, busy)
     else:
         extra = [0] * w.pp
     mem = [max(costs[r][s].mem_gb + extra[s] * costs[r][s].act_gb_per_microbatch for r in range(dp))

@@ -221,10 +221,10 @@ class Estimator:
         if w.schedule == "1f1b":
             extra = np.zeros(pp)
             if mech.warmup and wan_caps:
-                # as build.latency_warmup: cover the downstream WAN round trips, memory permitting,
-                # never increasing along the pipeline
+                # as build.latency_warmup: cover the downstream WAN round trips (one microbatch per compute
+                # time or busiest hop's time, whichever is longer), memory permitting, never increasing
                 downstream = np.cumsum(round_trips[::-1])[::-1]
-                want = np.ceil(downstream / fb)
+                want = np.ceil(downstream / np.maximum(fb, max(float(busy_f.max()), float(busy_b.max()))))
                 fits = np.floor(st.free_gb / st.act_gb)
                 extra = np.maximum(0, np.minimum.accumulate(np.minimum(np.minimum(want, fits), m)))
             # steady state with period T: stage s runs F(i + w_s) then B(i), w_s = in-flight - 1. A microbatch

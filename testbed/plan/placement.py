@@ -16,6 +16,41 @@ def dcs_by_free_gpus(topo: Topology) -> list[str]:
     return [d.name for d in sorted(topo.dcs, key=lambda d: -d.gpus)]
 
 
+def atlas_chain(topo: Topology, pp: int, tp: int, dp: int) -> list[str]:
+    """Atlas's DC chain: the chains that fit the pipeline (stages filled greedily in chain order, every DC in
+    it used, consecutive DCs linked), best first by their thinnest link's capacity, then fewer DCs, then less
+    latency along the chain, then the DCs with the most free GPUs first. Ordering by free GPUs alone put a
+    thin link between the two largest DCs in the pipeline's path when a third DC joined both by fat links."""
+    by_free = dcs_by_free_gpus(topo)
+    per_stage = tp * dp
+    cap = {n: topo.dc(n).gpus // per_stage for n in by_free}
+    rank = {n: i for i, n in enumerate(by_free)}
+    best: tuple | None = None
+    best_chain = by_free
+
+    def visit(chain: list[str], stages: int, thinnest: float, latency: float) -> None:
+        nonlocal best, best_chain
+        if stages >= pp:
+            key = (-thinnest, len(chain), latency, [rank[n] for n in chain])
+            if best is None or key < best:
+                best, best_chain = key, list(chain)
+            return
+        for n in by_free:
+            if n in chain or cap[n] == 0:
+                continue
+            link = topo.link(chain[-1], n) if chain else None
+            if chain and link is None:
+                continue
+            chain.append(n)
+            visit(chain, stages + cap[n], min(thinnest, link.gbps) if link else thinnest,
+                  latency + (link.latency_ms if link else 0.0))
+            chain.pop()
+
+    if len(by_free) <= 8:
+        visit([], 0, float("inf"), 0.0)
+    return best_chain + [n for n in by_free if n not in best_chain]
+
+
 def chain_stages(order: list[str], topo: Topology, pp: int, tp: int, dp: int, *, even: bool,
                  counts: list[int] | None = None) -> list[str]:
     """Stage -> DC: consecutive stages per DC, each stage's tp*dp GPUs inside one DC. `counts` pins
@@ -86,6 +121,6 @@ def place(kind: Placement, topo: Topology, pp: int, tp: int, dp: int, order: lis
                                     f"add a link between {a} and {b}")
         return out
     if order is None:
-        order = dcs_by_free_gpus(topo) if kind == "atlas" else [d.name for d in topo.dcs]
+        order = atlas_chain(topo, pp, tp, dp) if kind == "atlas" else [d.name for d in topo.dcs]
     stages = chain_stages(order, topo, pp, tp, dp, even=(kind == "pp-even"), counts=counts)
     return [list(stages) for _ in range(dp)]

@@ -138,7 +138,10 @@ def _run_scheduler(exp: Experiment, index: int, sweep: dict, keep_timeline: bool
     else:  # a WAN that changes: every iteration its own (testbed/sim/linkchange.py)
         plans, tl, events, rec = simulate_changing_run(exp, sched, f"p{index:02d}-{sched}", dp, wan)
         plan = plans[0]
-    key = (tuple(map(tuple, plan.stage_dc)), tuple(map(tuple, plan.actions)))
+    # everything the bound depends on but the network: placement, schedule, and the costs (the layer split differs
+    # between schedulers that place alike)
+    rows = (plan.stage_dc, plan.actions, plan.fwd_s, plan.bwd_s, plan.optimizer_s)
+    key = tuple(tuple(map(tuple, x)) for x in rows) + (tuple(plan.grad_bytes),)
     if key not in bounds:
         bounds[key] = lower_bound_s(plan)
     lb = bounds[key]
