@@ -39,7 +39,6 @@ def main() -> None:
         for name, temporal in (("sidecar", True), ("fifo", False)):
             sched = "pp-wan+mtcp+temporal" if temporal else "pp-wan+mtcp"  # without: no sidecar, the link's FIFO
             plan = build_plan(same, sched, run_id=name, dp=resolve_dp(same))
-            plan.scale = k
             plan.replica_offset_s = [0.0] * plan.dp
             run = run_training(plan, emu, a.iterations, capture=True)
             print(f"{name}: {run.capture_summary}")

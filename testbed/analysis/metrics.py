@@ -53,9 +53,11 @@ def wan_min_s(plan: Plan) -> float:
     return plan.wan_busiest_s()
 
 
-def summary_row(plan: Plan, tl: Timeline, lower_bound_s: float, sweep: dict,
-                bubbletea: dict[str, object] | None = None, degraded: str = "") -> dict[str, object]:
-    """One summary row. `gpu_util` counts training and prefill time; `useful_util` counts training time plus
+def summary_row(plan: Plan, tl: Timeline, lower_bound_s: float, sweep: dict, bubbletea: dict[str, object] | None = None,
+                degraded: str = "", scale: float = 1.0) -> dict[str, object]:
+    """One summary row; `scale`: the emulation's factor k for the rows of an emulated experiment (1 in the
+    simulator; the plan itself is always in real-world units).
+    `gpu_util` counts training and prefill time; `useful_util` counts training time plus
     prefill FLOPs at the training's MFU. BubbleTea columns are empty without it."""
     it = mean(tl.iteration_s)
     hops = wan_links_used(plan)
@@ -91,7 +93,7 @@ def summary_row(plan: Plan, tl: Timeline, lower_bound_s: float, sweep: dict,
         "best_baseline": "",  # filled per sweep point by add_speedups
         "speedup_vs_best": "",
         **{k: (bubbletea or {}).get(k, "") for k in BUBBLETEA_COLUMNS},
-        "scale": plan.scale,
+        "scale": scale,
         "sweep": ";".join(f"{k}={v}" for k, v in sweep.items()),
         "degraded": degraded,
         "status": "ok",

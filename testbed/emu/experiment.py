@@ -64,7 +64,6 @@ def changing_run(exp: Experiment, plan, sched: str, dp: int, emu, scale: float, 
     def replan(t: float):
         at = exp.model_copy(update={"topology": wan.topology_at(exp.topology, t)})
         p = build_plan(at, sched, run_id=plan.run_id, dp=dp)
-        p.scale = scale
         return p
 
     hops: list[Pair] = []
@@ -85,7 +84,7 @@ def changing_run(exp: Experiment, plan, sched: str, dp: int, emu, scale: float, 
     clock = [sum(durations[:k]) for k in range(len(durations))]
     for k, (c, d, st) in enumerate(zip(clock, durations, stall_rows(stalls, durations), strict=True)):
         rec.iterations.append((plan.run_id, "emu", sched, k, fmt(c, 6), fmt(d, 6), st))
-    _, tl_sim, events, sim_rec = simulate_changing_run(exp, sched, plan.run_id, dp, wan, scale)
+    _, tl_sim, events, sim_rec = simulate_changing_run(exp, sched, plan.run_id, dp, wan)
     return run, tl_sim, events, sim_rec, rec
 
 
@@ -169,12 +168,10 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
         for sched in exp.schedulers:
             if wan is not None:
                 plan = build_plan(same, sched, run_id=f"p{index:02d}-{sched}", dp=dp)
-                plan.scale = scale
                 results += _changing_point(same, plan, sched, dp, emu, scale, progress, capture, wan, sweep,
                                            validation, flows)
                 continue
             plan = build_plan(same, sched, run_id=f"p{index:02d}-{sched}", dp=dp)
-            plan.scale = scale
             torch_cfg = None
             if em.compute == "torch":
                 from testbed.costs.models import resolve_model
@@ -207,8 +204,8 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
             bt_metrics, req_rows = None, []
             if svc is not None:
                 bt_metrics, req_rows = _emulated_requests(plan, exp, svc, reqs, run, em.compute == "torch")
-            results.append(RunResult(summary_row(plan, tl_emu, lb, sweep, bt_metrics, degraded=note), tl_emu, 0,
-                                     req_rows))
+            row_emu = summary_row(plan, tl_emu, lb, sweep, bt_metrics, degraded=note, scale=scale)
+            results.append(RunResult(row_emu, tl_emu, 0, req_rows))
             if em.compute != "modeled":
                 continue  # real compute on this CPU: the cost model's GPU times do not apply
             tl_sim, events = simulate(plan)
@@ -220,13 +217,14 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
 
                 res = run_bubbletea(plan, tl_sim.repeated(steady), exp.bubbletea, exp.seed,
                                     train_mfu(exp.workload.mfu, plan.tp))
-                row_sim = summary_row(plan, res.timeline, lb, sweep, {**res.metrics, "train_slowdown": 0.0})
+                row_sim = summary_row(plan, res.timeline, lb, sweep, {**res.metrics, "train_slowdown": 0.0},
+                                      scale=scale)
                 tl_pred = res.timeline
                 sim_reqs = list(request_rows(plan.run_id, "sim", res.placements,
                                              kv_bytes_per_token(inference_model(exp.bubbletea.model))))
             else:
                 tl_pred = tl_sim.repeated(steady)
-                row_sim = summary_row(plan, tl_pred, lb, sweep)
+                row_sim = summary_row(plan, tl_pred, lb, sweep, scale=scale)
             row_emu = results[-1].summary
             results.insert(-1, RunResult(row_sim, tl_pred, events, sim_reqs))
             for m in VALIDATED + (BUBBLETEA_VALIDATED if svc is not None else ()):
@@ -281,9 +279,9 @@ def _changing_point(exp: Experiment, plan, sched: str, dp: int, emu, scale: floa
     tl_emu, tl_s = run.timeline.steady(), tl_sim.steady()
     skip = sum(run.timeline.iteration_s) - sum(tl_emu.iteration_s)  # the steady rows start after iteration 0
     skip_sim = sum(tl_sim.iteration_s) - sum(tl_s.iteration_s)
-    row_emu = summary_row(plan, tl_emu, lb, sweep, degraded=run.degraded)
+    row_emu = summary_row(plan, tl_emu, lb, sweep, degraded=run.degraded, scale=scale)
     row_emu["wan_stall_s"] = round(union_length(emu_rec.stalls, skip), 6)
-    row_sim = summary_row(plan, tl_s, lb, sweep)
+    row_sim = summary_row(plan, tl_s, lb, sweep, scale=scale)
     row_sim["wan_stall_s"] = round(union_length(sim_rec.stalls, skip_sim), 9)
     for m in VALIDATED:
         a, b = float(row_sim[m]), float(row_emu[m])

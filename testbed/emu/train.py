@@ -58,7 +58,7 @@ def worker_configs(plan: Plan, emu: Emulation, compute: str = "modeled", torch_c
         sidecars = {q.peer: sidecar_socket(emu, *q.wan) for q in p.pipes
                     if q.flow_class is not None and q.wan and plan.links[q.wan].temporal}
         cfgs[(p.stage, p.replica)] = WorkerConfig(
-            program=p, ip=host[g].ip, peers={x: where[x] for x in sorted(peers)}, scale=plan.scale, compute=compute,
+            program=p, ip=host[g].ip, peers={x: where[x] for x in sorted(peers)}, scale=emu.scale, compute=compute,
             dp=plan.dp, host_index=host[g].index, sidecars=sidecars, torch=(torch_cfg or {}).get(p.stage),
             optimizer_s=plan.optimizer_s[p.replica][p.stage] if plan.optimizer_s else 0.0)
     return cfgs
@@ -94,7 +94,7 @@ def classify_replicas(plan: Plan, emu: Emulation, hops: dict, cfgs: dict[tuple[i
             a, b = q.wan
             w = emu.addr.wan(a, b)
             link = (w.a, w.b)
-            rate = plan.links[(a, b)].capacity_bps * 8 / plan.scale
+            rate = plan.links[(a, b)].capacity_bps * 8 / emu.scale
             r = q.flow_class
             minor = 0x100 + r
             devs = hops.setdefault(link, {})
@@ -119,7 +119,7 @@ def start_sidecars(plan: Plan, emu: Emulation, hops: dict) -> list[subprocess.Po
         cfg = {"devs": devs, "turn_order": plan.turn_order, "turn_policy": plan.turn_policy,
                "socket": sidecar_socket(emu, a, b),
                "drain_s": 0.0,  # the receiver sends the end, once the tail has crossed (sidecar.py)
-               "link_bps": lp.capacity_bps * 8 / plan.scale, "min_rate_bps": max(lp.capacity_bps * 8 / plan.scale / 100,
+               "link_bps": lp.capacity_bps * 8 / emu.scale, "min_rate_bps": max(lp.capacity_bps * 8 / emu.scale / 100,
                                                                                   8000),
                "gid": run_gid(emu.backend), "peer_uids": [worker_uid(emu.backend)]}
         path = rdir / f"sidecar-{w.ns}.json"

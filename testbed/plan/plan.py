@@ -72,7 +72,6 @@ class Plan:
     turn_policy: str = "replica"  # which transfer goes first on a link under temporal sharing (turn_key)
     nccl_sockets: int = 1  # TCP connections per NCCL channel (dp-wan's all-reduce rings)
     hosts: dict[str, int] = field(default_factory=dict)  # dc -> emulated hosts (groups go to host r % hosts)
-    scale: float = 1.0  # emulation scale factor k (bytes and rates divided by k); 1 in the simulator
     ideal_wan: bool = False  # lower-bound run: WAN transfers cost what intra-DC ones do
     meta: dict[str, object] = field(default_factory=dict)
     layers: list[int] = field(default_factory=list)  # [stage] -> transformer layers it holds

@@ -62,8 +62,8 @@ def stall_rows(stalls: list[tuple[float, float]], durations: list[float]) -> lis
     return out
 
 
-def simulate_changing_run(exp: Experiment, scheduler: str, run_id: str, dp: int, wan: WanSchedule,
-                          scale: float = 1.0) -> tuple[list[Plan], Timeline, int, WanRecord]:
+def simulate_changing_run(exp: Experiment, scheduler: str, run_id: str, dp: int,
+                          wan: WanSchedule) -> tuple[list[Plan], Timeline, int, WanRecord]:
     """Every iteration on its own, back to back, each planned from the WAN as it is when it starts (connection
     counts, stagger, warm-up) and re-rated at every change inside it."""
     plans, parts, t, events = [], [], 0.0, 0
@@ -71,7 +71,6 @@ def simulate_changing_run(exp: Experiment, scheduler: str, run_id: str, dp: int,
     for _k in range(exp.iterations):
         at = exp.model_copy(update={"topology": wan.topology_at(exp.topology, t)})
         plan = build_plan(at, scheduler, run_id=run_id, dp=dp)
-        plan.scale = scale
         tl, sim = simulate_changing(plan, wan, t)
         plans.append(plan)
         parts.append(tl)

@@ -65,7 +65,6 @@ def test_sidecar_makes_replicas_take_turns_and_fair_sharing_does_not():
         for temporal in (True, False):
             sched = "pp-wan+mtcp+temporal" if temporal else "pp-wan+mtcp"  # without: no classes, no sidecar, FIFO
             plan = build_plan(same, sched, run_id="turns", dp=resolve_dp(same))
-            plan.scale = K
             plan.replica_offset_s = [0.0] * plan.dp  # the replicas' transfers collide
             run = run_training(plan, emu, exp.iterations, capture=True)
             assert not run.degraded
