@@ -88,6 +88,8 @@ def _exp(tmp_path, workload: dict, schedulers=("pp-wan", "atlas")) -> str:
          "more than the simulator takes"),
         ({"model": "tiny", "tp": 1, "pp": 2, "dp": "two"}, "workload.dp", "whole number or auto"),
         ({"model": {"layers": 0, "hidden": 8, "heads": 2}, "tp": 1, "pp": 2}, "workload.model.layers", "out of range"),
+        ({"model": {"layers": 4, "hidden": 100, "heads": 3}, "tp": 1, "pp": 2}, "workload.model",
+         "not divisible by heads"),
         ({"model": "tiny", "tp": 1, "pp": 2, "mfu": float("nan")}, "workload.mfu", "not a finite number"),
     ],
 )

@@ -125,7 +125,9 @@ def _is_branch(part: object) -> bool:
 def format_validation(err: ValidationError, prefix: str = "") -> SpecError:
     errors = err.errors()
     # of a union's branch errors, the deepest is the one about the input's real shape (a custom model's field)
-    depth = [len([p for p in x["loc"] if not _is_branch(p)]) for x in errors]
+    # and of branches as deep, one that took the input's type over one that says "not my type" (a custom model
+    # whose hidden size does not divide by its heads is not a model name)
+    depth = [(len([p for p in x["loc"] if not _is_branch(p)]), not x["type"].endswith("_type")) for x in errors]
     e = errors[depth.index(max(depth))]
     loc = ".".join(str(p) for p in e["loc"] if not _is_branch(p))
     msg = e["msg"].removeprefix("Value error, ")
