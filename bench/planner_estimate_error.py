@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from testbed.plan.select import search
+from testbed.runs.select import search
 from testbed.spec.experiment import Experiment
 from testbed.spec.load import load_topology
 

@@ -15,7 +15,7 @@ import statistics
 import time
 from pathlib import Path
 
-from testbed.plan.select import search
+from testbed.runs.select import search
 from testbed.spec.experiment import Experiment
 from testbed.spec.load import load_topology
 

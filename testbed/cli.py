@@ -216,8 +216,8 @@ def plan(
     out: Annotated[Path, typer.Option(help="CSV of every layout")] = Path("results/plan/plan.csv"),
 ) -> None:
     """Which DCs (one site or several), in which order, with which tp, pp, dp and microbatch size."""
-    from testbed.plan.select import PLAN_HEADER, plan_rows, search
     from testbed.results import write_csv
+    from testbed.runs.select import PLAN_HEADER, plan_rows, search
     from testbed.spec.experiment import Experiment
     from testbed.spec.load import _read_yaml, parse_value, resolve_traces, set_dotted, split_assignment, validate
 

@@ -14,7 +14,7 @@ from testbed.plan.build import build_plan
 from testbed.plan.estimate import Estimator, Layout
 from testbed.plan.layers import balance_layers, slowest, stage_layers
 from testbed.plan.mechanisms import parse_scheduler
-from testbed.plan.select import chains, search, stage_counts
+from testbed.runs.select import chains, search, stage_counts
 from testbed.sim.executor import simulate
 from testbed.spec.experiment import Experiment
 from testbed.spec.topology import Topology
