@@ -5,7 +5,7 @@ import pytest
 from testbed.costs.gpus import GPUS
 from testbed.costs.models import MODELS
 from testbed.costs.stage import layer_costs, optimizer_step_s, split_layers, stage_costs, tp_allreduce_s
-from testbed.costs.tcp import connections_for, per_connection_bps, striped_rate
+from testbed.costs.tcp import connections_for, per_connection_bytes_s, striped_rate
 
 
 def test_param_counts_match_published_sizes():
@@ -93,7 +93,7 @@ def test_gpu_zoo_has_datasheet_bandwidths():
 
 def test_tcp_window_model():
     W, rtt, C = 6 * 2**20, 0.07, 50e9
-    assert per_connection_bps(W, rtt) == pytest.approx(W / rtt)
+    assert per_connection_bytes_s(W, rtt) == pytest.approx(W / rtt)
     n = connections_for(C, W, rtt, 10_000)
     assert n == math.ceil(C * rtt / W)
     assert striped_rate(C, n, W, rtt) == C

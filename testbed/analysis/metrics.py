@@ -62,7 +62,7 @@ def summary_row(plan: Plan, tl: Timeline, lower_bound_s: float, sweep: dict, bub
     it = mean(tl.iteration_s)
     hops = wan_links_used(plan)
     lat = mean(plan.links[h].latency_s for h in hops) * 1e3 if hops else 0.0
-    gbps = min(plan.links[h].capacity_bps for h in hops) * 8 / 1e9 if hops else 0.0
+    gbps = min(plan.links[h].capacity_bytes_s for h in hops) * 8 / 1e9 if hops else 0.0
     conns = max((plan.links[h].connections for h in hops), default=0)
     tokens = plan.global_batch * plan.seq_len / it if it > 0 else 0.0
     return {

@@ -150,11 +150,11 @@ def kv_transfer(plan: Plan, opts: BubbleTeaOptions):
         nbytes = per_token * tokens
         if src == dst:
             intra = plan.intra[src]
-            return intra.latency_s + nbytes / intra.bandwidth_bps
+            return intra.latency_s + nbytes / intra.bandwidth_bytes_s
         lp = plan.links.get((src, dst))
         if lp is None:
             return float("inf")
-        return lp.latency_s + nbytes / lp.transfer_rate_bps
+        return lp.latency_s + nbytes / lp.transfer_rate_bytes_s
 
     return t
 

@@ -46,7 +46,7 @@ def opened_connections(exp: Experiment, scheduler: str, wan: WanSchedule) -> dic
     mech, topo, out = parse_scheduler(scheduler), exp.topology, {}
     for link in topo.links:
         states = wan.links.get(tuple(link.between), ([], []))[1]  # type: ignore[arg-type]
-        rates = [(link.gbps * 1e9 / 8, link.latency_ms / 1e3)] + [(st.capacity_bps, st.latency_s) for st in states]
+        rates = [(link.gbps * 1e9 / 8, link.latency_ms / 1e3)] + [(st.capacity_bytes_s, st.latency_s) for st in states]
         n = max(transfer_connections(exp, mech, c, topo.window_mb(link) * 2**20, 2 * lat) for c, lat in rates)
         a, b = link.between
         out[(a, b)] = out[(b, a)] = n

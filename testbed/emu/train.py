@@ -94,7 +94,7 @@ def classify_replicas(plan: Plan, emu: Emulation, hops: dict, cfgs: dict[tuple[i
             a, b = q.wan
             w = emu.addr.wan(a, b)
             link = (w.a, w.b)
-            rate = plan.links[(a, b)].capacity_bps * 8 / emu.scale
+            rate = plan.links[(a, b)].capacity_bytes_s * 8 / emu.scale
             r = q.flow_class
             minor = 0x100 + r
             devs = hops.setdefault(link, {})
@@ -119,8 +119,8 @@ def start_sidecars(plan: Plan, emu: Emulation, hops: dict) -> list[subprocess.Po
         cfg = {"devs": devs, "turn_order": plan.turn_order, "turn_policy": plan.turn_policy,
                "socket": sidecar_socket(emu, a, b),
                "drain_s": 0.0,  # the receiver sends the end, once the tail has crossed (sidecar.py)
-               "link_bps": lp.capacity_bps * 8 / emu.scale, "min_rate_bps": max(lp.capacity_bps * 8 / emu.scale / 100,
-                                                                                  8000),
+               "link_bps": lp.capacity_bytes_s * 8 / emu.scale,  # emulated bits/s, as HTB takes them
+               "min_rate_bps": max(lp.capacity_bytes_s * 8 / emu.scale / 100, 8000),
                "gid": run_gid(emu.backend), "peer_uids": [worker_uid(emu.backend)]}
         path = rdir / f"sidecar-{w.ns}.json"
         path.write_text(json.dumps(cfg))

@@ -111,7 +111,7 @@ class LiveWan:
         """Put link `pair` in state `st` now; returns the seconds it took."""
         t0 = time.monotonic()
         w = self.emu.addr.wan(*pair)
-        rate = st.capacity_bps * 8 / self.scale
+        rate = st.capacity_bytes_s * 8 / self.scale
         if not st.up and self.up.get(pair, True):
             self._delayline(w.ns, {"hold": True})
         fair = self.fair_classes.get(frozenset(pair), {})

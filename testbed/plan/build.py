@@ -117,12 +117,12 @@ def pinned_chain(exp: Experiment, mech: Mechanisms) -> tuple[list[str] | None, l
     return list(w.stages_per_dc), list(w.stages_per_dc.values())
 
 
-def transfer_connections(exp: Experiment, mech: Mechanisms, capacity_bps: float, window_bytes: float,
+def transfer_connections(exp: Experiment, mech: Mechanisms, capacity_bytes_s: float, window_bytes: float,
                          rtt_s: float) -> int:
     """Connections one stage boundary's transfers use on a link of this capacity, window and RTT."""
     base = boundary_connections(mech, exp.workload.tp, exp.network)
     if mech.multi_tcp:
-        return max(base, connections_for(capacity_bps, window_bytes, rtt_s, exp.network.max_tcp_connections))
+        return max(base, connections_for(capacity_bytes_s, window_bytes, rtt_s, exp.network.max_tcp_connections))
     return base
 
 
@@ -148,9 +148,9 @@ def stagger_offsets(row: list[str], act_bytes: list[float], links: dict, dp: int
     for s in range(len(row) - 1):
         if row[s] != row[s + 1]:
             lp = links[(row[s], row[s + 1])]
-            t = act_bytes[s] / lp.transfer_rate_bps
+            t = act_bytes[s] / lp.transfer_rate_bytes_s
             if t > turn:
-                turn, group = t, max(1, math.floor(lp.capacity_bps / lp.transfer_rate_bps * (1 + 1e-12)))
+                turn, group = t, max(1, math.floor(lp.capacity_bytes_s / lp.transfer_rate_bytes_s * (1 + 1e-12)))
     return [(r // group) * turn for r in range(dp)]
 
 
@@ -163,7 +163,7 @@ def wan_round_trips(row: list[str], act_bytes: list[float], links: dict, dp: int
         rt = 0.0
         if row[k] != row[k + 1]:
             for lp in (links[(row[k], row[k + 1])], links[(row[k + 1], row[k])]):
-                rt += lp.latency_s + act_bytes[k] / min(lp.capacity_bps / dp, lp.transfer_cap_bps)
+                rt += lp.latency_s + act_bytes[k] / min(lp.capacity_bytes_s / dp, lp.transfer_cap_bytes_s)
         out.append(rt)
     return out
 
@@ -176,7 +176,7 @@ def wan_busy_s(row: list[str], act_bytes: list[float], links: dict, dp: int = 1)
     for k in range(len(row) - 1):
         if row[k] != row[k + 1]:
             for lp in (links[(row[k], row[k + 1])], links[(row[k + 1], row[k])]):
-                busy = max(busy, act_bytes[k] / min(lp.capacity_bps / dp, lp.transfer_cap_bps))
+                busy = max(busy, act_bytes[k] / min(lp.capacity_bytes_s / dp, lp.transfer_cap_bytes_s))
     return busy
 
 

@@ -189,7 +189,7 @@ class Estimator:
         # link direction carries every replica's pipe: both bound the time per microbatch (service)
         links = self.links(tp)
         fd, bd = np.empty(pp), np.empty(pp)  # the last entries stay 0: no boundary after the last stage
-        intra_bps = np.empty(pp)  # a stage's DP all-reduce bandwidth (one NIC per GPU of its TP group)
+        intra_bytes_s = np.empty(pp)  # a stage's DP all-reduce bandwidth (one NIC per GPU of its TP group)
         intra_lat = np.empty(pp)
         round_trips = np.zeros(pp)  # WAN round trip at each boundary, for the latency warm-up
         busy_f, busy_b = np.zeros(pp), np.zeros(pp)  # link time per microbatch (all replicas) at WAN boundaries
@@ -199,24 +199,24 @@ class Estimator:
             d = dc[name]
             bw, lat = tp * d.intra_gbps * 1e9 / 8, d.intra_latency_us / 1e6
             fd[s0:s0 + n] = bd[s0:s0 + n] = A / bw + lat
-            intra_bps[s0:s0 + n], intra_lat[s0:s0 + n] = bw, lat
+            intra_bytes_s[s0:s0 + n], intra_lat[s0:s0 + n] = bw, lat
             s0 += n
             if i + 1 < len(lay.order):
                 k, nxt = s0 - 1, lay.order[i + 1]
                 for src, dst, out in ((name, nxt, fd), (nxt, name, bd)):
                     lp = links[(src, dst)]
-                    alone = lp.transfer_rate_bps
-                    busy = dp * A / min(lp.capacity_bps, dp * lp.transfer_cap_bps)
-                    wan_s = max(wan_s, dp * A / lp.capacity_bps)
+                    alone = lp.transfer_rate_bytes_s
+                    busy = dp * A / min(lp.capacity_bytes_s, dp * lp.transfer_cap_bytes_s)
+                    wan_s = max(wan_s, dp * A / lp.capacity_bytes_s)
                     service = max(service, busy, A / alone)
                     (busy_f if out is fd else busy_b)[k] = busy
                     (own_f if out is fd else own_b)[k] = A / alone
                     # turns: a replica's transfer goes alone at its full rate; fair sharing: all finish together
                     out[k] = lp.latency_s + (A / alone if mech.temporal else busy)
-                    round_trips[k] += lp.latency_s + A / min(lp.capacity_bps / dp, lp.transfer_cap_bps)
-                    wan_caps.append(lp.capacity_bps)
+                    round_trips[k] += lp.latency_s + A / min(lp.capacity_bytes_s / dp, lp.transfer_cap_bytes_s)
+                    wan_caps.append(lp.capacity_bytes_s)
                     if out is fd and A / alone > turn:  # as build.stagger_offsets
-                        turn, group = A / alone, max(1, math.floor(lp.capacity_bps / alone * (1 + 1e-12)))
+                        turn, group = A / alone, max(1, math.floor(lp.capacity_bytes_s / alone * (1 + 1e-12)))
         fd[pp - 1] = bd[pp - 1] = 0.0
         if w.schedule == "1f1b":
             extra = np.zeros(pp)
@@ -246,7 +246,7 @@ class Estimator:
             pipe += self.starved(f, b, np.full(pp, m), np.full(pp, m), busy_f, busy_b, own_f, own_b, wan_s)
         # after its last backward a stage all-reduces its gradients inside its DC, then steps AdamW
         back = np.concatenate(([0.0], np.cumsum(b + bd)[:-1]))  # how much earlier stage s finishes
-        ar = (2 * (dp - 1) / dp * st.grad_bytes / intra_bps + 2 * (dp - 1) * intra_lat) if dp > 1 else 0.0
+        ar = (2 * (dp - 1) / dp * st.grad_bytes / intra_bytes_s + 2 * (dp - 1) * intra_lat) if dp > 1 else 0.0
         end = pipe + float((ar + st.opt_s - back).max())
         if mech.stagger and wan_caps:
             end += (dp - 1) // group * turn  # the last replica starts this much later

@@ -17,7 +17,7 @@ class LinkPlan:
 
     src: str
     dst: str
-    capacity_bps: float  # bytes/s
+    capacity_bytes_s: float  # bytes/s
     latency_s: float  # one way
     window_bytes: float
     connections: int  # TCP connections per transfer
@@ -28,19 +28,19 @@ class LinkPlan:
         return 2 * self.latency_s
 
     @property
-    def transfer_cap_bps(self) -> float:
+    def transfer_cap_bytes_s(self) -> float:
         """What one stage boundary's connections carry at most: n * W / RTT (before the link's capacity)."""
         return float("inf") if self.rtt_s <= 0 else self.connections * self.window_bytes / self.rtt_s
 
     @property
-    def transfer_rate_bps(self) -> float:
+    def transfer_rate_bytes_s(self) -> float:
         """The rate a transfer gets alone on the link: min(C, n W / RTT)."""
-        return min(self.capacity_bps, self.transfer_cap_bps)
+        return min(self.capacity_bytes_s, self.transfer_cap_bytes_s)
 
 
 @dataclass(frozen=True)
 class IntraDC:
-    bandwidth_bps: float  # bytes/s per GPU group
+    bandwidth_bytes_s: float  # bytes/s per GPU group
     latency_s: float
 
 
@@ -118,7 +118,7 @@ class Plan:
                     if row[s] != row[s + 1]:
                         for h in ((row[s], row[s + 1]), (row[s + 1], row[s])):
                             load[h] = load.get(h, 0.0) + self.act_bytes[s] * self.microbatches
-        return max((b / self.links[h].capacity_bps for h, b in load.items()), default=0.0)
+        return max((b / self.links[h].capacity_bytes_s for h, b in load.items()), default=0.0)
 
     def wan_load(self) -> float:
         """The busiest WAN direction's transfer time over the busiest stage's compute time: above 1 the

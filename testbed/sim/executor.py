@@ -158,7 +158,7 @@ class Simulation:
         self.stage_done = [0] * P
         self.out: list[tuple] = []  # (group, kind, microbatch, start, end, bytes)
         self.links = {
-            k: LinkState(lp.capacity_bps, lp.temporal, self._schedule_flow) for k, lp in plan.links.items()
+            k: LinkState(lp.capacity_bytes_s, lp.temporal, self._schedule_flow) for k, lp in plan.links.items()
         }
         self.lp = dict(plan.links)  # each link as it is now (a changing WAN replaces entries)
         turn_pos = {r: i for i, r in enumerate(plan.turn_order)}
@@ -178,7 +178,7 @@ class Simulation:
                 for d, q in ((0, s + 1), (1, s - 1)):
                     j = 2 * (k * P + s) + d
                     intra = plan.intra[a]
-                    self.pipe_bw[j], self.pipe_lat[j] = intra.bandwidth_bps, intra.latency_s
+                    self.pipe_bw[j], self.pipe_lat[j] = intra.bandwidth_bytes_s, intra.latency_s
                     if 0 <= q < P and row[q] != a and not plan.ideal_wan:
                         self.pipe_link[j] = (a, row[q])
         self.pipes: dict[tuple[int, int], deque] = defaultdict(deque)  # (src, dst) -> queued WAN transfers
@@ -415,14 +415,14 @@ class Simulation:
             by_dc[p.stage_dc[r][s]].append(r)
         G = ar.bytes
         if ar.algorithm == "ring":
-            bw = min(p.intra[d].bandwidth_bps for d in by_dc)
+            bw = min(p.intra[d].bandwidth_bytes_s for d in by_dc)
             lat = max(p.intra[d].latency_s for d in by_dc)
             n = p.dp
             dur = 2 * (n - 1) / n * G / bw + 2 * (n - 1) * lat if n > 1 else 0.0
             self._allreduce_interval(s, self.now, self.now + dur)
             return
         # hierarchical: reduce-scatter in each DC, ring all-reduce across DCs, all-gather in each DC
-        local = max(2 * (len(rs) - 1) / len(rs) * G / p.intra[d].bandwidth_bps for d, rs in by_dc.items())
+        local = max(2 * (len(rs) - 1) / len(rs) * G / p.intra[d].bandwidth_bytes_s for d, rs in by_dc.items())
         self.push(self.now + local / 2, self._start_wan_allreduce, s, self.now, local / 2, dict(by_dc), ar)
 
     def _start_wan_allreduce(self, s: int, t0: float, tail: float, by_dc: dict[str, list[int]], ar: AllReduce) -> None:

@@ -30,13 +30,13 @@ Pair = tuple[str, str]  # a link as the topology names it (`between`)
 class WanState:
     """What a link is from some time on (both directions)."""
 
-    capacity_bps: float  # bytes/s when up
+    capacity_bytes_s: float  # bytes/s when up
     latency_s: float  # one way
     up: bool = True
 
     @property
     def gbps(self) -> float:
-        return self.capacity_bps * 8 / 1e9
+        return self.capacity_bytes_s * 8 / 1e9
 
 
 def link_states(link: WanLink) -> tuple[list[float], list[WanState]]:
@@ -155,7 +155,7 @@ class LiveLinks:
             if key not in sim.links:
                 continue
             lp = sim.lp[key]
-            sim.lp[key] = replace(lp, capacity_bps=st.capacity_bps, latency_s=st.latency_s)
+            sim.lp[key] = replace(lp, capacity_bytes_s=st.capacity_bytes_s, latency_s=st.latency_s)
             link = sim.links[key]
             if not st.up and key not in self.down_since:
                 self.down_since[key] = now
@@ -166,7 +166,7 @@ class LiveLinks:
                     self.stalls.append((self.t0 + waited, self.t0 + now))
             if st.latency_s != lp.latency_s:
                 link.set_rtt(now, 2 * st.latency_s)
-            capacity = st.capacity_bps if st.up else 0.0
+            capacity = st.capacity_bytes_s if st.up else 0.0
             if capacity != link.capacity:
                 link.set_capacity(now, capacity)
 
