@@ -15,13 +15,28 @@ def test_window_algebra():
     assert subtract([(0, 10)], [(-1, 11)]) == []
 
 
-def test_a_window_is_predicted_only_where_it_recurred():
-    m = WindowModel(history=2)
-    m.observe("s0r0", [(0.10, 0.30)])
-    m.observe("s0r0", [(0.12, 0.28), (0.5, 0.6)])  # a window seen once is not trusted
-    assert m.predict("s0r0") == [(0.10, 0.28)]  # opens at the earliest start, closes at the earliest end
-    m.observe("s0r0", [(0.11, 0.29), (0.5, 0.6)])  # the first iteration leaves the history
-    assert m.predict("s0r0") == [(0.11, 0.28), (0.5, 0.6)]
+def test_a_gap_is_predicted_by_its_index_at_its_median_length_less_the_measured_margin():
+    m = WindowModel(history=3)
+    m.observe("s0r0", [(0, 0.10, 0.30), (4, 0.5, 0.6)])
+    m.observe("s0r0", [(0, 0.14, 0.32)])  # gap 4 absent: it counts as length 0
+    assert m.lengths("s0r0") == pytest.approx({0: 0.19, 4: 0.05})  # medians of (0.2, 0.18) and (0.1, 0)
+    m.observe("s0r0", [(0, 0.30, 0.48), (4, 0.5, 0.6)])  # gap 0 opens late: its length is what recurs
+    assert m.lengths("s0r0") == pytest.approx({0: 0.18, 4: 0.1})
+    assert m.margin_s == 0.0  # no prediction from a full history scored yet
+    m.observe("s0r0", [(0, 0.12, 0.27), (4, 0.5, 0.6)])  # gap 0 is 0.03 shorter than predicted
+    assert m.margin_s == pytest.approx(0.03)
+    (g0, a0, b0), (g4, a4, b4) = m.predict_gaps("s0r0")
+    assert (g0, g4) == (0, 4)
+    assert a0 == pytest.approx(0.14) and b0 - a0 == pytest.approx(0.18 - 0.03)  # median opening and length
+    assert b4 - a4 == pytest.approx(0.1 - 0.03)
+
+
+def test_a_gap_seen_in_too_few_iterations_is_not_predicted():
+    m = WindowModel(history=3)
+    m.observe("s0r0", [(2, 0.1, 0.2)])
+    m.observe("s0r0", [])
+    m.observe("s0r0", [])
+    assert m.predict("s0r0") == [] and m.lengths("s0r0") == {}
 
 
 def _planner(reqs, *, slo=1.0, guard=0.005, tokens_s=1e-4):
@@ -34,7 +49,7 @@ def test_jobs_fit_their_predicted_window_less_the_guard_and_overflow_goes_to_the
     reqs = [Request(i, 1.0 + 0.001 * i, 500, 10) for i in range(40)]  # 40 x 50 ms of prefill, all at once
     p = _planner(reqs)
     for _ in range(2):
-        p.observe({"s0r0": [(0.0, 0.2)], "s1r0": [(0.5, 0.7)]}, 1.0)
+        p.observe({"s0r0": [(0, 0.0, 0.2)], "s1r0": [(3, 0.5, 0.7)]}, 1.0)
     jobs = p.plan(1, 1.0)
     assert jobs
     for w, js in jobs.items():
@@ -53,11 +68,11 @@ def test_a_skipped_job_is_replanned_and_never_before_the_skip():
     reqs = [Request(0, 1.0, 500, 10)]
     p = _planner(reqs, slo=5.0)
     for _ in range(2):
-        p.observe({"s0r0": [(0.0, 0.2)], "s1r0": []}, 1.0)
+        p.observe({"s0r0": [(0, 0.0, 0.2)], "s1r0": []}, 1.0)
     first = p.plan(1, 1.0)["s0r0"][0]
     assert first.iteration == 1
     p.skipped(0, 1.15)  # the worker could not start it in time
-    p.observe({"s0r0": [(0.0, 0.2)], "s1r0": []}, 1.0)
+    p.observe({"s0r0": [(0, 0.0, 0.2)], "s1r0": []}, 1.0)
     again = p.plan(2, 2.0)["s0r0"][0]
     assert again.iteration == 2 and 2.0 + again.offset_s >= 1.15
 
@@ -81,3 +96,49 @@ def test_the_service_and_the_worker_need_only_the_standard_library():
             "assert s.Service(cfg).planner.workers['s0r0'][1].full(1000) > 0\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_a_worker_starts_a_job_only_if_it_fits_what_remains_of_its_live_gap():
+    from testbed.runtime.prefill import PrefillClient
+
+    c = PrefillClient("s0r0", None, "modeled")
+    c.begin(1, 100.0)
+    c.gaps, c.guard = {0: 0.050, 3: 0.200}, 0.002
+    #          request, chunk, chunks, not before, duration, tokens, cached, home
+    c.jobs = [[7, 0, 1, 0.0, 0.060, 900, 0, "a"], [8, 1, 2, 0.0, 0.010, 100, 100, "a"],
+              [9, 0, 1, 0.030, 0.010, 100, 0, "a"], [10, 0, 1, 0.0, 0.020, 300, 0, "a"]]
+    assert c._pick(100.0) == 3  # 7 is too long for gap 0, 8 waits for its first chunk, 9 has not arrived
+    c.jobs.pop(3)
+    assert c._pick(100.030) == 2  # now 9 has, and fits (0.030 + 0.010 <= 0.050 - 0.002)
+    c.jobs.pop(2)
+    assert c._pick(100.040) is None  # nothing fits the 8 ms left of gap 0
+    c.busy("fwd", 100.040, 100.050)
+    c.busy("fwd", 100.050, 100.060)
+    assert c._pick(100.061) is None  # gap 2 is not predicted: nothing runs there
+    c.busy("fwd", 100.061, 100.100)  # gap 3 opens late, at 100.100: its length counts from there
+    assert c._pick(100.250) is None  # 0.250 + 0.060 > 0.100 + 0.200 - 0.002
+    assert c._pick(100.230) == 0
+    c.jobs.pop(0)
+    c.finished.add((8, 0))
+    assert c._pick(100.285) == 0  # its first chunk is done
+
+
+def test_modeled_prefill_does_not_add_up_late_wake_ups_but_moves_by_a_pause():
+    import time
+
+    from testbed.runtime.prefill import PrefillClient
+
+    c = PrefillClient("s0r0", None, "modeled")
+    c.layers = 4
+    t0 = time.monotonic()
+    steps = c._sleeps(0.040)
+    next(steps)
+    time.sleep(0.015)  # a late wake-up: the next steps catch up
+    next(steps)
+    next(steps)
+    assert time.monotonic() - t0 < 0.040
+    time.sleep(0.030)  # a pause
+    steps.send(True)
+    with pytest.raises(StopIteration):
+        next(steps)
+    assert time.monotonic() - t0 >= 0.040 + 0.030 - 0.015

@@ -1,20 +1,21 @@
-"""Online BubbleTea for emulated runs: idle windows learnt from the live timeline, a plan per iteration.
+"""Online BubbleTea for emulated runs: idle gaps learnt from the live timeline, a plan per iteration.
 
-Workers report each idle window (a gap between their training ops) as it ends. The planner predicts
-a worker's next windows from its last `history` iterations (offsets from the iteration's start): a
-window of the latest iteration is kept only if every one of them had a window overlapping it, and
-it is predicted to open at the earliest start seen and to close at the earliest end seen. The end is
-what protects training (a job never starts later than the predicted end less the guard and its
-duration); the start is only a hint, since a worker runs a job only while it really is idle.
+Workers report each idle gap (between two of their training ops, by its index in their program) as it
+ends. The planner predicts each gap from its last `history` iterations (WindowModel): it opens at the
+median of its past openings and lasts the median of its past lengths, less a margin measured online
+(the 90th percentile of how much that prediction overestimated the recent gaps). The opening is only
+a hint for planning: a worker anchors the predicted length to the gap's live opening, and starts a job
+only if it fits what is predicted to remain of the gap less the guard band (testbed/runtime/prefill.py),
+since a gap's length varies far less from one iteration to the next than where it falls.
 
 At the start of every iteration k it re-plans: the requests not yet decided (in arrival order) are
 placed by the simulator's scheduler (testbed/bubbletea/scheduler.py) into the predicted windows of
 iterations k .. k+H (H covers the TTFT SLO), less what is already committed. A placed request is
 committed (all its chunks, on one worker, in whichever of those iterations they fall); one with no
 place within its SLO goes to the fallback pool, joining its queue at its arrival (or now, if its job
-was skipped and the re-plan found no other place in time). Jobs carry
-their latest start (the predicted window's end, less the guard band and the job's duration): a worker
-never starts one after it (testbed/runtime/prefill.py).
+was not run and the re-plan found no other place in time). In the simulator's noisy runs
+(testbed/bubbletea/realised.py) jobs keep offsets: a job never starts after its latest start (the
+predicted window's end, less the guard band and the job's duration).
 """
 
 from __future__ import annotations
@@ -62,42 +63,80 @@ def subtract(ws: list[Window], busy: list[Window]) -> list[Window]:
     return out
 
 
+Gap = tuple[int, float, float]  # (its index in the worker's program: training ops before it, start, end)
+
+
+def quantile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))] if xs else 0.0
+
+
 class WindowModel:
-    """Per worker, the idle windows of its last `history` iterations (offsets from their starts)."""
+    """Per worker, its idle gaps of the last `history` iterations, each by its index in the worker's program
+    (gap g: after the g-th training op; the last one runs to the end of the last training op anywhere).
+
+    A worker runs the same program every iteration, so gap g recurs; what moves is when it opens (every
+    delay upstream shifts it) and, much less, how long it lasts. A gap is predicted to open at the median
+    of its past openings and to last the median of its past lengths (0 in an iteration without it);
+    the worker anchors the length to the gap's live opening (testbed/runtime/prefill.py). `margin_s` is
+    the measured shortfall of that prediction: the `MARGIN_QUANTILE` of (predicted - realised length) over
+    the gaps of the last `history` iterations long enough to hold a job (the smallest prefill), so a job
+    admitted against it fits its real gap with that probability."""
+
+    MARGIN_QUANTILE = 0.9
 
     def __init__(self, history: int = 3) -> None:
-        self.seen: dict[str, deque[list[Window]]] = {}
+        self.seen: dict[str, deque[dict[int, Window]]] = {}
         self.history = history
         self.warmup: set[str] = set()  # workers whose only observation is the warm-up iteration
+        self.errors: dict[str, deque[list[float]]] = {}  # per worker and recent iteration: predicted - realised
+        self.min_gap_s = 0.0  # the shortest gap that can hold a job: only those are scored
 
-    def observe(self, worker: str, windows: list[Window], warmup: bool = False) -> None:
-        """A finished iteration's windows; the warm-up iteration (connection set-up, slow start) is used
+    def observe(self, worker: str, windows: list[Gap], warmup: bool = False) -> None:
+        """A finished iteration's gaps; the warm-up iteration (connection set-up, slow start) is used
         only until a steady one replaces it."""
         if worker in self.warmup:
             self.seen[worker].clear()
             self.warmup.discard(worker)
+        gaps = {int(g): (a, b) for g, a, b in windows}
+        if not warmup and len(self.seen.get(worker, ())) == self.history:  # a prediction from a full history
+            errs = [length - (gaps[g][1] - gaps[g][0] if g in gaps else 0.0)
+                    for g, length in self.lengths(worker).items() if length > self.min_gap_s]
+            self.errors.setdefault(worker, deque(maxlen=self.history)).append(errs)
         if warmup:
             self.warmup.add(worker)
-        self.seen.setdefault(worker, deque(maxlen=self.history)).append(sorted(windows))
+        self.seen.setdefault(worker, deque(maxlen=self.history)).append(gaps)
+
+    @property
+    def margin_s(self) -> float:
+        return max(0.0, quantile([e for per in self.errors.values() for it in per for e in it], self.MARGIN_QUANTILE))
+
+    def lengths(self, worker: str) -> dict[int, float]:
+        """Each recurring gap's predicted length (the median of its past lengths, 0 where it was absent)."""
+        past = list(self.seen.get(worker, []))
+        out = {}
+        for g in sorted({g for it in past for g in it}):
+            ls = [it[g][1] - it[g][0] if g in it else 0.0 for it in past]
+            if median(ls) > 0:
+                out[g] = median(ls)
+        return out
+
+    def predict_gaps(self, worker: str) -> list[Gap]:
+        """(gap, predicted opening, predicted end less the margin), in program order."""
+        past = list(self.seen.get(worker, []))
+        out = []
+        for g, length in self.lengths(worker).items():
+            usable = length - self.margin_s
+            if usable > 0:
+                a = median([it[g][0] for it in past if g in it])
+                out.append((g, a, a + usable))
+        return out
 
     def predict(self, worker: str) -> list[Window]:
-        past = list(self.seen.get(worker, []))
-        if not past:
-            return []
-        out = []
-        for a, b in past[-1]:
-            starts, ends = [a], [b]
-            for ws in past[:-1]:
-                hit = [(x, y) for x, y in ws if x < b and y > a]
-                if not hit:
-                    break
-                starts.append(min(x for x, _ in hit))
-                ends.append(min(y for _, y in hit))
-            else:
-                out.append((min(starts), min(ends)))
+        """The predicted windows as offsets from the iteration's start, sorted and disjoint."""
         merged: list[Window] = []
-        for a, b in sorted(out):  # predictions of neighbouring windows may overlap: keep them disjoint
-            if merged and a < merged[-1][1]:
+        for _g, a, b in sorted(self.predict_gaps(worker), key=lambda x: x[1]):
+            if merged and a < merged[-1][1]:  # medians of neighbouring gaps may overlap: keep them disjoint
                 a = merged[-1][1]
             if b > a:
                 merged.append((a, b))
@@ -119,11 +158,13 @@ class Job:
     cached: int
     home_dc: str
     earliest_s: float = 0.0  # its window's predicted opening, less the guard: it may start from there when idle
+    arrival_s: float = 0.0  # when its request arrived (an offset; <= 0: before the iteration began)
 
     def wire(self) -> list:
-        """What the worker gets: it may start the job, when idle, from `earliest_s` until `latest_s`."""
-        return [self.request_id, self.chunk, self.chunks, min(self.earliest_s, self.offset_s), self.duration_s,
-                self.latest_s, self.tokens, self.cached, self.home_dc]
+        """What the emulated worker gets: it may start the job in any idle gap of its iteration from the
+        request's arrival on, if the job fits what is predicted to remain of that gap (the gaps go with it)."""
+        return [self.request_id, self.chunk, self.chunks, max(0.0, self.arrival_s), self.duration_s, self.tokens,
+                self.cached, self.home_dc]
 
 
 @dataclass
@@ -159,8 +200,10 @@ class OnlinePlanner:
         self.requests = [Request(q.request_id, q.arrival_s + by_s, q.prompt_tokens, q.output_tokens)
                          for q in self.requests]
 
-    def observe(self, windows: dict[str, list[Window]], duration_s: float, warmup: bool = False) -> None:
-        """A finished iteration: each worker's idle windows (offsets) and the iteration's length."""
+    def observe(self, windows: dict[str, list[Gap]], duration_s: float, warmup: bool = False) -> None:
+        """A finished iteration: each worker's idle gaps (index, start and end offsets) and its length."""
+        shortest = [c.full(1) for _dc, c in self.workers.values()]
+        self.windows.min_gap_s = min(shortest) if shortest else 0.0
         for w, ws in windows.items():
             self.windows.observe(w, ws, warmup)
         if warmup or self.warm:
@@ -217,10 +260,16 @@ class OnlinePlanner:
                            and b <= bb.end_s + 1e-12)
                 jobs.append(Job(q.request_id, n, len(pl.intervals), j, a - base, b - a,
                                 win.end_s - self.guard_s - (b - a) - base, tok, done, pl.home_dc,
-                                win.start_s + self.guard_s - base))
+                                win.start_s + self.guard_s - base, pl.request.arrival_s - base))
                 done += tok
             self.decided[q.request_id] = Decision(q, pl.gpu, jobs)
         return self.jobs_for(k)
+
+    def gaps_for(self, worker: str) -> list[list]:
+        """[gap, usable length]: each recurring gap's predicted length less the measured margin (the worker
+        adds the gap's live opening and takes off the guard band)."""
+        m = self.windows.margin_s
+        return [[g, length - m] for g, length in self.windows.lengths(worker).items() if length > m]
 
     def jobs_for(self, k: int) -> dict[str, list[Job]]:
         out: dict[str, list[Job]] = {}

@@ -25,9 +25,10 @@ from testbed.timeline import Interval, Timeline, group_gaps, sort_intervals
 TRAINING = ("fwd", "bwd", "allreduce")
 
 
-def windows_of(sim) -> dict[str, list[tuple[float, float]]]:
+def windows_of(sim) -> dict[str, list[tuple[int, float, float]]]:
     """Each group's idle windows in a realised iteration: the gaps between its training ops, the last one
-    running to the end of the last training op anywhere (offsets from the iteration's start)."""
+    running to the end of the last training op anywhere (offsets from the iteration's start), each with its
+    index (the training ops before it), as the emulated workers report them."""
     busy: dict[str, list[tuple[float, float]]] = {}
     end = 0.0
     for iv in sim.timeline.rep_intervals():
@@ -37,12 +38,13 @@ def windows_of(sim) -> dict[str, list[tuple[float, float]]]:
     out = {}
     for g, ivs in busy.items():
         ws, cur = [], 0.0
-        for a, b in sorted(ivs):
+        ivs.sort()
+        for n, (a, b) in enumerate(ivs):
             if a > cur + 1e-9:
-                ws.append((cur, a))
+                ws.append((n, cur, a))
             cur = max(cur, b)
         if end > cur + 1e-9:
-            ws.append((cur, end))
+            ws.append((len(ivs), cur, end))
         out[g] = ws
     return out
 

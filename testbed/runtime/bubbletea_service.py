@@ -12,10 +12,10 @@ op, prefill included, as the orchestrator counts it); requests arrive on it from
 
 Protocol (Unix socket, length-prefixed JSON, one reply per message):
   {"op": "jobs", "worker": "s0r1", "iteration": K, "t_start": T}  -> {"jobs": [[request, chunk, chunks,
-      offset_s, duration_s, latest_s, tokens, cached, home_dc], ...]}
-  {"op": "idle", "worker", "iteration", "start", "end"}           -> {"ok": true}   (a window as it ends)
-  {"op": "done", "worker", "iteration", "t_start", "last_train_end", "last_end", "ran": [[request, chunk, start,
-      end, tokens, cached, busy_s]],
+      not_before_s, duration_s, tokens, cached, home_dc], ...], "gaps": [[gap, usable_s], ...], "guard": s}
+  {"op": "idle", "worker", "iteration", "gap", "start", "end"}    -> {"ok": true}   (a window as it ends)
+  {"op": "done", "worker", "iteration", "t_start", "ops", "last_train_end", "last_end", "ran": [[request, chunk,
+      start, end, tokens, cached, busy_s]],
       "skipped": [[request, time]]}                                -> {"ok": true}
   {"op": "decoded", "request", "t_send", "t_kv", "t_done", "tokens", "dc"} -> {"ok": true}
 A malformed request gets {"error": ...} and the connection is closed; the service keeps serving.
@@ -79,6 +79,8 @@ class Service:
         self.skipped: list[list] = []
         self.decoded: list[list] = []
         self.predicted: dict[int, dict[str, list]] = {}
+        self.gaps: dict[int, dict[str, list]] = {}  # iteration -> worker -> [[gap, usable length]]
+        self.margins: dict[int, float] = {}  # iteration -> the measured margin its plan used
 
     def handle(self, msg: dict) -> dict:
         op = msg.get("op")
@@ -91,9 +93,11 @@ class Service:
             self.starts.setdefault(it, float(msg["t_start"]))
             if it not in self.jobs:
                 self.jobs[it] = self._plan(it)
-            return {"jobs": [j.wire() for j in self.jobs[it].get(worker, [])]}
+            return {"jobs": [j.wire() for j in self.jobs[it].get(worker, [])],
+                    "gaps": self.gaps.get(it, {}).get(worker, []), "guard": self.planner.guard_s}
         if op == "idle":
-            self.windows.setdefault(it, {}).setdefault(worker, []).append((float(msg["start"]), float(msg["end"])))
+            self.windows.setdefault(it, {}).setdefault(worker, []).append(
+                (int(msg["gap"]), float(msg["start"]), float(msg["end"])))
             return {"ok": True}
         if op == "done":
             self.done.setdefault(it, {})[worker] = msg
@@ -119,9 +123,9 @@ class Service:
         self.timeline[k + 1] = self.timeline[k] + duration
         wins: dict[str, list] = {}
         for w, d in done.items():
-            ws = [(a - t0, b - t0) for a, b in self.windows.get(k, {}).get(w, [])]
-            if train_end > float(d["last_train_end"]):
-                ws.append((float(d["last_train_end"]) - t0, train_end - t0))  # the tail: until the last op anywhere
+            ws = [(g, a - t0, b - t0) for g, a, b in self.windows.get(k, {}).get(w, [])]
+            if train_end > float(d["last_train_end"]):  # the tail: until the last op anywhere
+                ws.append((int(d["ops"]), float(d["last_train_end"]) - t0, train_end - t0))
             wins[w] = ws
         if k == 0:
             self.planner.shift(self.timeline[1])
@@ -137,6 +141,8 @@ class Service:
             self._finish(k - 1)
         jobs = self.planner.plan(k, self.timeline[k])
         self.predicted[k] = {w: self.planner.windows.predict(w) for w in self.cfg["workers"]}
+        self.gaps[k] = {w: self.planner.gaps_for(w) for w in self.cfg["workers"]}
+        self.margins[k] = self.planner.windows.margin_s
         return jobs
 
     def results(self, rejected: int) -> dict:
@@ -146,6 +152,7 @@ class Service:
         decisions = [[rid, d.worker, d.pool_join_s, len(d.jobs)] for rid, d in sorted(self.planner.decided.items())]
         return {"starts": self.starts, "timeline": self.timeline, "ran": self.ran, "skipped": self.skipped,
                 "decoded": self.decoded, "decisions": decisions, "predicted": self.predicted, "rejected": rejected,
+                "gaps": self.gaps, "margins": self.margins,
                 "jobs": {k: {w: [j.wire() for j in js] for w, js in v.items()} for k, v in self.jobs.items()}}
 
 

@@ -145,7 +145,7 @@ class TorchPrefill:
 
 
 class PrefillClient:
-    """This worker's prefill jobs and idle windows, one iteration at a time (see the module docstring)."""
+    """This worker's prefill jobs and idle gaps, one iteration at a time (see the module docstring)."""
 
     def __init__(self, name: str, service: str | None, compute: str, prefill=None) -> None:
         """`prefill`: testbed/runtime/config.py's PrefillConfig (model, layers, decode endpoints)."""
@@ -155,9 +155,13 @@ class PrefillClient:
         if service and compute == "torch" and prefill is not None:
             self.torch = TorchPrefill(prefill.decode, prefill.model)
         self.jobs: list[list] = []
+        self.gaps: dict[int, float] = {}  # gap -> its predicted usable length (the service's)
+        self.guard = 0.0
+        self.finished: set[tuple[int, int]] = set()  # (request, chunk) that ran to the end
         self.layers = prefill.layers if prefill is not None else 32
-        self.current = None  # the job under way: (job, its steps, when it first started)
+        self.current = None  # the job under way: (job, its steps, when it first started, busy so far)
         self.t0 = self.last_end = self.last_any = 0.0
+        self.ops = 0  # training ops so far this iteration: the index of the gap the worker is in
         self.reply: queue.Queue | None = None
         self.it = 0
 
@@ -168,7 +172,8 @@ class PrefillClient:
     def begin(self, it: int, t_start: float) -> None:
         """Ask for this iteration's jobs without waiting: training starts now, the jobs join when their
         reply is in (the service's planning time costs prefill, never training)."""
-        self.it, self.t0, self.last_end, self.last_any, self.jobs = it, t_start, t_start, t_start, []
+        self.it, self.t0, self.last_end, self.last_any, self.jobs, self.gaps = it, t_start, t_start, t_start, [], {}
+        self.ops = 0
         self.ready_at: float | None = None
         self.ran: list[list] = []
         self.skipped: list[list] = []
@@ -183,7 +188,10 @@ class PrefillClient:
         except queue.Empty:
             return
         self.reply = None
-        self.jobs = sorted(reply.get("jobs", []), key=lambda j: j[3]) if reply else []
+        if reply:
+            self.jobs = list(reply.get("jobs", []))  # in the planned order
+            self.gaps = {int(g): float(u) for g, u in reply.get("gaps", [])}
+            self.guard = float(reply.get("guard", 0.0))
 
     def busy(self, kind: str, t0: float, t1: float) -> None:
         """A training op ran [t0, t1]: the gap before it was an idle window; tell the service now."""
@@ -194,69 +202,88 @@ class PrefillClient:
             return
         end = min(t0, self.ready_at) if self.ready_at is not None and self.ready_at > self.last_end else t0
         if self.link is not None and end > self.last_end + 1e-6:
-            self.link.tell({"op": "idle", "worker": self.name, "iteration": self.it, "start": self.last_end,
-                            "end": end})
+            self.link.tell({"op": "idle", "worker": self.name, "iteration": self.it, "gap": self.ops,
+                            "start": self.last_end, "end": end})
         self.last_end = max(self.last_end, t1)
+        self.ops += 1
         self.ready_at = None
 
+    def _gap_end(self) -> float:
+        """Until when a job may run in the gap the worker is in: its live opening plus its predicted usable
+        length, less the guard band (-inf for a gap not predicted)."""
+        usable = self.gaps.get(self.ops)
+        return -float("inf") if usable is None else self.last_end + usable - self.guard
+
+    def _ready(self, job: list) -> bool:
+        return job[1] == 0 or (job[0], job[1] - 1) in self.finished
+
+    def _pick(self, now: float) -> int | None:
+        """The first job (planned order) whose request has arrived and that fits what remains of this gap."""
+        end = self._gap_end()
+        for i, j in enumerate(self.jobs):
+            if self.t0 + j[3] <= now and now + j[4] <= end and self._ready(j):
+                return i
+        return None
+
     def _next_start(self) -> float | None:
+        """When a job could next start in this gap (one whose request arrives later, or the reply not yet in)."""
         self._collect()
-        return self.t0 + self.jobs[0][3] if self.jobs else None
+        now = time.monotonic()
+        if self.reply is not None:
+            return now + 1e-3
+        end = self._gap_end()
+        times = [max(now, self.t0 + j[3]) for j in self.jobs if self._ready(j)]
+        times = [t for t, j in zip(times, [j for j in self.jobs if self._ready(j)], strict=True) if t + j[4] <= end]
+        return min(times) if times else None
 
     def run_due(self, rec: Rec, stop: Callable[[], bool] = lambda: False) -> None:
-        """Run the jobs whose time has come, in order, until `stop()` (training input is in); skip the
-        ones that can no longer finish before their bubble's predicted end. A job runs one layer at a
-        time: when training input arrives mid-job, the job pauses at the next layer boundary and resumes
-        in the next idle time, so a misjudged bubble costs training at most one layer."""
+        """Run jobs while idle, until `stop()` (training input is in): a paused job first, then the first one
+        that fits what is predicted to remain of the gap. A job runs one layer at a time: when training input
+        arrives mid-job, it pauses at the next layer boundary and resumes in the next idle time, so a
+        misjudged gap costs training at most one layer."""
         self._collect()
-        while (self.current or self.jobs) and not stop():
+        while not stop():
             now = time.monotonic()
             if self.current is None:
-                rid, chunk, chunks, off, dur, latest, tokens, cached, home = self.jobs[0]
-                if now < self.t0 + off:
+                i = self._pick(now)
+                if i is None:
                     return
-                self.jobs.pop(0)
-                if now > self.t0 + latest:
-                    self._skip(rid, now)
-                    continue
+                job = self.jobs.pop(i)
+                rid, chunk, chunks, _nb, dur, tokens, cached, home = job
                 steps = (self.torch.steps(rid, tokens, cached, chunk == chunks - 1, home) if self.torch is not None
                          else self._sleeps(dur))
-                self.current = ([rid, chunk, chunks, off, dur, latest, tokens, cached, home], steps, now, 0.0)
+                self.current = (job, steps, now, 0.0)
             job, steps, first, busy = self.current
             try:
+                if busy > 0 and not stop():
+                    steps.send(True)  # resumed after a pause
                 while not stop():
                     next(steps)
             except StopIteration:
                 self.current = None
                 t1 = time.monotonic()
                 rec("prefill", -1, now, t1)
-                self.ran.append([job[0], job[1], first, t1, job[6], job[7], busy + t1 - now])
+                self.ran.append([job[0], job[1], first, t1, job[5], job[6], busy + t1 - now])
+                self.finished.add((job[0], job[1]))
                 continue
             t1 = time.monotonic()
             rec("prefill", -1, now, t1)  # paused: training input is in
             self.current = (job, steps, first, busy + t1 - now)
 
     def _sleeps(self, dur: float):
-        """Modeled compute: the job's predicted time, one layer's share per step, against a clock anchor
-        (so late wake-ups do not add up); a pause (a gap between steps) moves the anchor."""
+        """Modeled compute: the job's predicted time, one layer's share per step, against a clock anchor, so
+        late wake-ups (a loaded CPU) do not add up; the client sends True when it resumes the job after a
+        pause, which moves the anchor by the pause."""
         step, done = dur / self.layers, 0.0
         anchor = time.monotonic()
         for _ in range(self.layers):
-            now = time.monotonic()
-            if now - (anchor + done) > step:  # resumed after a pause
-                anchor = now - done
             done += step
-            time.sleep(max(0.0, anchor + done - now))
-            yield
-
-    def _skip(self, rid: int, now: float) -> None:
-        self.skipped.append([rid, now])
-        self.jobs = [j for j in self.jobs if j[0] != rid]  # its later chunks have nothing to continue from
-        if self.torch is not None:
-            self.torch.drop(rid)
+            time.sleep(max(0.0, anchor + done - time.monotonic()))
+            if (yield):
+                anchor = time.monotonic() - done
 
     def wait_for(self, inbox, key: tuple, rec: Rec) -> None:
-        """Wait for training input; run due prefill jobs in the meantime."""
+        """Wait for training input; run prefill jobs that fit in the meantime."""
         while not inbox.arrived(key):
             self.run_due(rec, lambda: inbox.arrived(key))
             nxt = self._next_start()
@@ -264,28 +291,34 @@ class PrefillClient:
                 return
 
     def wait_until(self, deadline: float, rec: Rec) -> None:
-        """Wait until `deadline` (the replica's start offset); run due prefill jobs in the meantime."""
+        """Wait until `deadline` (the replica's start offset); run prefill jobs that fit in the meantime."""
         while (now := time.monotonic()) < deadline:
             self.run_due(rec, lambda: time.monotonic() >= deadline)
             nxt = self._next_start()
             time.sleep(max(0.0, min(deadline, nxt if nxt is not None and nxt > now else deadline) - now))
 
     def drain(self, rec: Rec) -> None:
-        """After this worker's last training op: a paused job finishes, then the jobs planned in its tail
-        bubble run, each from its start."""
+        """After this worker's last training op (the tail gap, until the last training op anywhere): a paused
+        job finishes, then the jobs that fit the tail's predicted length run."""
         self._collect()
         self.run_due(rec)
-        while self.jobs:
-            nxt = self._next_start()
-            if nxt is not None and (d := nxt - time.monotonic()) > 0:
+        while (nxt := self._next_start()) is not None:
+            if (d := nxt - time.monotonic()) > 0:
                 time.sleep(d)
             self.run_due(rec)
 
     def end(self, it: int) -> None:
-        """Report what ran and what was skipped; waits for the service, so that every worker's report is
-        in before the orchestrator's barrier lets the next iteration (and its re-plan) start."""
+        """Report what ran and what did not (each such request is re-planned); waits for the service, so that
+        every worker's report is in before the orchestrator's barrier lets the next iteration (and its
+        re-plan) start."""
         if self.link is None:
             return
-        self.link.ask({"op": "done", "worker": self.name, "iteration": it, "t_start": self.t0,
+        now = time.monotonic()
+        for rid in dict.fromkeys(j[0] for j in self.jobs):
+            self.skipped.append([rid, now])
+            if self.torch is not None:
+                self.torch.drop(rid)
+        self.jobs = []
+        self.link.ask({"op": "done", "worker": self.name, "iteration": it, "t_start": self.t0, "ops": self.ops,
                        "last_train_end": self.last_end, "last_end": self.last_any, "ran": self.ran,
                        "skipped": self.skipped})
