@@ -107,9 +107,9 @@ def test_a_worker_starts_a_job_only_if_it_fits_what_remains_of_its_live_gap():
     #          request, chunk, chunks, not before, duration, tokens, cached, home
     c.jobs = [[7, 0, 1, 0.0, 0.060, 900, 0, "a"], [8, 1, 2, 0.0, 0.010, 100, 100, "a"],
               [9, 0, 1, 0.030, 0.010, 100, 0, "a"], [10, 0, 1, 0.0, 0.020, 300, 0, "a"]]
-    assert c._pick(100.0) == 3  # 7 is too long for gap 0, 8 waits for its first chunk, 9 has not arrived
+    assert c._pick(100.0) == (c.jobs, 3)  # 7 is too long for gap 0, 8 waits for its first chunk, 9 has not arrived
     c.jobs.pop(3)
-    assert c._pick(100.030) == 2  # now 9 has, and fits (0.030 + 0.010 <= 0.050 - 0.002)
+    assert c._pick(100.030) == (c.jobs, 2)  # now 9 has, and fits (0.030 + 0.010 <= 0.050 - 0.002)
     c.jobs.pop(2)
     assert c._pick(100.040) is None  # nothing fits the 8 ms left of gap 0
     c.busy("fwd", 100.040, 100.050)
@@ -117,10 +117,10 @@ def test_a_worker_starts_a_job_only_if_it_fits_what_remains_of_its_live_gap():
     assert c._pick(100.061) is None  # gap 2 is not predicted: nothing runs there
     c.busy("fwd", 100.061, 100.100)  # gap 3 opens late, at 100.100: its length counts from there
     assert c._pick(100.250) is None  # 0.250 + 0.060 > 0.100 + 0.200 - 0.002
-    assert c._pick(100.230) == 0
+    assert c._pick(100.230) == (c.jobs, 0)
     c.jobs.pop(0)
     c.finished.add((8, 0))
-    assert c._pick(100.285) == 0  # its first chunk is done
+    assert c._pick(100.285) == (c.jobs, 0)  # its first chunk is done
 
 
 def test_modeled_prefill_does_not_add_up_late_wake_ups_but_moves_by_a_pause():
@@ -142,3 +142,61 @@ def test_modeled_prefill_does_not_add_up_late_wake_ups_but_moves_by_a_pause():
     with pytest.raises(StopIteration):
         next(steps)
     assert time.monotonic() - t0 >= 0.040 + 0.030 - 0.015
+
+
+def test_the_margin_widens_while_training_waits_past_the_budget_and_narrows_while_it_does_not():
+    from testbed.bubbletea.knee import SLOWDOWN_MAX
+
+    p = _planner([Request(0, 0.0, 100, 1)])
+    q0 = p.windows.quantile
+    p.overran(2 * SLOWDOWN_MAX * 1.0, 1.0)  # training waited twice the budget of a 1 s iteration
+    assert p.windows.quantile > q0
+    for _ in range(20):
+        p.overran(0.0, 1.0)
+    assert p.windows.quantile == pytest.approx(0.5)  # never below the median
+    for _ in range(20):
+        p.overran(1.0, 1.0)
+    assert 0.98 <= p.windows.quantile < 1.0
+
+
+def test_a_job_run_early_frees_its_time_in_its_own_iteration():
+    reqs = [Request(i, 1.0, 500, 10) for i in range(12)]  # 12 x 50 ms, only 2 x 150 ms per iteration
+    p = _planner(reqs, slo=5.0)
+    for _ in range(3):
+        p.observe({"s0r0": [(0, 0.0, 0.16)], "s1r0": [(0, 0.5, 0.66)]}, 1.0)
+    p.plan(1, 1.0)
+    nxt = p.jobs_for(2)
+    w, js = next(iter(nxt.items()))
+    assert not any(b.gpu == w and b.end_s - b.start_s >= js[0].duration_s for b in p._bubbles(2, 2.0, 1.0, 1))
+    p.ran_early(js[0].request_id, js[0].chunk)  # a worker had room for it in iteration 1
+    assert js[0] not in p.jobs_for(2).get(w, [])
+    busy = [(j.offset_s, j.offset_s + j.duration_s) for j in p.jobs_for(2).get(w, [])]
+    free = p._bubbles(2, 2.0, 1.0, 1)
+    assert any(b.gpu == w and b.end_s - b.start_s >= js[0].duration_s for b in free)
+    assert all(not (a < b2 and a2 < b) for a, b in busy for a2, b2 in busy if (a, b) != (a2, b2))
+
+
+def test_a_worker_runs_the_next_iterations_jobs_only_where_none_of_its_own_fits():
+    from testbed.runtime.prefill import PrefillClient
+
+    c = PrefillClient("s0r0", None, "modeled")
+    c.begin(1, 100.0)
+    c.gaps, c.guard = {0: 0.100}, 0.0
+    c.jobs = [[1, 0, 1, 0.0, 0.080, 900, 0, "a"]]
+    c.standby = [[2, 0, 1, 0.0, 0.030, 300, 0, "a"]]
+    assert c._pick(100.0) == (c.jobs, 0)
+    assert c._pick(100.030) == (c.standby, 0)  # the own job no longer fits; the next iteration's does
+
+
+def test_a_worker_counts_how_long_training_waited_for_prefill():
+    from testbed.runtime.prefill import PrefillClient
+
+    c = PrefillClient("s0r0", None, "modeled")
+    c.begin(1, 100.0)
+    c.busy("prefill", 100.010, 100.052)  # paused late: the input was in at 100.050
+    c.busy("recv", 100.0, 100.050)
+    c.busy("fwd", 100.052, 100.060)
+    assert c.overrun == pytest.approx(0.002)
+    c.busy("recv", 100.0, 100.070)
+    c.busy("fwd", 100.070, 100.080)  # no prefill in between: no wait
+    assert c.overrun == pytest.approx(0.002)

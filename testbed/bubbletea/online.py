@@ -27,10 +27,12 @@ from dataclasses import dataclass, field
 from statistics import median
 
 from testbed.bubbletea.bubbles import Bubble
+from testbed.bubbletea.knee import SLOWDOWN_MAX
 from testbed.bubbletea.scheduler import GroupCost, schedule
 from testbed.bubbletea.trace import Request
 
 Window = tuple[float, float]
+MISS_MIN, MISS_MAX = 1 / 64, 1 / 2  # the margin's quantile stays between the median and the 98th percentile
 
 
 def intersect(a: list[Window], b: list[Window]) -> list[Window]:
@@ -83,9 +85,10 @@ class WindowModel:
     the gaps of the last `history` iterations long enough to hold a job (the smallest prefill), so a job
     admitted against it fits its real gap with that probability."""
 
-    MARGIN_QUANTILE = 0.9
+    MARGIN_QUANTILE = 0.9  # where the planner starts (OnlinePlanner.overran moves it)
 
     def __init__(self, history: int = 3) -> None:
+        self.quantile = self.MARGIN_QUANTILE
         self.seen: dict[str, deque[dict[int, Window]]] = {}
         self.history = history
         self.warmup: set[str] = set()  # workers whose only observation is the warm-up iteration
@@ -109,7 +112,7 @@ class WindowModel:
 
     @property
     def margin_s(self) -> float:
-        return max(0.0, quantile([e for per in self.errors.values() for it in per for e in it], self.MARGIN_QUANTILE))
+        return max(0.0, quantile([e for per in self.errors.values() for it in per for e in it], self.quantile))
 
     def lengths(self, worker: str) -> dict[int, float]:
         """Each recurring gap's predicted length (the median of its past lengths, 0 where it was absent)."""
@@ -158,13 +161,15 @@ class Job:
     cached: int
     home_dc: str
     earliest_s: float = 0.0  # its window's predicted opening, less the guard: it may start from there when idle
-    arrival_s: float = 0.0  # when its request arrived (an offset; <= 0: before the iteration began)
+    arrival_s: float = 0.0  # when its request arrived (timeline clock)
+    early: bool = False  # ran in the iteration before its own (handed out as standby)
 
-    def wire(self) -> list:
-        """What the emulated worker gets: it may start the job in any idle gap of its iteration from the
-        request's arrival on, if the job fits what is predicted to remain of that gap (the gaps go with it)."""
-        return [self.request_id, self.chunk, self.chunks, max(0.0, self.arrival_s), self.duration_s, self.tokens,
-                self.cached, self.home_dc]
+    def wire(self, start_s: float) -> list:
+        """What the emulated worker of the iteration starting at `start_s` (timeline clock) gets: it may start
+        the job in any idle gap from the request's arrival on, if the job fits what is predicted to remain of
+        that gap (the gaps go with it)."""
+        return [self.request_id, self.chunk, self.chunks, max(0.0, self.arrival_s - start_s), self.duration_s,
+                self.tokens, self.cached, self.home_dc]
 
 
 @dataclass
@@ -210,6 +215,20 @@ class OnlinePlanner:
             self.durations.clear()
         self.warm = warmup
         self.durations.append(duration_s)
+
+    def overran(self, waited_s: float, duration_s: float) -> None:
+        """Training waited `waited_s` for prefill (all workers together) in an iteration of `duration_s`. The
+        share of gaps allowed to be shorter than predicted (1 - the margin's quantile) halves while that wait
+        exceeds the slowdown the knee accepts (testbed/bubbletea/knee.py) and doubles while it stays under half
+        of it, between 1/64 and 1/2: a misjudged gap costs training at most a layer of prefill, so the margin
+        is only as wide as the measured cost of mispredictions requires."""
+        budget = SLOWDOWN_MAX * duration_s
+        miss = 1.0 - self.windows.quantile
+        if waited_s > budget:
+            miss = max(MISS_MIN, miss / 2)
+        elif waited_s < budget / 2:
+            miss = min(MISS_MAX, miss * 2)
+        self.windows.quantile = 1.0 - miss
 
     def took(self, predicted_s: float, measured_s: float) -> None:
         """A job's busy time as it ran: predictions are scaled by the recent median ratio, so the plan
@@ -260,7 +279,7 @@ class OnlinePlanner:
                            and b <= bb.end_s + 1e-12)
                 jobs.append(Job(q.request_id, n, len(pl.intervals), j, a - base, b - a,
                                 win.end_s - self.guard_s - (b - a) - base, tok, done, pl.home_dc,
-                                win.start_s + self.guard_s - base, pl.request.arrival_s - base))
+                                win.start_s + self.guard_s - base, pl.request.arrival_s))
                 done += tok
             self.decided[q.request_id] = Decision(q, pl.gpu, jobs)
         return self.jobs_for(k)
@@ -271,11 +290,18 @@ class OnlinePlanner:
         m = self.windows.margin_s
         return [[g, length - m] for g, length in self.windows.lengths(worker).items() if length > m]
 
+    def ran_early(self, request_id: int, chunk: int) -> None:
+        """A worker ran this job, handed out as standby, in the iteration before its own: its time there is free."""
+        d = self.decided.get(request_id)
+        for j in d.jobs if d is not None else []:
+            if j.chunk == chunk:
+                j.early = True
+
     def jobs_for(self, k: int) -> dict[str, list[Job]]:
         out: dict[str, list[Job]] = {}
         for d in self.decided.values():
             for j in d.jobs:
-                if j.iteration == k:
+                if j.iteration == k and not j.early:
                     out.setdefault(d.worker, []).append(j)
         for js in out.values():
             js.sort(key=lambda j: j.offset_s)
@@ -290,7 +316,7 @@ class OnlinePlanner:
         busy: dict[str, list[Window]] = {}
         for d in self.decided.values():
             for j in d.jobs:
-                if j.iteration >= k:
+                if j.iteration >= k and not j.early:
                     a = start_s + (j.iteration - k) * D + j.offset_s
                     busy.setdefault(d.worker, []).append((a, a + j.duration_s))
         out = []

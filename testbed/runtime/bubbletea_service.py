@@ -12,7 +12,8 @@ op, prefill included, as the orchestrator counts it); requests arrive on it from
 
 Protocol (Unix socket, length-prefixed JSON, one reply per message):
   {"op": "jobs", "worker": "s0r1", "iteration": K, "t_start": T}  -> {"jobs": [[request, chunk, chunks,
-      not_before_s, duration_s, tokens, cached, home_dc], ...], "gaps": [[gap, usable_s], ...], "guard": s}
+      not_before_s, duration_s, tokens, cached, home_dc], ...], "standby": [the next iteration's, same form],
+      "gaps": [[gap, usable_s], ...], "guard": s}
   {"op": "idle", "worker", "iteration", "gap", "start", "end"}    -> {"ok": true}   (a window as it ends)
   {"op": "done", "worker", "iteration", "t_start", "ops", "last_train_end", "last_end", "ran": [[request, chunk,
       start, end, tokens, cached, busy_s]],
@@ -80,6 +81,9 @@ class Service:
         self.decoded: list[list] = []
         self.predicted: dict[int, dict[str, list]] = {}
         self.gaps: dict[int, dict[str, list]] = {}  # iteration -> worker -> [[gap, usable length]]
+        self.standby: dict[int, dict[str, dict]] = {}  # iteration -> worker -> next iteration's jobs handed out
+        self.early = 0  # standby jobs run early
+        self.waited: dict[int, float] = {}  # iteration -> how long training waited for prefill (all workers)
         self.margins: dict[int, float] = {}  # iteration -> the measured margin its plan used
 
     def handle(self, msg: dict) -> dict:
@@ -93,7 +97,11 @@ class Service:
             self.starts.setdefault(it, float(msg["t_start"]))
             if it not in self.jobs:
                 self.jobs[it] = self._plan(it)
-            return {"jobs": [j.wire() for j in self.jobs[it].get(worker, [])],
+            base = self.timeline.get(it, 0.0)
+            standby = self.planner.jobs_for(it + 1).get(worker, [])  # planned for the next iteration: run now if room
+            self.standby.setdefault(it, {})[worker] = {(j.request_id, j.chunk): j.duration_s for j in standby}
+            return {"jobs": [j.wire(base) for j in self.jobs[it].get(worker, [])],
+                    "standby": [j.wire(base) for j in standby],
                     "gaps": self.gaps.get(it, {}).get(worker, []), "guard": self.planner.guard_s}
         if op == "idle":
             self.windows.setdefault(it, {}).setdefault(worker, []).append(
@@ -102,10 +110,15 @@ class Service:
         if op == "done":
             self.done.setdefault(it, {})[worker] = msg
             planned = {(j.request_id, j.chunk): j.duration_s for j in self.jobs.get(it, {}).get(worker, [])}
+            standby = self.standby.get(it, {}).get(worker, {})
             for rid, chunk, a, b, tokens, cached, busy in msg["ran"]:
                 self.ran.append([int(rid), worker, it, int(chunk), float(a), float(b), int(tokens), int(cached)])
-                if (int(rid), int(chunk)) in planned:
-                    self.planner.took(planned[(int(rid), int(chunk))], float(busy))
+                key = (int(rid), int(chunk))
+                if key in standby and key not in planned:
+                    self.planner.ran_early(*key)
+                    self.early += 1
+                if key in planned or key in standby:
+                    self.planner.took(planned.get(key, standby.get(key, 0.0)), float(busy))
             for rid, t in msg["skipped"]:
                 self.skipped.append([int(rid), worker, it, float(t)])
             if len(self.done[it]) == self.n and it + 1 not in self.jobs:
@@ -130,6 +143,9 @@ class Service:
         if k == 0:
             self.planner.shift(self.timeline[1])
         self.planner.observe(wins, duration, warmup=k == 0)
+        if k > 0:
+            self.planner.overran(sum(float(d.get("overrun", 0.0)) for d in done.values()), duration)
+            self.waited[k] = sum(float(d.get("overrun", 0.0)) for d in done.values())
         for rid, _w, it, t in self.skipped:
             if it == k:
                 self.planner.skipped(rid, self.timeline[k] + t - t0)
@@ -142,7 +158,7 @@ class Service:
         jobs = self.planner.plan(k, self.timeline[k])
         self.predicted[k] = {w: self.planner.windows.predict(w) for w in self.cfg["workers"]}
         self.gaps[k] = {w: self.planner.gaps_for(w) for w in self.cfg["workers"]}
-        self.margins[k] = self.planner.windows.margin_s
+        self.margins[k] = [self.planner.windows.margin_s, self.planner.windows.quantile]
         return jobs
 
     def results(self, rejected: int) -> dict:
@@ -152,8 +168,9 @@ class Service:
         decisions = [[rid, d.worker, d.pool_join_s, len(d.jobs)] for rid, d in sorted(self.planner.decided.items())]
         return {"starts": self.starts, "timeline": self.timeline, "ran": self.ran, "skipped": self.skipped,
                 "decoded": self.decoded, "decisions": decisions, "predicted": self.predicted, "rejected": rejected,
-                "gaps": self.gaps, "margins": self.margins,
-                "jobs": {k: {w: [j.wire() for j in js] for w, js in v.items()} for k, v in self.jobs.items()}}
+                "gaps": self.gaps, "margins": self.margins, "early": self.early, "waited": self.waited,
+                "jobs": {k: {w: [j.wire(self.timeline.get(k, 0.0)) for j in js] for w, js in v.items()}
+                         for k, v in self.jobs.items()}}
 
 
 def main() -> None:

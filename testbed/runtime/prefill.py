@@ -155,6 +155,7 @@ class PrefillClient:
         if service and compute == "torch" and prefill is not None:
             self.torch = TorchPrefill(prefill.decode, prefill.model)
         self.jobs: list[list] = []
+        self.standby: list[list] = []  # the next iteration's jobs: run now only where no job of this one fits
         self.gaps: dict[int, float] = {}  # gap -> its predicted usable length (the service's)
         self.guard = 0.0
         self.finished: set[tuple[int, int]] = set()  # (request, chunk) that ran to the end
@@ -173,8 +174,11 @@ class PrefillClient:
         """Ask for this iteration's jobs without waiting: training starts now, the jobs join when their
         reply is in (the service's planning time costs prefill, never training)."""
         self.it, self.t0, self.last_end, self.last_any, self.jobs, self.gaps = it, t_start, t_start, t_start, [], {}
+        self.standby = []
         self.ops = 0
         self.ready_at: float | None = None
+        self.prefill_end = 0.0  # the end of the last prefill interval
+        self.overrun = 0.0  # how long training waited for prefill this iteration (its input was in)
         self.ran: list[list] = []
         self.skipped: list[list] = []
         self.reply = None if self.link is None else self.link.ask_later(
@@ -190,17 +194,22 @@ class PrefillClient:
         self.reply = None
         if reply:
             self.jobs = list(reply.get("jobs", []))  # in the planned order
+            self.standby = list(reply.get("standby", []))
             self.gaps = {int(g): float(u) for g, u in reply.get("gaps", [])}
             self.guard = float(reply.get("guard", 0.0))
 
     def busy(self, kind: str, t0: float, t1: float) -> None:
         """A training op ran [t0, t1]: the gap before it was an idle window; tell the service now."""
         self.last_any = max(self.last_any, t1)
+        if kind == "prefill":
+            self.prefill_end = t1
         if kind == "recv":
             self.ready_at = t1  # training could go on from here: a prefill running past it made training wait
         if kind not in TRAINING:
             return
         end = min(t0, self.ready_at) if self.ready_at is not None and self.ready_at > self.last_end else t0
+        if self.ready_at is not None and self.prefill_end > self.ready_at:
+            self.overrun += min(self.prefill_end, t0) - self.ready_at
         if self.link is not None and end > self.last_end + 1e-6:
             self.link.tell({"op": "idle", "worker": self.name, "iteration": self.it, "gap": self.ops,
                             "start": self.last_end, "end": end})
@@ -217,12 +226,14 @@ class PrefillClient:
     def _ready(self, job: list) -> bool:
         return job[1] == 0 or (job[0], job[1] - 1) in self.finished
 
-    def _pick(self, now: float) -> int | None:
-        """The first job (planned order) whose request has arrived and that fits what remains of this gap."""
+    def _pick(self, now: float) -> tuple[list, int] | None:
+        """The first job (planned order) whose request has arrived and that fits what remains of this gap;
+        else the first such job of the next iteration (its time there is then free for others)."""
         end = self._gap_end()
-        for i, j in enumerate(self.jobs):
-            if self.t0 + j[3] <= now and now + j[4] <= end and self._ready(j):
-                return i
+        for jobs in (self.jobs, self.standby):
+            for i, j in enumerate(jobs):
+                if self.t0 + j[3] <= now and now + j[4] <= end and self._ready(j):
+                    return jobs, i
         return None
 
     def _next_start(self) -> float | None:
@@ -232,8 +243,7 @@ class PrefillClient:
         if self.reply is not None:
             return now + 1e-3
         end = self._gap_end()
-        times = [max(now, self.t0 + j[3]) for j in self.jobs if self._ready(j)]
-        times = [t for t, j in zip(times, [j for j in self.jobs if self._ready(j)], strict=True) if t + j[4] <= end]
+        times = [t for j in self.jobs + self.standby if self._ready(j) and (t := max(now, self.t0 + j[3])) + j[4] <= end]
         return min(times) if times else None
 
     def run_due(self, rec: Rec, stop: Callable[[], bool] = lambda: False) -> None:
@@ -245,10 +255,10 @@ class PrefillClient:
         while not stop():
             now = time.monotonic()
             if self.current is None:
-                i = self._pick(now)
-                if i is None:
+                pick = self._pick(now)
+                if pick is None:
                     return
-                job = self.jobs.pop(i)
+                job = pick[0].pop(pick[1])
                 rid, chunk, chunks, _nb, dur, tokens, cached, home = job
                 steps = (self.torch.steps(rid, tokens, cached, chunk == chunks - 1, home) if self.torch is not None
                          else self._sleeps(dur))
@@ -296,6 +306,7 @@ class PrefillClient:
             self.run_due(rec, lambda: time.monotonic() >= deadline)
             nxt = self._next_start()
             time.sleep(max(0.0, min(deadline, nxt if nxt is not None and nxt > now else deadline) - now))
+        self.overrun += max(0.0, self.prefill_end - deadline)
 
     def drain(self, rec: Rec) -> None:
         """After this worker's last training op (the tail gap, until the last training op anywhere): a paused
@@ -318,7 +329,7 @@ class PrefillClient:
             self.skipped.append([rid, now])
             if self.torch is not None:
                 self.torch.drop(rid)
-        self.jobs = []
+        self.jobs, self.standby = [], []
         self.link.ask({"op": "done", "worker": self.name, "iteration": it, "t_start": self.t0, "ops": self.ops,
-                       "last_train_end": self.last_end, "last_end": self.last_any, "ran": self.ran,
+                       "overrun": self.overrun, "last_train_end": self.last_end, "last_end": self.last_any, "ran": self.ran,
                        "skipped": self.skipped})
