@@ -87,8 +87,8 @@ SUMMARY = CsvFile("summary.csv", "`testbed sim`, `testbed experiment run`",
     ("fallback_gpus", "GPUs", "BubbleTea: GPUs of the fallback pool (`bubbletea.fallback_gpus`; default: the trace's "
                               "mean load at its own rate)"),
     ("pool_util", "share", "BubbleTea: share of the fallback pool's GPU time spent prefilling"),
-    ("prefill_skipped", "share", "BubbleTea, emulated: share of the jobs handed to workers that were skipped (their "
-                                 "bubble closed before they could start in time)"),
+    ("prefill_skipped", "share", "BubbleTea, emulated: share of the jobs handed to workers that did not run in their "
+                                 "iteration (no gap left that they fitted; re-planned)"),
     ("scale", "", "emulation scale k: link rates, windows and bytes were divided by k (1 in the simulator)"),
     ("sweep", "", "this row's sweep point: `key=value` pairs, `;`-separated (empty without a sweep)"),
     ("degraded", "", "why an emulated run is not what was asked (e.g. the Atlas sidecar died), else empty"),

@@ -199,4 +199,9 @@ def test_a_worker_counts_how_long_training_waited_for_prefill():
     assert c.overrun == pytest.approx(0.002)
     c.busy("recv", 100.0, 100.070)
     c.busy("fwd", 100.070, 100.080)  # no prefill in between: no wait
-    assert c.overrun == pytest.approx(0.002)
+    c.busy("prefill", 100.080, 100.100)  # in the gap before the next op; the input after it was in at 100.090,
+    c.busy("recv", 100.0, 100.090)
+    c.busy("fwd", 100.100, 100.110)
+    c.busy("recv", 100.0, 100.095)  # and the next op's too: that op did not wait for prefill
+    c.busy("fwd", 100.110, 100.120)
+    assert c.overrun == pytest.approx(0.002 + 0.010)

@@ -208,8 +208,8 @@ class PrefillClient:
         if kind not in TRAINING:
             return
         end = min(t0, self.ready_at) if self.ready_at is not None and self.ready_at > self.last_end else t0
-        if self.ready_at is not None and self.prefill_end > self.ready_at:
-            self.overrun += min(self.prefill_end, t0) - self.ready_at
+        if self.ready_at is not None and self.prefill_end > (since := max(self.ready_at, self.last_end)):
+            self.overrun += min(self.prefill_end, t0) - since  # prefill in this gap past the input's arrival
         if self.link is not None and end > self.last_end + 1e-6:
             self.link.tell({"op": "idle", "worker": self.name, "iteration": self.it, "gap": self.ops,
                             "start": self.last_end, "end": end})
@@ -243,7 +243,8 @@ class PrefillClient:
         if self.reply is not None:
             return now + 1e-3
         end = self._gap_end()
-        times = [t for j in self.jobs + self.standby if self._ready(j) and (t := max(now, self.t0 + j[3])) + j[4] <= end]
+        times = [t for j in self.jobs + self.standby
+                 if self._ready(j) and (t := max(now, self.t0 + j[3])) + j[4] <= end]
         return min(times) if times else None
 
     def run_due(self, rec: Rec, stop: Callable[[], bool] = lambda: False) -> None:
@@ -331,5 +332,5 @@ class PrefillClient:
                 self.torch.drop(rid)
         self.jobs, self.standby = [], []
         self.link.ask({"op": "done", "worker": self.name, "iteration": it, "t_start": self.t0, "ops": self.ops,
-                       "overrun": self.overrun, "last_train_end": self.last_end, "last_end": self.last_any, "ran": self.ran,
-                       "skipped": self.skipped})
+                       "overrun": self.overrun, "last_train_end": self.last_end, "last_end": self.last_any,
+                       "ran": self.ran, "skipped": self.skipped})
