@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import deque
+
 import pytest
 
 from testbed.bubbletea.online import OnlinePlanner, WindowModel, intersect, subtract
@@ -17,18 +19,24 @@ def test_window_algebra():
 
 def test_a_gap_is_predicted_by_its_index_at_its_median_length_less_the_measured_margin():
     m = WindowModel(history=3)
+    m.observe("s0r0", [(0, 0.0, 0.5)], warmup=True)  # the warm-up teaches nothing once a steady iteration is in
     m.observe("s0r0", [(0, 0.10, 0.30), (4, 0.5, 0.6)])
+    assert m.margin_s == 0.0  # nothing scored yet
     m.observe("s0r0", [(0, 0.14, 0.32)])  # gap 4 absent: it counts as length 0
+    assert m.errors["s0r0"][-1] == pytest.approx([0.02, 0.1])  # predicted 0.2 and 0.1
     assert m.lengths("s0r0") == pytest.approx({0: 0.19, 4: 0.05})  # medians of (0.2, 0.18) and (0.1, 0)
     m.observe("s0r0", [(0, 0.30, 0.48), (4, 0.5, 0.6)])  # gap 0 opens late: its length is what recurs
+    assert m.errors["s0r0"][-1] == pytest.approx([0.01, -0.05])
     assert m.lengths("s0r0") == pytest.approx({0: 0.18, 4: 0.1})
-    assert m.margin_s == 0.0  # no prediction from a full history scored yet
+    m.quantile = 0.5
+    assert m.margin_s == pytest.approx(0.01)  # the median of (-0.05, 0.01, 0.02, 0.1)
     m.observe("s0r0", [(0, 0.12, 0.27), (4, 0.5, 0.6)])  # gap 0 is 0.03 shorter than predicted
-    assert m.margin_s == pytest.approx(0.03)
     (g0, a0, b0), (g4, a4, b4) = m.predict_gaps("s0r0")
     assert (g0, g4) == (0, 4)
-    assert a0 == pytest.approx(0.14) and b0 - a0 == pytest.approx(0.18 - 0.03)  # median opening and length
-    assert b4 - a4 == pytest.approx(0.1 - 0.03)
+    margin = m.margin_s  # the median of (-0.05, 0, 0.01, 0.02, 0.03, 0.1)
+    assert margin == pytest.approx(0.01)
+    assert a0 == pytest.approx(0.14) and b0 - a0 == pytest.approx(0.18 - margin)  # median opening and length
+    assert b4 - a4 == pytest.approx(0.1 - margin)
 
 
 def test_a_gap_seen_in_too_few_iterations_is_not_predicted():
@@ -149,6 +157,9 @@ def test_the_margin_widens_while_training_waits_past_the_budget_and_narrows_whil
 
     p = _planner([Request(0, 0.0, 100, 1)])
     q0 = p.windows.quantile
+    p.overran(1.0, 1.0)
+    assert p.windows.quantile == q0  # no margin measured yet: nothing to act on
+    p.windows.errors["s0r0"] = deque([[0.01]])
     p.overran(2 * SLOWDOWN_MAX * 1.0, 1.0)  # training waited twice the budget of a 1 s iteration
     assert p.windows.quantile > q0
     for _ in range(20):

@@ -102,7 +102,7 @@ class WindowModel:
             self.seen[worker].clear()
             self.warmup.discard(worker)
         gaps = {int(g): (a, b) for g, a, b in windows}
-        if not warmup and len(self.seen.get(worker, ())) == self.history:  # a prediction from a full history
+        if not warmup and self.seen.get(worker):  # score the prediction from the steady iterations before
             errs = [length - (gaps[g][1] - gaps[g][0] if g in gaps else 0.0)
                     for g, length in self.lengths(worker).items() if length > self.min_gap_s]
             self.errors.setdefault(worker, deque(maxlen=self.history)).append(errs)
@@ -222,6 +222,8 @@ class OnlinePlanner:
         exceeds the slowdown the knee accepts (testbed/bubbletea/knee.py) and doubles while it stays under half
         of it, between 1/64 and 1/2: a misjudged gap costs training at most a layer of prefill, so the margin
         is only as wide as the measured cost of mispredictions requires."""
+        if not self.windows.errors:
+            return  # no margin measured yet: the quantile has nothing to act on
         budget = SLOWDOWN_MAX * duration_s
         miss = 1.0 - self.windows.quantile
         if waited_s > budget:
