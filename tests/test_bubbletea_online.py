@@ -216,3 +216,26 @@ def test_a_worker_counts_how_long_training_waited_for_prefill():
     c.busy("recv", 100.0, 100.095)  # and the next op's too: that op did not wait for prefill
     c.busy("fwd", 100.110, 100.120)
     assert c.overrun == pytest.approx(0.002 + 0.010)
+
+
+def test_prefill_in_the_tail_stops_at_its_predicted_end_and_resumes_in_the_next_iteration():
+    import time
+
+    from testbed.runtime.prefill import PrefillClient
+
+    c = PrefillClient("s0r0", None, "modeled")
+    c.layers = 8
+    c.begin(1, time.monotonic())
+    c.gaps, c.guard = {1: 0.030}, 0.0
+    c.jobs = [[5, 0, 1, 0.0, 0.080, 900, 0, "a"]]  # longer than predicted: it starts in gap 0's place
+    c.busy("fwd", c.t0, c.t0)
+    c.current = (c.jobs.pop(), c._sleeps(0.080), c.t0, 0.0)
+    log = []
+    t = time.monotonic()
+    c.drain(lambda *a: log.append(a))  # the tail (gap 1) opened at the op's end: 30 ms of it are predicted
+    assert time.monotonic() - t < 0.070 and c.current is not None  # paused at the tail's end, not run out
+    assert log and log[-1][0] == "prefill"
+    c.begin(2, time.monotonic())
+    c.gaps = {0: 1.0}
+    c.run_due(lambda *a: log.append(a))  # the next iteration's first idle time: it finishes there
+    assert c.current is None and c.ran and c.ran[0][:2] == [5, 0]

@@ -74,6 +74,7 @@ def realised_run(plan: Plan, reqs: list[Request], homes: dict[int, str], costs: 
         starts.append(t)
         durations.append(d)
         base.append(realise(plan, jit).timeline.iteration_s[0])
+        planner.overran(max(0.0, d - base[-1]), d)  # what training waited for prefill, as the workers report it
         for iv in sim.timeline.rep_intervals():
             if iv.kind != "idle":
                 ivs.append(iv._replace(iteration=k - 1, start_s=iv.start_s + t - starts[0],

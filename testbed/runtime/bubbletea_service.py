@@ -143,9 +143,10 @@ class Service:
         if k == 0:
             self.planner.shift(self.timeline[1])
         self.planner.observe(wins, duration, warmup=k == 0)
-        if k > 0:
-            self.planner.overran(sum(float(d.get("overrun", 0.0)) for d in done.values()), duration)
-            self.waited[k] = sum(float(d.get("overrun", 0.0)) for d in done.values())
+        if k > 0:  # training waited for prefill: inside the workers' gaps, and past the last training op
+            waited = sum(float(d.get("overrun", 0.0)) for d in done.values()) + max(0.0, t0 + duration - train_end)
+            self.planner.overran(waited, duration)
+            self.waited[k] = waited
         for rid, _w, it, t in self.skipped:
             if it == k:
                 self.planner.skipped(rid, self.timeline[k] + t - t0)

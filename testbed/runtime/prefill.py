@@ -310,14 +310,17 @@ class PrefillClient:
         self.overrun += max(0.0, self.prefill_end - deadline)
 
     def drain(self, rec: Rec) -> None:
-        """After this worker's last training op (the tail gap, until the last training op anywhere): a paused
-        job finishes, then the jobs that fit the tail's predicted length run."""
+        """After this worker's last training op (the tail gap, until the last training op anywhere): prefill
+        runs until the tail's predicted end less the guard, as in any gap; a job still running then pauses
+        and resumes in the next iteration's first idle time (the iteration ends with its last op, prefill
+        included, so prefill past it would delay training)."""
         self._collect()
-        self.run_due(rec)
+        end = self._gap_end()
+        self.run_due(rec, lambda: time.monotonic() >= end)
         while (nxt := self._next_start()) is not None:
             if (d := nxt - time.monotonic()) > 0:
                 time.sleep(d)
-            self.run_due(rec)
+            self.run_due(rec, lambda: time.monotonic() >= end)
 
     def end(self, it: int) -> None:
         """Report what ran and what did not (each such request is re-planned); waits for the service, so that
