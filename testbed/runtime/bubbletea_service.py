@@ -15,7 +15,8 @@ Protocol (Unix socket, length-prefixed JSON, one reply per message):
       not_before_s, duration_s, tokens, cached, home_dc], ...], "standby": [the next iteration's, same form],
       "gaps": [[gap, usable_s], ...], "guard": s}
   {"op": "idle", "worker", "iteration", "gap", "start", "end"}    -> {"ok": true}   (a window as it ends)
-  {"op": "done", "worker", "iteration", "t_start", "ops", "last_train_end", "last_end", "ran": [[request, chunk,
+  {"op": "done", "worker", "iteration", "t_start", "ops", "overrun", "last_train_end", "last_op_end", "last_end",
+      "ran": [[request, chunk,
       start, end, tokens, cached, busy_s]],
       "skipped": [[request, time]]}                                -> {"ok": true}
   {"op": "decoded", "request", "t_send", "t_kv", "t_done", "tokens", "dc"} -> {"ok": true}
@@ -144,7 +145,8 @@ class Service:
             self.planner.shift(self.timeline[1])
         self.planner.observe(wins, duration, warmup=k == 0)
         if k > 0:  # training waited for prefill: inside the workers' gaps, and past the last training op
-            waited = sum(float(d.get("overrun", 0.0)) for d in done.values()) + max(0.0, t0 + duration - train_end)
+            ops_end = max((float(d.get("last_op_end", d["last_end"])) for d in done.values()), default=t0)
+            waited = sum(float(d.get("overrun", 0.0)) for d in done.values()) + max(0.0, t0 + duration - ops_end)
             self.planner.overran(waited, duration)
             self.waited[k] = waited
         for rid, _w, it, t in self.skipped:

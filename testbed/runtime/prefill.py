@@ -176,6 +176,7 @@ class PrefillClient:
         self.it, self.t0, self.last_end, self.last_any, self.jobs, self.gaps = it, t_start, t_start, t_start, [], {}
         self.standby = []
         self.ops = 0
+        self.last_op = t_start  # the end of its last op other than prefill (sends and the optimizer step too)
         self.ready_at: float | None = None
         self.prefill_end = 0.0  # the end of the last prefill interval
         self.overrun = 0.0  # how long training waited for prefill this iteration (its input was in)
@@ -203,6 +204,8 @@ class PrefillClient:
         self.last_any = max(self.last_any, t1)
         if kind == "prefill":
             self.prefill_end = t1
+        else:
+            self.last_op = max(self.last_op, t1)
         if kind == "recv":
             self.ready_at = t1  # training could go on from here: a prefill running past it made training wait
         if kind not in TRAINING:
@@ -336,4 +339,4 @@ class PrefillClient:
         self.jobs, self.standby = [], []
         self.link.ask({"op": "done", "worker": self.name, "iteration": it, "t_start": self.t0, "ops": self.ops,
                        "overrun": self.overrun, "last_train_end": self.last_end, "last_end": self.last_any,
-                       "ran": self.ran, "skipped": self.skipped})
+                       "last_op_end": self.last_op, "ran": self.ran, "skipped": self.skipped})
