@@ -239,3 +239,28 @@ def test_prefill_in_the_tail_stops_at_its_predicted_end_and_resumes_in_the_next_
     c.gaps = {0: 1.0}
     c.run_due(lambda *a: log.append(a))  # the next iteration's first idle time: it finishes there
     assert c.current is None and c.ran and c.ran[0][:2] == [5, 0]
+
+
+def test_nothing_runs_before_the_iteration_begins_and_a_paused_job_waits_for_a_gap_with_room():
+    import time
+
+    from testbed.runtime.prefill import PrefillClient
+
+    c = PrefillClient("s0r0", None, "modeled")
+    c.layers = 4
+    now = time.monotonic()
+    c.begin(3, now + 0.05)  # the go message comes ahead of the iteration's start
+    c.gaps = {0: 1.0, 1: 0.004}
+    steps = c._sleeps(0.040)
+    next(steps)
+    c.current = ([5, 0, 1, 0.0, 0.040, 900, 0, "a"], steps, now - 1, 0.01)  # paused last iteration, after a layer
+    log = []
+    c.run_due(lambda *a: log.append(a))
+    assert not log and c._next_start() is None  # before the start: nothing, and nothing else starts meanwhile
+    c.begin(4, time.monotonic())
+    c.gaps = {0: 0.004}
+    c.run_due(lambda *a: log.append(a))  # gap 0 holds 4 ms: not a layer (10 ms) of the paused job
+    assert not log and c.current is not None
+    c.gaps = {0: 1.0}
+    c.run_due(lambda *a: log.append(a))
+    assert log and c.current is None and c.ran[0][:2] == [5, 0]

@@ -20,6 +20,7 @@ their own, in order, so they never hold the training loop; only the job fetch wa
 
 from __future__ import annotations
 
+import inspect
 import queue
 import socket
 import threading
@@ -243,6 +244,8 @@ class PrefillClient:
         """When a job could next start in this gap (one whose request arrives later, or the reply not yet in)."""
         self._collect()
         now = time.monotonic()
+        if self.current is not None:
+            return None  # one job at a time: the paused one resumes in a gap with room for a layer of it
         if self.reply is not None:
             return now + 1e-3
         end = self._gap_end()
@@ -251,13 +254,17 @@ class PrefillClient:
         return min(times) if times else None
 
     def run_due(self, rec: Rec, stop: Callable[[], bool] = lambda: False) -> None:
-        """Run jobs while idle, until `stop()` (training input is in): a paused job first, then the first one
-        that fits what is predicted to remain of the gap. A job runs one layer at a time: when training input
-        arrives mid-job, it pauses at the next layer boundary and resumes in the next idle time, so a
-        misjudged gap costs training at most one layer."""
+        """Run jobs while idle, until `stop()` (training input is in): a paused job first (where a layer of it
+        fits the gap), then the first one that fits what is predicted to remain of the gap. A job runs one
+        layer at a time: when training input arrives mid-job, it pauses at the next layer boundary and
+        resumes in a later gap, so a misjudged gap costs training at most one layer."""
         self._collect()
         while not stop():
             now = time.monotonic()
+            if now < self.t0:
+                return  # the iteration has not begun (its go comes early): its gaps have not either
+            if self.current is not None and now + self.current[0][4] / self.layers > self._gap_end():
+                return  # a paused job resumes where a layer of it fits the gap
             if self.current is None:
                 pick = self._pick(now)
                 if pick is None:
@@ -269,7 +276,7 @@ class PrefillClient:
                 self.current = (job, steps, now, 0.0)
             job, steps, first, busy = self.current
             try:
-                if busy > 0 and not stop():
+                if inspect.getgeneratorstate(steps) == inspect.GEN_SUSPENDED and not stop():
                     steps.send(True)  # resumed after a pause
                 while not stop():
                     next(steps)
