@@ -264,3 +264,17 @@ def test_nothing_runs_before_the_iteration_begins_and_a_paused_job_waits_for_a_g
     c.gaps = {0: 1.0}
     c.run_due(lambda *a: log.append(a))
     assert log and c.current is None and c.ran[0][:2] == [5, 0]
+
+
+def test_the_service_says_the_iteration_is_over_once_every_worker_is_in_its_tail():
+    from testbed.runtime.bubbletea_service import Service
+
+    cfg = {"model": "llama2-7b", "layers": 32, "guard_s": 0.001, "slo_s": 2.0, "calibration": None,
+           "workers": {w: {"dc": "a", "gpu": "H100", "tp": 1, "max_tokens": 10000} for w in ("s0r0", "s1r0")},
+           "kv": {"a|a": [0.0001, 1e10]}, "kv_bytes_per_token": 1000.0, "requests": [[0, 0.0, 100, 10, "a"]]}
+    svc = Service(cfg)
+    svc.handle({"op": "tail", "worker": "s1r0", "iteration": 3})
+    assert svc.handle({"op": "over", "worker": "s1r0", "iteration": 3}) == {"over": False}
+    svc.handle({"op": "tail", "worker": "s0r0", "iteration": 3})
+    assert svc.handle({"op": "over", "worker": "s1r0", "iteration": 3}) == {"over": True}
+    assert svc.handle({"op": "over", "worker": "s1r0", "iteration": 4}) == {"over": False}

@@ -15,6 +15,8 @@ Protocol (Unix socket, length-prefixed JSON, one reply per message):
       not_before_s, duration_s, tokens, cached, home_dc], ...], "standby": [the next iteration's, same form],
       "gaps": [[gap, usable_s], ...], "guard": s}
   {"op": "idle", "worker", "iteration", "gap", "start", "end"}    -> {"ok": true}   (a window as it ends)
+  {"op": "tail", "worker", "iteration"}                           -> {"ok": true}   (past its last op)
+  {"op": "over", "worker", "iteration"}                           -> {"over": every worker is in its tail}
   {"op": "done", "worker", "iteration", "t_start", "ops", "overrun", "last_train_end", "last_op_end", "last_end",
       "ran": [[request, chunk,
       start, end, tokens, cached, busy_s]],
@@ -84,6 +86,7 @@ class Service:
         self.gaps: dict[int, dict[str, list]] = {}  # iteration -> worker -> [[gap, usable length]]
         self.standby: dict[int, dict[str, dict]] = {}  # iteration -> worker -> next iteration's jobs handed out
         self.early = 0  # standby jobs run early
+        self.tails: dict[int, set[str]] = {}  # iteration -> workers past their last op (in their tail)
         self.waited: dict[int, float] = {}  # iteration -> how long training waited for prefill (all workers)
         self.margins: dict[int, float] = {}  # iteration -> the measured margin its plan used
 
@@ -104,6 +107,11 @@ class Service:
             return {"jobs": [j.wire(base) for j in self.jobs[it].get(worker, [])],
                     "standby": [j.wire(base) for j in standby],
                     "gaps": self.gaps.get(it, {}).get(worker, []), "guard": self.planner.guard_s}
+        if op == "tail":
+            self.tails.setdefault(it, set()).add(worker)
+            return {"ok": True}
+        if op == "over":
+            return {"over": len(self.tails.get(it, ())) == self.n}
         if op == "idle":
             self.windows.setdefault(it, {}).setdefault(worker, []).append(
                 (int(msg["gap"]), float(msg["start"]), float(msg["end"])))

@@ -165,6 +165,7 @@ class PrefillClient:
         self.t0 = self.last_end = self.last_any = 0.0
         self.ops = 0  # training ops so far this iteration: the index of the gap the worker is in
         self.reply: queue.Queue | None = None
+        self.over: queue.Queue | None = None  # a pending poll: is every worker in its tail?
         self.it = 0
 
     @property
@@ -320,17 +321,38 @@ class PrefillClient:
         self.overrun += max(0.0, self.prefill_end - deadline)
 
     def drain(self, rec: Rec) -> None:
-        """After this worker's last training op (the tail gap, until the last training op anywhere): prefill
-        runs until the tail's predicted end less the guard, as in any gap; a job still running then pauses
-        and resumes in the next iteration's first idle time (the iteration ends with its last op, prefill
-        included, so prefill past it would delay training)."""
+        """After this worker's last op (the tail gap, until the last op anywhere ends the iteration): prefill
+        runs until the tail's predicted end less the guard, as in any gap, or until the service says every
+        worker is in its tail (polled at each layer of prefill, and every guard band while waiting): the
+        iteration then ends with the last op, prefill included, so prefill past it would delay training. A
+        job still running pauses and resumes in the next iteration's first idle time."""
         self._collect()
         end = self._gap_end()
-        self.run_due(rec, lambda: time.monotonic() >= end)
-        while (nxt := self._next_start()) is not None:
+        if self.link is not None:
+            self.link.tell({"op": "tail", "worker": self.name, "iteration": self.it})
+        self.over = None
+
+        def stop() -> bool:
+            return time.monotonic() >= end or self._all_in_tail()
+
+        self.run_due(rec, stop)
+        while not stop() and (nxt := self._next_start()) is not None:
             if (d := nxt - time.monotonic()) > 0:
-                time.sleep(d)
-            self.run_due(rec, lambda: time.monotonic() >= end)
+                time.sleep(min(d, max(self.guard, 1e-4)))
+            self.run_due(rec, stop)
+
+    def _all_in_tail(self) -> bool:
+        """Whether every worker has reached its tail this iteration (a poll of the service, never waited on)."""
+        if self.link is None:
+            return False
+        if self.over is None:
+            self.over = self.link.ask_later({"op": "over", "worker": self.name, "iteration": self.it})
+        try:
+            reply = self.over.get_nowait()
+        except queue.Empty:
+            return False
+        self.over = None
+        return bool(reply and reply.get("over"))
 
     def end(self, it: int) -> None:
         """Report what ran and what did not (each such request is re-planned); waits for the service, so that
