@@ -13,6 +13,8 @@ emulated atlas+bubbletea run's gaps, iteration by iteration, as the service saw 
   the service then moves the quantile with training's measured wait, which a replay cannot know) and
   the share of the idle time predicted usable after it;
 - prefill busy time as a share of the idle time, in the simulator (exact bubbles) and the emulator;
+- the share of requests served in bubbles by the iteration they arrived in, in both engines (the last
+  iterations' requests find no bubble before the run ends in either);
 - overruns (bench/bubbletea_overruns.py) and the share of jobs handed out that did not run.
 Run: .venv/bin/python bench/bubbletea_online.py RESULTS_DIR
 """
@@ -113,9 +115,25 @@ def report(folder: Path) -> None:
               f"{median(margins) * 1e3:.1f} ms; predicted usable after it: {usable / idle:.0%} of the idle time")
         print(f"  prefill busy: {busy_e / idle_all:.0%} of the idle time emulated ({busy_e:.2f} s), "
               f"{busy_s / idle_sim:.0%} simulated ({busy_s:.2f} s, exact bubbles)")
+        by_it = served_by_iteration(folder, run)
+        for src in ("sim", "emu"):
+            print(f"  served in bubbles by arrival iteration, {src}: " + " ".join(f"{v:.2f}" for v in by_it[src]))
         print(f"  training waited for prefill (overruns): {o.overrun_s.sum() / n_it * 1e3:.1f} ms per iteration "
               f"({o.overrun_s.sum() / n_it / row.iteration_s:.2%}), {len(o)} intervals; jobs handed out and not run: "
               f"{row.prefill_skipped:.0%}")
+
+
+def served_by_iteration(folder: Path, run: str) -> dict[str, list[float]]:
+    """Per engine, the share of the requests arriving in each steady iteration that were served in bubbles."""
+    q = pd.read_csv(folder / "requests.csv")
+    tl = pd.read_csv(folder / "timeline.csv")
+    out = {}
+    for src in ("sim", "emu"):
+        starts = tl[(tl.run_id == run) & (tl.source == src)].groupby("iteration").start_s.min().sort_values()
+        r = q[(q.run_id == run) & (q.source == src)]
+        its = pd.cut(r.arrival_s, [*starts.values, float("inf")], labels=list(starts.index), right=False)
+        out[src] = [float(v) for v in r.in_bubble.groupby(its, observed=True).mean().values]
+    return out
 
 
 def main() -> None:
