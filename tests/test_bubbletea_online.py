@@ -278,3 +278,23 @@ def test_the_service_says_the_iteration_is_over_once_every_worker_is_in_its_tail
     svc.handle({"op": "tail", "worker": "s0r0", "iteration": 3})
     assert svc.handle({"op": "over", "worker": "s1r0", "iteration": 3}) == {"over": True}
     assert svc.handle({"op": "over", "worker": "s1r0", "iteration": 4}) == {"over": False}
+
+
+def test_once_the_service_says_every_worker_is_in_its_tail_prefill_stays_stopped():
+    import queue
+
+    from testbed.runtime.prefill import PrefillClient
+
+    class Link:  # the service's answers, in order
+        def __init__(self, answers):
+            self.answers = answers
+
+        def ask_later(self, msg):
+            q = queue.Queue()
+            q.put({"over": self.answers.pop(0)})
+            return q
+
+    c = PrefillClient("s0r0", None, "modeled")
+    c.link = Link([False, True, False])
+    c.over, c.tail_over = None, False
+    assert [c._all_in_tail() for _ in range(4)] == [False, True, True, True]  # no new poll lets it resume

@@ -166,6 +166,7 @@ class PrefillClient:
         self.ops = 0  # training ops so far this iteration: the index of the gap the worker is in
         self.reply: queue.Queue | None = None
         self.over: queue.Queue | None = None  # a pending poll: is every worker in its tail?
+        self.tail_over = False
         self.it = 0
 
     @property
@@ -330,7 +331,7 @@ class PrefillClient:
         end = self._gap_end()
         if self.link is not None:
             self.link.tell({"op": "tail", "worker": self.name, "iteration": self.it})
-        self.over = None
+        self.over, self.tail_over = None, False
 
         def stop() -> bool:
             return time.monotonic() >= end or self._all_in_tail()
@@ -345,6 +346,8 @@ class PrefillClient:
         """Whether every worker has reached its tail this iteration (a poll of the service, never waited on)."""
         if self.link is None:
             return False
+        if self.tail_over:
+            return True  # once over, over: a new poll's reply must not let a paused job resume
         if self.over is None:
             self.over = self.link.ask_later({"op": "over", "worker": self.name, "iteration": self.it})
         try:
@@ -352,7 +355,8 @@ class PrefillClient:
         except queue.Empty:
             return False
         self.over = None
-        return bool(reply and reply.get("over"))
+        self.tail_over = bool(reply and reply.get("over"))
+        return self.tail_over
 
     def end(self, it: int) -> None:
         """Report what ran and what did not (each such request is re-planned); waits for the service, so that
