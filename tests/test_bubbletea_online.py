@@ -298,3 +298,11 @@ def test_once_the_service_says_every_worker_is_in_its_tail_prefill_stays_stopped
     c.link = Link([False, True, False])
     c.over, c.tail_over = None, False
     assert [c._all_in_tail() for _ in range(4)] == [False, True, True, True]  # no new poll lets it resume
+
+
+def test_a_tail_whose_end_is_signalled_takes_no_margin_and_does_not_widen_the_others():
+    m = WindowModel(history=3)
+    for tail_len in (0.10, 0.14, 0.02):  # the tail varies with the slowest worker; gap 0 does not
+        m.observe("s0r0", [(0, 0.0, 0.05), (9, 0.5, 0.5 + tail_len)], tail=9)
+    assert m.margin_s == 0.0  # only gap 0's (exact) predictions were scored
+    assert dict((g, b - a) for g, a, b in m.predict_gaps("s0r0")) == pytest.approx({0: 0.05, 9: 0.10})

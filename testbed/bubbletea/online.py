@@ -92,19 +92,25 @@ class WindowModel:
         self.seen: dict[str, deque[dict[int, Window]]] = {}
         self.history = history
         self.warmup: set[str] = set()  # workers whose only observation is the warm-up iteration
+        self.tails: dict[str, int] = {}  # worker -> its tail gap, where the end is signalled (no margin)
         self.errors: dict[str, deque[list[float]]] = {}  # per worker and recent iteration: predicted - realised
         self.min_gap_s = 0.0  # the shortest gap that can hold a job: only those are scored
 
-    def observe(self, worker: str, windows: list[Gap], warmup: bool = False) -> None:
+    def observe(self, worker: str, windows: list[Gap], warmup: bool = False, tail: int | None = None) -> None:
         """A finished iteration's gaps; the warm-up iteration (connection set-up, slow start) is used
-        only until a steady one replaces it."""
+        only until a steady one replaces it. `tail`: the index of the worker's last gap when its end is
+        signalled live (the emulated service tells workers when every one is in its tail): it needs no
+        margin, and its errors (the largest: it ends with the slowest worker) are not the others'."""
+        if tail is not None:
+            self.tails[worker] = tail
         if worker in self.warmup:
             self.seen[worker].clear()
             self.warmup.discard(worker)
         gaps = {int(g): (a, b) for g, a, b in windows}
         if not warmup and self.seen.get(worker):  # score the prediction from the steady iterations before
             errs = [length - (gaps[g][1] - gaps[g][0] if g in gaps else 0.0)
-                    for g, length in self.lengths(worker).items() if length > self.min_gap_s]
+                    for g, length in self.lengths(worker).items()
+                    if length > self.min_gap_s and g != self.tails.get(worker)]
             self.errors.setdefault(worker, deque(maxlen=self.history)).append(errs)
         if warmup:
             self.warmup.add(worker)
@@ -113,6 +119,9 @@ class WindowModel:
     @property
     def margin_s(self) -> float:
         return max(0.0, quantile([e for per in self.errors.values() for it in per for e in it], self.quantile))
+
+    def margin_for(self, worker: str, gap: int) -> float:
+        return 0.0 if gap == self.tails.get(worker) else self.margin_s
 
     def lengths(self, worker: str) -> dict[int, float]:
         """Each recurring gap's predicted length (the median of its past lengths, 0 where it was absent)."""
@@ -129,7 +138,7 @@ class WindowModel:
         past = list(self.seen.get(worker, []))
         out = []
         for g, length in self.lengths(worker).items():
-            usable = length - self.margin_s
+            usable = length - self.margin_for(worker, g)
             if usable > 0:
                 a = median([it[g][0] for it in past if g in it])
                 out.append((g, a, a + usable))
@@ -205,12 +214,14 @@ class OnlinePlanner:
         self.requests = [Request(q.request_id, q.arrival_s + by_s, q.prompt_tokens, q.output_tokens)
                          for q in self.requests]
 
-    def observe(self, windows: dict[str, list[Gap]], duration_s: float, warmup: bool = False) -> None:
-        """A finished iteration: each worker's idle gaps (index, start and end offsets) and its length."""
+    def observe(self, windows: dict[str, list[Gap]], duration_s: float, warmup: bool = False,
+                tails: dict[str, int] | None = None) -> None:
+        """A finished iteration: each worker's idle gaps (index, start and end offsets) and its length;
+        `tails`: each worker's tail gap, where its end is signalled live (WindowModel.observe)."""
         shortest = [c.full(1) for _dc, c in self.workers.values()]
         self.windows.min_gap_s = min(shortest) if shortest else 0.0
         for w, ws in windows.items():
-            self.windows.observe(w, ws, warmup)
+            self.windows.observe(w, ws, warmup, (tails or {}).get(w))
         if warmup or self.warm:
             self.durations.clear()
         self.warm = warmup
@@ -289,8 +300,8 @@ class OnlinePlanner:
     def gaps_for(self, worker: str) -> list[list]:
         """[gap, usable length]: each recurring gap's predicted length less the measured margin (the worker
         adds the gap's live opening and takes off the guard band)."""
-        m = self.windows.margin_s
-        return [[g, length - m] for g, length in self.windows.lengths(worker).items() if length > m]
+        return [[g, length - m] for g, length in self.windows.lengths(worker).items()
+                if length > (m := self.windows.margin_for(worker, g))]
 
     def ran_early(self, request_id: int, chunk: int) -> None:
         """A worker ran this job, handed out as standby, in the iteration before its own: its time there is free."""

@@ -151,7 +151,7 @@ class Service:
             wins[w] = ws
         if k == 0:
             self.planner.shift(self.timeline[1])
-        self.planner.observe(wins, duration, warmup=k == 0)
+        self.planner.observe(wins, duration, warmup=k == 0, tails={w: int(d["ops"]) for w, d in done.items()})
         if k > 0:  # training waited for prefill: inside the workers' gaps, and past the last training op
             ops_end = max((float(d.get("last_op_end", d["last_end"])) for d in done.values()), default=t0)
             waited = sum(float(d.get("overrun", 0.0)) for d in done.values()) + max(0.0, t0 + duration - ops_end)
