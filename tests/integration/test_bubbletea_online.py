@@ -99,15 +99,16 @@ def test_bubbletea_service_rejects_malformed_requests(tmp_path):
         s = socket.socket(socket.AF_UNIX)
         s.connect(sock_path)
         send_ctrl(s, {"op": "jobs", "worker": "s0r0", "iteration": 0, "t_start": 100.0})
-        assert recv_ctrl(s) == {"jobs": []}  # nothing learnt yet
-        send_ctrl(s, {"op": "idle", "worker": "s0r0", "iteration": 0, "start": 100.1, "end": 100.4})
+        assert recv_ctrl(s)["jobs"] == []  # nothing learnt yet
+        send_ctrl(s, {"op": "idle", "worker": "s0r0", "iteration": 0, "gap": 0, "start": 100.1, "end": 100.4})
         assert recv_ctrl(s) == {"ok": True}
-        send_ctrl(s, {"op": "done", "worker": "s0r0", "iteration": 0, "t_start": 100.0, "last_train_end": 100.5,
-                      "last_end": 100.5, "ran": [], "skipped": []})
+        send_ctrl(s, {"op": "done", "worker": "s0r0", "iteration": 0, "t_start": 100.0, "ops": 1, "overrun": 0.0,
+                      "last_train_end": 100.5, "last_op_end": 100.5, "last_end": 100.5, "ran": [], "skipped": []})
         assert recv_ctrl(s) == {"ok": True}
         send_ctrl(s, {"op": "jobs", "worker": "s0r0", "iteration": 1, "t_start": 101.0})
-        jobs = recv_ctrl(s)["jobs"]  # the request arrives at iteration 1's start: planned into the learnt window
-        assert [j[0] for j in jobs] == [0] and jobs[0][3] >= 0.1 and jobs[0][3] + jobs[0][4] <= 0.4
+        reply = recv_ctrl(s)  # the request arrives at iteration 1's start: planned into the learnt gap
+        jobs, usable = reply["jobs"], dict(map(tuple, reply["gaps"]))
+        assert [j[0] for j in jobs] == [0] and 0 < usable[0] <= 0.3 + 1e-9 and jobs[0][4] <= usable[0]
         s.close()
     finally:
         p.terminate()
