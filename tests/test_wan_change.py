@@ -207,3 +207,21 @@ def test_changed_iterations_cover_each_engines_boundaries():
     # one engine's iterations put the changes in 1 and 2, the other's in 1 and 3
     assert changed_iterations(wan, [[1.0, 1.0, 1.0, 1.0], [0.7, 0.7, 1.0, 1.0]]) == (1, 3)
     assert changed_iterations(schedule((0.0, WanState(C1, 0.0))), [[1.0, 1.0]]) == (0, -1)
+
+
+def test_a_changing_wan_keeps_the_runs_placement():
+    """Each iteration is re-planned from the WAN as it is (connections, stagger, warm-up), but a running job's
+    stages stay in their DCs: Atlas's chain prefers fat links, and the shipped trace's drop to 4 Gbit/s would
+    otherwise move stages between DCs mid-run, which neither the workers nor a real job do."""
+    from pathlib import Path
+
+    from testbed.plan.build import resolve_dp
+    from testbed.sim.linkchange import WanSchedule
+    from testbed.sim.run import simulate_changing_run
+    from testbed.spec.load import load_experiment
+
+    exp = load_experiment(Path(__file__).resolve().parent.parent / "experiments" / "wan-change.yaml")[0][0]
+    wan = WanSchedule.from_topology(exp.topology)
+    plans, *_ = simulate_changing_run(exp, "atlas", "keep", resolve_dp(exp), wan)
+    assert len({tuple(map(tuple, p.stage_dc)) for p in plans}) == 1
+    assert len({tuple(p.links[k].capacity_bytes_s for k in sorted(p.links)) for p in plans}) > 1  # re-planned

@@ -207,6 +207,20 @@ def latency_warmup(fb_s: list[float], round_trips: list[float], free_gb: list[fl
     return extra
 
 
+def chain_of(plan: Plan) -> tuple[list[str], list[int]]:
+    """The DC chain of a pipeline placement and the stages each DC runs (from the first replica: every
+    replica runs the same chain), so a later plan can keep this placement (`build_plan(order=, counts=)`)."""
+    order: list[str] = []
+    counts: list[int] = []
+    for d in plan.stage_dc[0]:
+        if order and order[-1] == d:
+            counts[-1] += 1
+        else:
+            order.append(d)
+            counts.append(1)
+    return order, counts
+
+
 def build_plan(
     exp: Experiment, scheduler: str, run_id: str = "run", dp: int | None = None, order: list[str] | None = None,
     counts: list[int] | None = None,
