@@ -223,9 +223,21 @@ class Controller:
             raise EmuError(f"waiting for {key}: {errors[0]}")
         return out
 
-    def broadcast(self, msg: dict) -> None:
-        for c in self.conns.values():
+    def broadcast(self, msg: dict, procs: list[subprocess.Popen] | None = None) -> None:
+        for (s, r), c in self.conns.items():
+            self.send((s, r), c, msg, procs)
+
+    @staticmethod
+    def send(who: tuple[int, int], c: socket.socket, msg: dict, procs: list[subprocess.Popen] | None = None) -> None:
+        """One message to a worker; a worker that died meanwhile is an EmuError naming it (not a BrokenPipeError,
+        which the CLI's framework would turn into a silent exit)."""
+        try:
             send_ctrl(c, msg)
+        except OSError as e:
+            if procs:
+                time.sleep(0.1)  # its exit status is a better message than the pipe's
+                _check(procs)
+            raise EmuError(f"worker s{who[0]}r{who[1]} is gone ({e.strerror or e})") from None
 
     def close(self) -> None:
         for c in self.conns.values():
@@ -396,9 +408,10 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
             if replan is not None:
                 programs = lower(replan(sum(durations)))
                 for (s, r), c in ctl.conns.items():
-                    send_ctrl(c, {"go": it, "t": t_start, "program": json.loads(programs[group_name(s, r)].to_json())})
+                    ctl.send((s, r), c, {"go": it, "t": t_start,
+                                         "program": json.loads(programs[group_name(s, r)].to_json())}, procs)
             else:
-                ctl.broadcast({"go": it, "t": t_start})
+                ctl.broadcast({"go": it, "t": t_start}, procs)
             with sampler if it == min(1, iterations - 1) else contextlib.nullcontext():  # one steady iteration
                 done = ctl.expect("done", procs, ITERATION_TIMEOUT)
             if live is not None:
