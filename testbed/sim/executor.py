@@ -185,6 +185,9 @@ class Simulation:
         self.rounds: dict[tuple[int, int], WindowRounds] = {}  # (src, dst) -> its window's rounds
         # temporal links: (link, replica) -> the turn keys of its transfers the sidecar knows to be in flight
         self.known: dict[tuple, list[tuple]] = defaultdict(list)
+        # temporal links: (link, replica) -> its transfers' flows on the link now, in the order they were added
+        # (an ordered set: the sidecar re-ranks just these, not every flow on the link)
+        self.on_link: dict[tuple, dict[Flow, None]] = defaultdict(dict)
         self.wan_ar: dict[int, dict] = {}  # stage -> pending cross-DC all-reduce state
         self.events = 0
         self.wan = LiveLinks(self, wan, t0) if wan is not None else None  # the schedule's clock is t0 + now
@@ -355,7 +358,7 @@ class Simulation:
             keys.remove(key)
         ls = self.links[link]
         prio = self.rank(link, r)
-        for f in [f for f in ls.flows if f.payload[2] != "ar" and self.replica(f.payload[0]) == r]:
+        for f in list(self.on_link[(link, r)]):
             ls.reprioritize(f, prio, self.now)
 
     def _send_head(self, src: int, dst: int, link: tuple[str, str]) -> None:
@@ -372,8 +375,11 @@ class Simulation:
             return
         k = src // self.p.pp
         ls = self.links[link]
-        prio = self.rank(link, self.reps[k]) if ls.temporal else ()
-        ls.add(Flow(min(left, budget), INF, prio, (src, dst, kind, i, lp, t_issue, ls), self.weight[k]), self.now)
+        flow = Flow(min(left, budget), INF, (), (src, dst, kind, i, lp, t_issue, ls), self.weight[k])
+        if ls.temporal:
+            flow.prio = self.rank(link, self.reps[k])
+            self.on_link[(link, self.reps[k])][flow] = None
+        ls.add(flow, self.now)
 
     def _flow_done(self, flow: Flow) -> None:
         src, dst, kind, i, lp, t_issue, link = flow.payload
@@ -383,6 +389,8 @@ class Simulation:
             self._wan_allreduce_part_done(src)
             return
         key = (lp.src, lp.dst)
+        if link.temporal:
+            del self.on_link[(key, self.replica(src))][flow]
         pipe = self.pipes[(src, dst)]
         head = pipe[0]
         head[4] -= flow.nbytes
