@@ -58,10 +58,10 @@ def changing_run(exp: Experiment, plan, sched: str, dp: int, emu, scale: float, 
     """An emulated run on a WAN that changes, and the simulator's run of it; returns (emulated run, the
     simulated timeline, events, the simulator's record, the emulator's record)."""
     from testbed.emu.wanchange import LiveWan
-    from testbed.plan.build import build_plan, chain_of
+    from testbed.plan.build import build_plan, kept_placement
     from testbed.sim.linkchange import Pair
 
-    keep = {} if plan.mech.placement == "dp-wan" else dict(zip(("order", "counts"), chain_of(plan), strict=True))
+    keep = kept_placement(plan)
 
     def replan(t: float):
         """This iteration's plan from the WAN as it is now, on the run's placement (hosts do not move)."""

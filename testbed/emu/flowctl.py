@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from testbed.emu.sh import EmuError
 from testbed.emu.shaping import MIN_QUEUE_BYTES
-from testbed.runtime.htb import MIN_RATE_BPS, QUANTUM, RATE_BURST_BYTES, burst_bytes, set_class, wire_bps
+from testbed.runtime.htb import MIN_RATE_BPS, class_args, set_class
 
 if TYPE_CHECKING:
     from testbed.emu.build import Emulation
@@ -72,12 +72,8 @@ class FlowControl:
         `sports` (source port range) or `mark`; `prio` 0-7 orders who borrows spare capacity first."""
         if minor in (1, 0x10) or not 0 < minor < 0xFFFF:
             raise ValueError("minor 1 and 0x10 are the link and default classes; pick another")
-        rate = max(int(wire_bps(rate_bps)), MIN_RATE_BPS)  # payload rates, as the simulator's
-        ceil = max(int(wire_bps(ceil_bps or rate_bps)), rate)
         self.emu.backend.run(self.wan, ["tc", "class", "add", "dev", self.dev, "parent", "1:1", "classid",
-                                        f"1:{minor:x}", "htb", "rate", f"{rate}bit", "ceil", f"{ceil}bit",
-                                        "burst", str(RATE_BURST_BYTES), "cburst", str(burst_bytes(ceil)),
-                                        "prio", str(prio), "quantum", str(QUANTUM)])
+                                        f"1:{minor:x}", "htb", *class_args(rate_bps, ceil_bps, prio)])
         self.emu.backend.run(self.wan, ["tc", "qdisc", "add", "dev", self.dev, "parent", f"1:{minor:x}",
                                         "bfifo", "limit", str(MIN_QUEUE_BYTES)])
         self.add_filter(minor, ports=ports, sports=sports)
@@ -85,7 +81,7 @@ class FlowControl:
             self.emu.backend.run(self.wan, ["iptables", "-t", "mangle", "-A", "POSTROUTING", "-o", self.dev, "-m",
                                             "mark", "--mark", str(mark), "-j", "CLASSIFY", "--set-class",
                                             f"1:{minor:x}"])
-        self.classes[minor] = rate
+        self.classes[minor] = max(int(rate_bps), MIN_RATE_BPS)  # payload bits/s, as `set` records it
 
     def add_filter(self, minor: int, *, ports: tuple[int, int] | None = None,
                    sports: tuple[int, int] | None = None) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from testbed.runtime.htb import burst_bytes, wire_bps
+from testbed.runtime.htb import IDLE_PRIO, MIN_RATE_BPS, burst_bytes, class_args, wire_bps
 
 # Deep enough that no window the runs open is ever dropped: the simulator has no loss model, and at scale k a
 # window is k times fewer packets than in the real world, so a drop costs a 200 ms retransmission timeout where
@@ -48,16 +48,11 @@ def rate_change_commands(dev: str, rate_bps: float, replica_minors: tuple[int, .
     """Re-rate a link made by `htb_commands` (its class 1:1 and default class 1:10) as a running link changes,
     and the replica classes that share it fairly (emu/train.py classify_replicas: a trickle guaranteed, the
     link's rate as ceiling; a temporal link's classes are the sidecar's to re-rate)."""
-    from testbed.runtime.htb import MIN_RATE_BPS, QUANTUM, RATE_BURST_BYTES
-
     rate = f"{int(wire_bps(rate_bps))}bit"
     burst = str(burst_bytes(rate_bps))
     cmds = [["tc", "class", "change", "dev", dev, "parent", parent, "classid", cid, "htb", "rate", rate, "ceil", rate,
              "burst", burst, "cburst", burst] for parent, cid in (("1:", "1:1"), ("1:1", "1:10"))]
-    low = f"{max(int(wire_bps(rate_bps / 100)), MIN_RATE_BPS)}bit"
-    for minor in replica_minors:
-        cmds.append(["tc", "class", "change", "dev", dev, "parent", "1:1", "classid", f"1:{minor:x}", "htb", "rate",
-                     low, "ceil", rate, "burst", str(RATE_BURST_BYTES), "cburst", str(burst_bytes(wire_bps(rate_bps))),
-                     "prio", "7",
-                     "quantum", str(QUANTUM)])
+    replica = class_args(max(rate_bps / 100, MIN_RATE_BPS), rate_bps, IDLE_PRIO)  # as classify_replicas made them
+    cmds += [["tc", "class", "change", "dev", dev, "parent", "1:1", "classid", f"1:{minor:x}", "htb", *replica]
+             for minor in replica_minors]
     return cmds

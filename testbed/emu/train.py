@@ -84,7 +84,8 @@ def classify_replicas(plan: Plan, emu: Emulation, hops: dict, cfgs: dict[tuple[i
     simulator's spatial sharing has it (one FIFO would serve whole windows in arrival order, and this
     kernel has no fair-queueing qdisc); under temporal sharing the sidecar ranks them. They also let
     FlowSampler see each replica's share of the link."""
-    from testbed.emu.flowctl import MIN_RATE_BPS, FlowControl
+    from testbed.emu.flowctl import FlowControl
+    from testbed.runtime.htb import IDLE_PRIO, MIN_RATE_BPS
 
     for cfg in cfgs.values():
         prog = cfg.program
@@ -102,7 +103,7 @@ def classify_replicas(plan: Plan, emu: Emulation, hops: dict, cfgs: dict[tuple[i
                 fc = FlowControl(emu, *link, dev)
                 if str(r) not in devs.setdefault(dev, {}):
                     devs[dev][str(r)] = minor
-                    fc.add_class(minor, max(rate / 100, MIN_RATE_BPS), ceil_bps=rate, prio=7, **match)
+                    fc.add_class(minor, max(rate / 100, MIN_RATE_BPS), ceil_bps=rate, prio=IDLE_PRIO, **match)
                 else:  # another stage boundary of the same replica on this link: one more filter
                     fc.add_filter(minor, **match)
 

@@ -154,30 +154,22 @@ def stagger_offsets(row: list[str], act_bytes: list[float], links: dict, dp: int
     return [(r // group) * turn for r in range(dp)]
 
 
-def wan_round_trips(row: list[str], act_bytes: list[float], links: dict, dp: int = 1) -> list[float]:
+def wan_round_trips(row: list[str], act_bytes: list[float], links: dict, dp: int = 1) -> tuple[list[float], float]:
     """Per stage boundary k -> k+1: the activation there and its gradient back over the WAN (one way each:
     latency + transfer at the rate a transfer gets when the dp replicas crossing the hop share it,
-    min(C / dp, n W / RTT), whether they share it side by side or take turns); 0 inside a DC."""
-    out = []
+    min(C / dp, n W / RTT), whether they share it side by side or take turns); 0 inside a DC. And the
+    longest any hop is busy per microbatch (that transfer time, max over hops and directions; 0 without
+    WAN hops): the pipeline cannot take microbatches faster than one per this."""
+    out, busy = [], 0.0
     for k in range(len(row) - 1):
         rt = 0.0
         if row[k] != row[k + 1]:
             for lp in (links[(row[k], row[k + 1])], links[(row[k + 1], row[k])]):
-                rt += lp.latency_s + act_bytes[k] / min(lp.capacity_bytes_s / dp, lp.transfer_cap_bytes_s)
+                transfer = act_bytes[k] / min(lp.capacity_bytes_s / dp, lp.transfer_cap_bytes_s)
+                rt += lp.latency_s + transfer
+                busy = max(busy, transfer)
         out.append(rt)
-    return out
-
-
-def wan_busy_s(row: list[str], act_bytes: list[float], links: dict, dp: int = 1) -> float:
-    """The longest a WAN hop of the pipeline is busy per microbatch: one activation (or gradient) for each of
-    the dp replicas crossing it, at what a transfer gets when they share it, max over hops and directions
-    (0 without WAN hops). The pipeline cannot take microbatches faster than one per this."""
-    busy = 0.0
-    for k in range(len(row) - 1):
-        if row[k] != row[k + 1]:
-            for lp in (links[(row[k], row[k + 1])], links[(row[k + 1], row[k])]):
-                busy = max(busy, act_bytes[k] / min(lp.capacity_bytes_s / dp, lp.transfer_cap_bytes_s))
-    return busy
+    return out, busy
 
 
 def latency_warmup(fb_s: list[float], round_trips: list[float], free_gb: list[float], act_gb: list[float], m: int,
@@ -186,7 +178,7 @@ def latency_warmup(fb_s: list[float], round_trips: list[float], free_gb: list[fl
     the stage (`round_trips`, one per stage boundary), as many as the GPU's free memory allows, and
     never increasing along the pipeline. `fb_s` is a stage's forward plus backward per microbatch.
     Little's law: a round trip holds as many microbatches as enter during it, one per max(fb_s, busy_s)
-    where `busy_s` is the busiest WAN hop's time per microbatch (wan_busy_s). On a link that is the
+    where `busy_s` is the busiest WAN hop's time per microbatch (wan_round_trips). On a link that is the
     bottleneck more in flight adds nothing but delay: counting the round trip in compute times there
     asked for every microbatch, which turned 1F1B into GPipe and kept one direction of each link idle
     while the other worked (1.7x slower at 1 Gbit/s)."""
@@ -207,9 +199,12 @@ def latency_warmup(fb_s: list[float], round_trips: list[float], free_gb: list[fl
     return extra
 
 
-def chain_of(plan: Plan) -> tuple[list[str], list[int]]:
-    """The DC chain of a pipeline placement and the stages each DC runs (from the first replica: every
-    replica runs the same chain), so a later plan can keep this placement (`build_plan(order=, counts=)`)."""
+def kept_placement(plan: Plan) -> dict[str, list]:
+    """`build_plan` arguments that keep this plan's placement in a later plan (a running job does not move its
+    stages between DCs): the DC chain of a pipeline placement and the stages each DC runs, from the first
+    replica (every replica runs the same chain); nothing for dp-wan, whose placement ignores the links."""
+    if plan.mech.placement == "dp-wan":
+        return {}
     order: list[str] = []
     counts: list[int] = []
     for d in plan.stage_dc[0]:
@@ -218,7 +213,7 @@ def chain_of(plan: Plan) -> tuple[list[str], list[int]]:
         else:
             order.append(d)
             counts.append(1)
-    return order, counts
+    return {"order": order, "counts": counts}
 
 
 def build_plan(
@@ -266,8 +261,7 @@ def build_plan(
     links = link_plans(exp, mech)
     if mech.warmup:
         free = [GPUS[topo.dc(d).gpu].memory_gb - c.mem_gb for d, c in zip(stage_dc[0], ref, strict=True)]
-        trips = wan_round_trips(stage_dc[0], [c.act_bytes for c in ref], links, dp)
-        busy = wan_busy_s(stage_dc[0], [c.act_bytes for c in ref], links, dp)
+        trips, busy = wan_round_trips(stage_dc[0], [c.act_bytes for c in ref], links, dp)
         extra = latency_warmup([c.fwd_s + c.bwd_s for c in ref], trips, free, [c.act_gb_per_microbatch for c in ref],
                                m, w.schedule, busy)
     else:

@@ -28,6 +28,7 @@ RATE_BURST_BYTES = 18 * 1024
 # replicas sharing a link interleave packet by packet (64 KiB turns let the first of three 178 KB transfers
 # finish 12 ms before the last, where the simulator's fair share finishes them together)
 QUANTUM = FRAME_BYTES
+IDLE_PRIO = 7  # HTB's last priority: a replica class with nothing in turn (fair sharing: every class)
 MIN_RATE_BPS = 8_000  # HTB needs a positive rate; a "paused" class gets this trickle and borrows nothing
 
 
@@ -40,6 +41,15 @@ def wire_bps(payload_bps: float) -> float:
 def burst_bytes(rate_bps: float) -> int:
     """HTB burst for a rate in bits/s: BURST_S of it, at least MIN_BURST_BYTES."""
     return max(MIN_BURST_BYTES, int(rate_bps * BURST_S / 8))
+
+
+def class_args(rate_bps: float, ceil_bps: float | None, prio: int) -> list[str]:
+    """`tc class add|change ... htb` arguments of a class under 1:1 at payload rates (bits/s): what `set_class`
+    and `ClassChanger` set over netlink."""
+    rate = max(int(wire_bps(rate_bps)), MIN_RATE_BPS)
+    ceil = max(int(wire_bps(ceil_bps or rate_bps)), rate)
+    return ["rate", f"{rate}bit", "ceil", f"{ceil}bit", "burst", str(RATE_BURST_BYTES), "cburst",
+            str(burst_bytes(ceil)), "prio", str(prio), "quantum", str(QUANTUM)]
 
 
 def set_class(ipr, idx: int, minor: int, rate_bps: float, ceil_bps: float | None, prio: int) -> None:

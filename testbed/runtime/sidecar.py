@@ -48,10 +48,8 @@ from collections import defaultdict
 
 from testbed.plan.turns import TURN_KEYS
 from testbed.runtime.ctlserver import serve_frames
-from testbed.runtime.htb import MIN_RATE_BPS, ClassChanger
+from testbed.runtime.htb import IDLE_PRIO, MIN_RATE_BPS, ClassChanger
 from testbed.runtime.wire import ProtocolError
-
-IDLE_PRIO = 7
 
 
 def priorities(transfers) -> dict[int, int]:

@@ -18,7 +18,7 @@ from testbed.bubbletea.knee import KNEE_HEADER, knees
 from testbed.bubbletea.run import REQUESTS_HEADER, request_rows, run_bubbletea, train_mfu
 from testbed.costs.prefill import inference_model, kv_bytes_per_token
 from testbed.errors import SpecError
-from testbed.plan.build import build_plan, chain_of, resolve_dp
+from testbed.plan.build import build_plan, kept_placement, resolve_dp
 from testbed.plan.plan import Plan
 from testbed.results import fmt, write_csv
 from testbed.sim.executor import paused_gc, simulate, simulate_changing
@@ -68,13 +68,12 @@ def simulate_changing_run(exp: Experiment, scheduler: str, run_id: str, dp: int,
     counts, stagger, warm-up) and re-rated at every change inside it."""
     plans, parts, t, events = [], [], 0.0, 0
     rec = WanRecord()
-    keep: dict = {}  # the first iteration's placement: a running job does not move its stages between DCs
+    keep: dict | None = None  # the first iteration's placement, for every later one
     for _k in range(exp.iterations):
         at = exp.model_copy(update={"topology": wan.topology_at(exp.topology, t)})
-        plan = build_plan(at, scheduler, run_id=run_id, dp=dp, **keep)
-        if not keep and plan.mech.placement != "dp-wan":
-            order, counts = chain_of(plan)
-            keep = {"order": order, "counts": counts}
+        plan = build_plan(at, scheduler, run_id=run_id, dp=dp, **(keep or {}))
+        if keep is None:
+            keep = kept_placement(plan)
         tl, sim = simulate_changing(plan, wan, t)
         plans.append(plan)
         parts.append(tl)

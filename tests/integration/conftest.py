@@ -29,6 +29,18 @@ def pytest_collection_modifyitems(items):
 FOREIGN = tuple(p for p in os.environ.get("GDTB_TEST_FOREIGN_PREFIXES", "").split(",") if p)
 
 
+def command_lines() -> dict[str, str]:
+    """pid -> command line of every other process on the machine (those that exit while read are left out)."""
+    out = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                out[d.name] = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+    return out
+
+
 def snapshot() -> dict[str, set[str]]:
     """What a run could leave behind: namespaces, root links, root iptables rules, our processes."""
     def out(argv):
@@ -37,15 +49,8 @@ def snapshot() -> dict[str, set[str]]:
     def mine(item: str) -> bool:
         return not FOREIGN or not any(f in item for f in FOREIGN)
 
-    procs = set()
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit() and int(d.name) != os.getpid():
-            try:
-                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
-            if "testbed.emu" in cmd or "mininet:gdtb" in cmd or "iperf3" in cmd:
-                procs.add(f"{d.name} {cmd}")
+    procs = {f"{pid} {cmd}" for pid, cmd in command_lines().items()
+             if "testbed.emu" in cmd or "mininet:gdtb" in cmd or "iperf3" in cmd}
     snap = {
         "netns": {ln.split()[0] for ln in out(["ip", "netns", "list"]).splitlines() if ln.strip()},
         "links": {ln.split(": ")[1].split("@")[0] for ln in out(["ip", "-o", "link"]).splitlines()},

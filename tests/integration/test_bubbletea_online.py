@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import ROOT
-from tests.integration.conftest import cli, snapshot
+from tests.integration.conftest import cli, command_lines, snapshot
 
 
 def rows(path) -> list[dict]:
@@ -25,14 +23,7 @@ def ours(prefix: str) -> dict[str, set[str]]:
     """What this test's prefix has on the machine (other runs on a shared machine come and go), with
     every process whose command line names it (workers, the service, decode processes)."""
     out = {k: {x for x in v if prefix in x} for k, v in snapshot().items()}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit() and int(d.name) != os.getpid():
-            try:
-                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
-            if f"/{prefix}/" in cmd:
-                out["procs"].add(f"{d.name} {cmd}")
+    out["procs"] |= {f"{pid} {cmd}" for pid, cmd in command_lines().items() if f"/{prefix}/" in cmd}
     return out
 
 
