@@ -14,11 +14,11 @@ from pathlib import Path
 
 from testbed.analysis.flows import FLOWS_HEADER
 from testbed.emu.build import down, up
-from testbed.emu.experiment import as_emulated
 from testbed.emu.train import run_training
 from testbed.figures.draw import draw_all
 from testbed.plan.build import build_plan, resolve_dp
 from testbed.results import write_csv
+from testbed.runs.emulated import as_emulated
 from testbed.spec.load import load_experiment
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -118,8 +118,8 @@ def model_spec(d: dict):
 
 def cases(seed: int, n: int, prefix: str | None, iterations: int, schedulers: tuple[str, ...]) -> list[Case]:
     """n random cases that every scheduler can place (a draw that cannot be planned is drawn again)."""
-    from testbed.emu.experiment import preflight
     from testbed.errors import SpecError
+    from testbed.runs.emulated import preflight
 
     rng = random.Random(seed)
     out: list[Case] = []
@@ -137,7 +137,7 @@ def cases(seed: int, n: int, prefix: str | None, iterations: int, schedulers: tu
 def run_case(case: Case, timelines: Path | None = None) -> list[dict[str, object]]:
     """Emulate and simulate every scheduler of one case (one network for all of them); with `timelines`,
     both engines' timelines go to timelines/<topology>.csv."""
-    from testbed.emu.experiment import run_point
+    from testbed.runs.emulated import run_point
 
     results, validation, _losses, _flows, _cpu = run_point(case.experiment, case.index, {})
     if timelines is not None:

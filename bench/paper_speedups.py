@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from testbed.sim.run import run_experiment
+from testbed.runs.simulated import run_experiment
 from testbed.spec.load import load_experiment
 
 EXP = Path(__file__).resolve().parent.parent / "experiments" / "paper-3dc.yaml"

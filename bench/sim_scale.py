@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 from testbed.plan.build import build_plan
+from testbed.runs.simulated import run_point
 from testbed.sim.executor import Simulation, simulate
-from testbed.sim.run import run_point
 from testbed.spec.load import load_experiment
 
 EXP = Path(__file__).resolve().parent.parent / "experiments" / "frontier-4dc.yaml"

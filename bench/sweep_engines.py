@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from testbed.sim.run import run_experiment, write_outputs
+from testbed.runs.simulated import run_experiment, write_outputs
 from testbed.spec.load import load_experiment
 
 EXP = Path(__file__).resolve().parent.parent / "experiments" / "tiny-3dc.yaml"

@@ -182,7 +182,7 @@ _CACHE: dict[str, list[dict]] = {}  # experiment data (as YAML) -> its summary r
 
 
 def _run_points(points: list, jobs: int | None) -> list[list[dict]]:
-    from testbed.sim.run import run_experiment
+    from testbed.runs.simulated import run_experiment
 
     keys = [yaml.safe_dump(exp.model_dump(mode="json"), sort_keys=True) for exp, _ in points]
     todo = [(p, k) for p, k in zip(points, keys, strict=True) if k not in _CACHE]

@@ -100,7 +100,7 @@ def sim(
     """Simulate every scheduler of an experiment (and every sweep point); write summary/timeline/trace."""
     from testbed.progress import Progress
     from testbed.results import write_spec
-    from testbed.sim.run import ENGINES, run_experiment, write_outputs
+    from testbed.runs.simulated import ENGINES, run_experiment, write_outputs
     from testbed.spec.load import load_experiment, resolved_spec
 
     if engine not in ENGINES:
@@ -527,7 +527,9 @@ def _links_check(rows: list[dict]):
 
 
 def _training_run(points: list, out: Path, check: bool, spec: dict, capture: bool = False) -> None:
-    from testbed.emu.experiment import (
+    from testbed.progress import Progress
+    from testbed.results import write_csv, write_spec
+    from testbed.runs.emulated import (
         CPU_PREFILL_HEADER,
         FLOWS_HEADER,
         LOSS_HEADER,
@@ -535,9 +537,7 @@ def _training_run(points: list, out: Path, check: bool, spec: dict, capture: boo
         check_emulable,
         run_point,
     )
-    from testbed.progress import Progress
-    from testbed.results import write_csv, write_spec
-    from testbed.sim.run import write_outputs
+    from testbed.runs.simulated import write_outputs
 
     exp0 = points[0][0]
     check_emulable(exp0)
@@ -627,7 +627,7 @@ def experiment_run(
         sets.append(f"emulation.prefix={check_prefix(prefix)}")
     points = load_experiment(experiment, sets, sweep)  # every point validated before anything is built
     if points[0][0].multitcp is None:
-        from testbed.emu.experiment import preflight
+        from testbed.runs.emulated import preflight
 
         preflight(points)  # every point planned and its scale checked, before anything is built
     else:
@@ -648,8 +648,8 @@ def experiment_run(
         exp0 = points[0][0]
         if exp0.multitcp is None:
             return _training_run(points, out, check, spec, capture)
-        from testbed.emu.multitcp import HEADER, run_point
         from testbed.progress import Progress
+        from testbed.runs.multitcp import HEADER, run_point
 
         rows: list[dict] = []
         total = len(points) * len(exp0.multitcp.connections) * len(exp0.multitcp.links or [0])

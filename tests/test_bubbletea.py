@@ -163,7 +163,7 @@ def test_bubbletea_never_touches_training(rate):
 
 
 def test_summary_reports_zero_training_slowdown(tmp_path):
-    from testbed.sim.run import run_experiment
+    from testbed.runs.simulated import run_experiment
 
     pts = load_experiment(ROOT / "experiments" / "bubbletea-3dc.yaml",
                           sets=["bubbletea.trace=synthetic", "bubbletea.rate_scale=50", "sweep={}",
@@ -221,7 +221,7 @@ def test_a_one_gpu_pool_under_a_burst_queues_and_misses_the_slo(tmp_path):
 
 
 def test_useful_work_counts_prefill_flops_at_the_training_mfu():
-    from testbed.sim.run import run_experiment
+    from testbed.runs.simulated import run_experiment
 
     pts = load_experiment(ROOT / "experiments" / "bubbletea-3dc.yaml",
                           sets=["bubbletea.trace=synthetic", "bubbletea.rate_scale=50", "sweep={}",
@@ -264,7 +264,7 @@ def test_jitter_is_seeded_and_moves_the_timeline():
 def test_with_jitter_and_no_guard_training_waits_for_prefill_but_never_overlaps_it():
     """The online planner meets jittered iterations: with no guard band training is slowed (it waits for a
     layer boundary), yet no prefill ever runs beside a training op on its group."""
-    from testbed.sim.run import run_experiment
+    from testbed.runs.simulated import run_experiment
 
     sets = ["schedulers=[atlas+bubbletea]", "bubbletea.guard_ms=0", "bubbletea.rate_scale=20", "iterations=8",
             "timeline=all", "bubbletea.jitter_compute_cv=0.3", "bubbletea.jitter_wan_cv=0.3"]

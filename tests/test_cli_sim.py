@@ -75,7 +75,7 @@ def test_plan_rejects_a_scheduler_with_its_own_placement(tmp_path):
 
 def test_bubbletea_sweep_writes_the_knee_and_its_figures(tmp_path):
     from testbed.figures.draw import draw_all
-    from testbed.sim.run import run_experiment, write_outputs
+    from testbed.runs.simulated import run_experiment, write_outputs
     from testbed.spec.load import load_experiment
 
     out = tmp_path / "bt"

@@ -106,9 +106,9 @@ def test_every_csv_column_is_documented_and_the_doc_is_current():
     from testbed.bubbletea.run import REQUESTS_HEADER
     from testbed.claims import CLAIMS_HEADER, POINTS_HEADER
     from testbed.emu.check import LINKS_HEADER
-    from testbed.emu.experiment import CPU_PREFILL_HEADER, FLOWS_HEADER, LOSS_HEADER, VALIDATION_HEADER
-    from testbed.emu.multitcp import HEADER as MULTITCP_HEADER
-    from testbed.sim.run import ITERATIONS_HEADER, LINKCHANGES_HEADER, LINKRATES_HEADER
+    from testbed.runs.emulated import CPU_PREFILL_HEADER, FLOWS_HEADER, LOSS_HEADER, VALIDATION_HEADER
+    from testbed.runs.multitcp import HEADER as MULTITCP_HEADER
+    from testbed.runs.simulated import ITERATIONS_HEADER, LINKCHANGES_HEADER, LINKRATES_HEADER
 
     written = {"summary.csv": SUMMARY_HEADER, "summary.csv (multitcp)": MULTITCP_HEADER, "timeline.csv": HEADER,
                "requests.csv": REQUESTS_HEADER, "bubbles.csv": BUBBLES_HEADER, "validation.csv": VALIDATION_HEADER,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.sim.run import run_experiment
+from testbed.runs.simulated import run_experiment
 from testbed.spec.load import load_experiment
 from tests.conftest import ROOT
 

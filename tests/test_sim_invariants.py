@@ -64,7 +64,7 @@ def test_lower_bound_is_each_schedulers_own():
     lower bound: each row's bound is the one it gets alone, and never above its iteration time."""
     import yaml
 
-    from testbed.sim.run import run_point
+    from testbed.runs.simulated import run_point
     from testbed.spec.experiment import Experiment
 
     spec = yaml.safe_load("""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from testbed.errors import SpecError
-from testbed.sim.run import run_experiment, write_outputs
+from testbed.runs.simulated import run_experiment, write_outputs
 from testbed.spec.load import load_experiment
 from tests.conftest import ROOT
 

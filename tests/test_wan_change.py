@@ -168,7 +168,7 @@ def test_trace_file_is_read_and_checked(tmp_path):
 
 
 def test_changing_run_is_deterministic_and_replans_each_iteration(tmp_path):
-    from testbed.sim.run import run_experiment, write_outputs
+    from testbed.runs.simulated import run_experiment, write_outputs
     from testbed.spec.load import load_experiment
     from tests.conftest import ROOT
 
@@ -191,7 +191,7 @@ def test_changing_run_is_deterministic_and_replans_each_iteration(tmp_path):
 
 
 def test_unchanging_topology_writes_no_wan_outputs(tmp_path):
-    from testbed.sim.run import run_experiment, write_outputs
+    from testbed.runs.simulated import run_experiment, write_outputs
     from testbed.spec.load import load_experiment
     from tests.conftest import ROOT
 
@@ -201,7 +201,7 @@ def test_unchanging_topology_writes_no_wan_outputs(tmp_path):
 
 
 def test_changed_iterations_cover_each_engines_boundaries():
-    from testbed.emu.experiment import changed_iterations
+    from testbed.runs.emulated import changed_iterations
 
     wan = schedule((0.0, WanState(C1, 0.0)), (1.2, WanState(C1 / 2, 0.0)), (2.6, WanState(C1, 0.0)))
     # one engine's iterations put the changes in 1 and 2, the other's in 1 and 3
@@ -216,8 +216,8 @@ def test_a_changing_wan_keeps_the_runs_placement():
     from pathlib import Path
 
     from testbed.plan.build import resolve_dp
+    from testbed.runs.simulated import simulate_changing_run
     from testbed.sim.linkchange import WanSchedule
-    from testbed.sim.run import simulate_changing_run
     from testbed.spec.load import load_experiment
 
     exp = load_experiment(Path(__file__).resolve().parent.parent / "experiments" / "wan-change.yaml")[0][0]

@@ -226,8 +226,8 @@ def _equivalence(topo: Topology, lay: Layout) -> tuple:
 def _simulate(args: tuple) -> tuple[float, list[int]]:
     """Iteration time (or, with `lower_bound`, the lower bound) of one layout, and its layer split."""
     exp, scheduler, lay, lower_bound = args
+    from testbed.runs.simulated import lower_bound_s
     from testbed.sim.executor import simulate
-    from testbed.sim.run import lower_bound_s
 
     w = exp.workload.model_copy(update={"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "microbatch": lay.microbatch})
     plan = build_plan(exp.model_copy(update={"workload": w}), scheduler, run_id="-".join(lay.order), dp=lay.dp,

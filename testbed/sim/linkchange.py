@@ -9,7 +9,7 @@ the emulator place a change at the same point of the same iteration.
 link's `set_capacity` (0 while down: flows stall at rate 0, then resume) and `set_rtt`, and updates the link
 plan new transfers are capped by. Transfers in flight keep their connections; the plan of the next iteration
 (connection counts, replica stagger, warm-up) is made from the link as it is when that iteration starts
-(testbed/sim/run.py). It also records each link's throughput and the time transfers spent stalled on a down link.
+(testbed/runs/simulated.py). It also records each link's throughput and the time transfers spent stalled on a down link.
 """
 
 from __future__ import annotations

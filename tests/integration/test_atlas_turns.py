@@ -25,9 +25,9 @@ from collections import defaultdict
 
 from testbed.analysis.flows import leader_shares, pending_bins
 from testbed.emu.build import down, up
-from testbed.emu.experiment import as_emulated
 from testbed.emu.train import run_training
 from testbed.plan.build import build_plan, resolve_dp
+from testbed.runs.emulated import as_emulated
 from testbed.spec.load import load_experiment
 from tests.conftest import ROOT
 

@@ -10,9 +10,9 @@ from testbed.emu.train import run_training
 from testbed.errors import NotYetError, SpecError
 from testbed.plan.build import build_plan, resolve_dp
 from testbed.results import fmt
+from testbed.runs.simulated import RunResult, WanRecord, lower_bound_s, simulate_changing_run, stall_rows
 from testbed.sim.executor import simulate
 from testbed.sim.linkchange import WanSchedule, union_length
-from testbed.sim.run import RunResult, WanRecord, lower_bound_s, simulate_changing_run, stall_rows
 from testbed.spec.experiment import Experiment
 from testbed.spec.topology import Topology
 
