@@ -515,34 +515,12 @@ def clean_cmd(
     console.print("clean" if not removed else f"removed {len(removed)} item(s)")
 
 
-def _links_check(rows: list[dict]):
-    """on_up hook: measure every WAN pair of the first point's network, before training (for links.csv)."""
-    def measure(emu) -> None:
-        from testbed.emu.check import check_links
-
-        if not rows:
-            rows.extend(check_links(emu, streams=8, seconds=2.0, pings=20))
-
-    return measure
-
-
 def _training_run(points: list, out: Path, check: bool, spec: dict, capture: bool = False) -> None:
     from testbed.progress import Progress
-    from testbed.results import write_csv, write_spec
-    from testbed.runs.emulated import (
-        CPU_PREFILL_HEADER,
-        FLOWS_HEADER,
-        LOSS_HEADER,
-        VALIDATION_HEADER,
-        check_emulable,
-        run_point,
-    )
-    from testbed.runs.simulated import write_outputs
+    from testbed.results import write_spec
+    from testbed.runs.emulated import run_experiment, write_experiment
 
     exp0 = points[0][0]
-    check_emulable(exp0)
-    results, validation, losses, flows, cpu_prefill = [], [], [], [], []
-    links: list[dict] = []
     n_s, n_i = len(exp0.schedulers), exp0.iterations
     total = len(points) * n_s * n_i
     what = f"{escape(exp0.name)} on prefix {exp0.emulation.prefix}: emulated iterations"
@@ -553,43 +531,15 @@ def _training_run(points: list, out: Path, check: bool, spec: dict, capture: boo
             where = f"point {p} ({point_text(points[p][1])}), {exp0.schedulers[sc]}"
             prog.step(f"{where}: iteration {it + 1}/{n_i} done")
 
-        for i, (exp, point) in enumerate(points):
-            if check and i == 0:
-                prog.line("measuring every WAN pair (links.csv)")
-            res, val, loss, flow, cpu = run_point(exp, i, point, step, capture,
-                                             on_up=_links_check(links) if check else None)
-            results += res
-            cpu_prefill += cpu
-            validation += val
-            losses += loss
-            flows += flow
-    paths = [*write_outputs(out, results), write_spec(out, spec, sys.argv[1:])]
-    if links:
-        from testbed.emu.check import LINKS_HEADER
-
-        paths.append(out / "links.csv")
-        write_csv(paths[-1], LINKS_HEADER, ([r[c] for c in LINKS_HEADER] for r in links))
-    if validation:
-        paths.append(out / "validation.csv")
-        write_csv(paths[-1], VALIDATION_HEADER, validation)
-    if losses:
-        paths.append(out / "loss.csv")
-        write_csv(paths[-1], LOSS_HEADER, losses)
-    if flows:
-        from testbed.analysis import flows as captured
-
-        paths.append(out / "flows.csv")
-        write_csv(paths[-1], captured.FLOWS_HEADER if capture else FLOWS_HEADER, flows)
-    if cpu_prefill:
-        paths.append(out / "cpu_prefill.csv")
-        write_csv(paths[-1], CPU_PREFILL_HEADER, cpu_prefill)
+        run = run_experiment(points, check, capture, step, prog.line)
+    paths = [*write_experiment(out, run), write_spec(out, spec, sys.argv[1:])]
     print_summary(out, f"{escape(exp0.name)}: emulated and simulated")
     print_knees(out)
-    if validation:
+    if run.validation:
         print_table(out / "validation.csv", "simulator vs emulator (rel_error: (sim - emu) / emu)")
-    if links:
+    if run.links:
         print_table(out / "links.csv", "the emulated WAN: configured vs measured")
-    for run_id, _sched, k, loss in losses:
+    for run_id, _sched, k, loss in run.losses:
         console.print(f"{run_id}: iteration {k} loss {loss:.4f}")
     console.print(f"wrote {', '.join(str(p) for p in paths)}")
 
@@ -619,7 +569,7 @@ def experiment_run(
     from testbed.emu import owner
     from testbed.emu.kernel import require_root
     from testbed.emu.names import check_prefix
-    from testbed.results import write_csv, write_spec
+    from testbed.results import write_spec
     from testbed.spec.load import load_experiment, resolved_spec
 
     sets = list(set_ or []) + ([f"emulation.backend={backend}"] if backend else [])
@@ -649,17 +599,14 @@ def experiment_run(
         if exp0.multitcp is None:
             return _training_run(points, out, check, spec, capture)
         from testbed.progress import Progress
-        from testbed.runs.multitcp import HEADER, run_point
+        from testbed.runs.multitcp import measurements, run_experiment, write_experiment
 
-        rows: list[dict] = []
-        total = len(points) * len(exp0.multitcp.connections) * len(exp0.multitcp.links or [0])
-        with Progress(console, total, f"{escape(exp0.name)} on prefix {held}") as prog:
-            for i, (exp, point) in enumerate(points):
-                rows += run_point(exp, i, point, lambda d: prog.step(f"measuring {d}"))
-    write_csv(out / "summary.csv", HEADER, ([r[c] for c in HEADER] for r in rows))
+        with Progress(console, len(points) * measurements(exp0), f"{escape(exp0.name)} on prefix {held}") as prog:
+            rows = run_experiment(points, lambda d: prog.step(f"measuring {d}"))
+    summary = write_experiment(out, rows)
     spec_path = write_spec(out, spec, sys.argv[1:])
     print_summary(out, f"{escape(exp0.name)}: throughput (Mbit/s) vs TCP connections, emulated and modelled")
-    console.print(f"wrote {out / 'summary.csv'}, {spec_path}")
+    console.print(f"wrote {summary}, {spec_path}")
 
 
 @app.command("launch", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -3,13 +3,17 @@ configuration, with the relative error per metric (validation.csv)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
 from testbed.analysis.metrics import add_speedups, summary_row
 from testbed.emu.build import down, emulated_window, up
 from testbed.emu.scale import auto_scale, check_scale, check_transfer_bytes
 from testbed.emu.train import run_training
 from testbed.errors import NotYetError, SpecError
 from testbed.plan.build import build_plan, resolve_dp
-from testbed.results import fmt
+from testbed.results import fmt, write_csv
 from testbed.runs.simulated import RunResult, WanRecord, lower_bound_s, simulate_changing_run, stall_rows
 from testbed.sim.executor import simulate
 from testbed.sim.linkchange import WanSchedule, union_length
@@ -297,3 +301,62 @@ def _changing_point(exp: Experiment, plan, sched: str, dp: int, emu, scale: floa
         validation.append((plan.run_id, sched, f"iteration_s@{lo}-{hi}", round(a, 6), round(b, 6),
                            round((a - b) / b, 6), run.degraded))
     return [RunResult(row_sim, tl_sim, events, wan=sim_rec), RunResult(row_emu, run.timeline, 0, wan=emu_rec)]
+
+
+@dataclass
+class EmulatedExperiment:
+    """Everything an emulated experiment produced, point after point, ready to be written."""
+    results: list = field(default_factory=list)
+    validation: list = field(default_factory=list)
+    losses: list = field(default_factory=list)
+    flows: list = field(default_factory=list)
+    cpu_prefill: list = field(default_factory=list)
+    links: list[dict] = field(default_factory=list)
+    captured: bool = False
+
+
+def run_experiment(points: list[tuple[Experiment, dict]], check: bool, capture: bool,
+                   step: Callable[[], None], line: Callable[[str], None]) -> EmulatedExperiment:
+    """Every sweep point on the emulated WAN, one after the other; with `check`, every WAN pair of the
+    first point's network is measured before training (links.csv). `step` is called after each emulated
+    iteration, `line` with a message worth showing."""
+    from testbed.emu.check import check_links
+
+    check_emulable(points[0][0])
+    run = EmulatedExperiment(captured=capture)
+
+    def measure(emu) -> None:
+        if not run.links:
+            run.links.extend(check_links(emu, streams=8, seconds=2.0, pings=20))
+
+    for i, (exp, point) in enumerate(points):
+        if check and i == 0:
+            line("measuring every WAN pair (links.csv)")
+        res, val, loss, flow, cpu = run_point(exp, i, point, step, capture,
+                                              on_up=measure if check and i == 0 else None)
+        run.results += res
+        run.validation += val
+        run.losses += loss
+        run.flows += flow
+        run.cpu_prefill += cpu
+    return run
+
+
+def write_experiment(out: Path, run: EmulatedExperiment) -> list[Path]:
+    """summary/timeline/... as the simulator writes them, then the emulator's own CSVs (each only if it has
+    rows), each written whole or not at all."""
+    from testbed.analysis import flows as captured_flows
+    from testbed.emu.check import LINKS_HEADER
+    from testbed.runs.simulated import write_outputs
+
+    paths = write_outputs(out, run.results)
+    tables = [("links.csv", LINKS_HEADER, [[r[c] for c in LINKS_HEADER] for r in run.links]),
+              ("validation.csv", VALIDATION_HEADER, run.validation),
+              ("loss.csv", LOSS_HEADER, run.losses),
+              ("flows.csv", captured_flows.FLOWS_HEADER if run.captured else FLOWS_HEADER, run.flows),
+              ("cpu_prefill.csv", CPU_PREFILL_HEADER, run.cpu_prefill)]
+    for name, header, rows in tables:
+        if rows:
+            paths.append(out / name)
+            write_csv(paths[-1], header, rows)
+    return paths

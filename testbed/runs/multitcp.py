@@ -5,11 +5,13 @@ measured on the emulated WAN (real TCP, iperf3) and predicted by the simulator's
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from testbed.emu.build import down, up
 from testbed.emu.check import iperf, ping
 from testbed.emu.scale import auto_scale, check_scale
 from testbed.plan.synthetic import make_plan
+from testbed.results import write_csv
 from testbed.sim.executor import simulate
 from testbed.spec.experiment import Experiment
 
@@ -58,3 +60,22 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress: Callable[[str]
     finally:
         down(emu)
     return rows
+
+
+def run_experiment(points: list[tuple[Experiment, dict]], step: Callable[[str], None]) -> list[dict]:
+    """Every sweep point, one after the other; `step` is called after each measurement with what it was."""
+    rows: list[dict] = []
+    for i, (exp, point) in enumerate(points):
+        rows += run_point(exp, i, point, step)
+    return rows
+
+
+def measurements(exp: Experiment) -> int:
+    """How many measurements one point of `exp` makes (for a progress bar)."""
+    assert exp.multitcp is not None
+    return len(exp.multitcp.connections) * len(exp.multitcp.links or [0])
+
+
+def write_experiment(out: Path, rows: list[dict]) -> Path:
+    write_csv(out / "summary.csv", HEADER, ([r[c] for c in HEADER] for r in rows))
+    return out / "summary.csv"
