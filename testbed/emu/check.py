@@ -41,6 +41,32 @@ def iperf(emu: Emulation, src: str, dst: str, port: int, seconds: float, streams
     return res
 
 
+def bulk(emu: Emulation, src: str, dst: str, port: int, seconds: float, connections: int, window: int,
+         warmup_s: float) -> dict:
+    """Goodput of `connections` set up as the training workers' WAN connections (window clamped to `window`
+    bytes) from host `src` to `dst`, over `seconds` after a `warmup_s` that is left out
+    (`python -m testbed.emu.measure bulk-server|bulk-client`)."""
+    be, ip = emu.backend, emu.addr.host(dst).ip
+    args = [str(port), str(connections), str(window), f"{warmup_s:g}", f"{seconds:g}"]
+    server = be.popen(emu.host_node(dst), [sys.executable, "-m", "testbed.emu.measure", "bulk-server", ip, *args],
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        be.run(emu.host_node(src), [sys.executable, "-m", "testbed.emu.measure", "bulk-client", ip, *args],
+               timeout=warmup_s + seconds + 30)
+        out, err = server.communicate(timeout=30)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    lines = out.strip().splitlines()
+    if server.returncode != 0 or not lines:
+        raise EmuError(f"bulk receiver {dst} failed: {(err.strip().splitlines() or ['no output'])[-1]}")
+    res = json.loads(lines[-1])
+    if res.get("error"):
+        raise EmuError(f"bulk {src} -> {dst}: {res['error']}")
+    return res
+
+
 def check_links(emu: Emulation, streams: int = 8, seconds: float = 3.0, pings: int = 40) -> list[dict]:
     rows = []
     for k, link in enumerate(emu.topo.links):

@@ -1,5 +1,9 @@
 """The multi-TCP experiment: throughput of one WAN link vs the number of parallel TCP connections,
-measured on the emulated WAN (real TCP, iperf3) and predicted by the simulator's model, side by side.
+measured on the emulated WAN and predicted by the simulator's model, side by side.
+
+`emu` rows: the training workers' own connections (emu/check.py `bulk`: window clamped to the link's
+emulated window, the simulator's W), after a warm-up. `emu-iperf3` rows: iperf3, whose connections get
+the kernel's autotuned window (unclamped, from the hosts' buffer sysctls) and whose run includes slow start.
 """
 
 from __future__ import annotations
@@ -8,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from testbed.emu.build import down, up
-from testbed.emu.check import iperf, ping
+from testbed.emu.check import bulk, iperf, ping
 from testbed.emu.scale import auto_scale, check_scale
 from testbed.plan.synthetic import make_plan
 from testbed.results import write_csv
@@ -45,15 +49,17 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress: Callable[[str]
             win = emu.window_bytes(a, b)
             for n in mt.connections:
                 progress(f"{a}-{b} {link.latency_ms:g} ms, {n} connection(s)")
-                meas = iperf(emu, f"{a}-h0", f"{b}-h0", 5201, mt.seconds, n)
+                ours = bulk(emu, f"{a}-h0", f"{b}-h0", 5301, mt.seconds, n, win, mt.warmup_s)
+                plain = iperf(emu, f"{a}-h0", f"{b}-h0", 5201, mt.seconds, n)
                 base = {"experiment": exp.name, "link": f"{a}-{b}", "wan_latency_ms": link.latency_ms,
                         "wan_mbps": round(cap, 3), "tcp_connections": n, "window_kib": round(win / 1024, 1),
                         "scale": scale, "delay_method": emu.delay,
                         "sweep": ";".join(f"{k}={v}" for k, v in sweep.items())}
                 rid = f"p{index:02d}-{a}-{b}-n{n}"
-                rows.append({"run_id": rid, "source": "emu", **base,
-                             "throughput_mbps": round(meas["received_mbps"], 3),
-                             "rtt_avg_ms": round(rtt["rtt_avg_ms"] or 0.0, 3)})
+                for source, meas in (("emu", ours), ("emu-iperf3", plain)):
+                    rows.append({"run_id": rid, "source": source, **base,
+                                 "throughput_mbps": round(meas["received_mbps"], 3),
+                                 "rtt_avg_ms": round(rtt["rtt_avg_ms"] or 0.0, 3)})
                 rows.append({"run_id": rid, "source": "sim", **base,
                              "throughput_mbps": round(sim_throughput_mbps(cap, link.latency_ms, win, n), 3),
                              "rtt_avg_ms": 2 * link.latency_ms})

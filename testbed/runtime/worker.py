@@ -447,6 +447,8 @@ class TorchCompute(Modeled):
 
 
 def connect(ip: str, port: int, hello: dict, deadline: float, window: int = 0) -> socket.socket:
+    """A connection to a peer's `listen`ing socket, as every WAN connection of a worker is set up: the fixed
+    receive buffer for `window` (0: the kernel's), no Nagle, then `hello` (what `accept` returns)."""
     while True:
         try:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -465,6 +467,21 @@ def connect(ip: str, port: int, hello: dict, deadline: float, window: int = 0) -
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)  # the peer's listener is not up yet (start-up only)
+
+
+def listen(ip: str, port: int, window: int = 0) -> socket.socket:
+    """A listening socket whose accepted connections inherit the fixed receive buffer for `window` (0: the
+    kernel's autotuned one)."""
+    lst = socket.create_server((ip, port), backlog=64)
+    set_buffer(lst, window)
+    return lst
+
+
+def accept(lst: socket.socket) -> tuple[socket.socket, dict]:
+    """The next connection a peer opened with `connect`, and the hello it sent."""
+    c, _ = lst.accept()
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return c, recv_ctrl(c)
 
 
 def window_of(cfg: WorkerConfig, peer: str, purpose: str) -> int:
@@ -538,16 +555,13 @@ def main(cfg_path: str, ctl_path: str) -> None:
     send_ctrl(ctl, {"hello": [s, r]})
     torch_mode = cfg.compute == "torch"
     inbox = Inbox(keep=torch_mode)
-    lst = socket.create_server((cfg.ip, prog.port), backlog=64)
-    set_buffer(lst, listen_window(cfg))  # the connections it accepts inherit the buffer
+    lst = listen(cfg.ip, prog.port, listen_window(cfg))
     expect = connections_to_accept(cfg)
     accepted: dict[tuple[str, str], list[socket.socket]] = {}
 
     def acceptor() -> None:
         for _ in range(expect):
-            c, _ = lst.accept()
-            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            hello = recv_ctrl(c)
+            c, hello = accept(lst)
             accepted.setdefault((str(hello["group"]), str(hello["purpose"])), []).append(c)
 
     acc = threading.Thread(target=acceptor, daemon=True)
