@@ -99,15 +99,20 @@ SUMMARY = CsvFile("summary.csv", "`testbed sim`, `testbed experiment run`",
 
 MULTITCP = CsvFile("summary.csv (multitcp)", "`testbed experiment run` with a `multitcp:` section",
                    "one WAN link, one row per connection count and source", _cols(
-    _RUN, _SOURCE,
+    _RUN,
+    ("source", "", "`sim` (the simulator's model), `emu` (the training workers' own connections on the emulated WAN: "
+                   "window clamped to `window_kib`, after `multitcp.warmup_s` left out) or `emu-iperf3` (iperf3 on "
+                   "the same link: the kernel's autotuned window, unclamped, slow start included)"),
     ("experiment", "", "experiment name"),
     ("link", "", "the WAN link, `<dc>-<dc>`"),
     ("wan_latency_ms", "ms", "configured one-way latency of the link"),
     ("wan_mbps", "Mbit/s", "emulated (scaled) link capacity"),
-    ("tcp_connections", "", "parallel TCP connections (iperf3 streams)"),
-    ("window_kib", "KiB", "emulated TCP window cap per connection"),
-    ("throughput_mbps", "Mbit/s", "received throughput: measured (`emu`) or the simulator's model (`sim`)"),
+    ("tcp_connections", "", "parallel TCP connections (the workers' striped connections; iperf3's streams)"),
+    ("window_kib", "KiB", "emulated TCP window per connection: the workers' clamp and the simulator's W"),
+    ("throughput_mbps", "Mbit/s", "received goodput: measured (`emu`, `emu-iperf3`) or the simulator's model (`sim`)"),
     ("rtt_avg_ms", "ms", "mean ping RTT on the link (`sim`: twice the one-way latency)"),
+    ("tcp_rtt_ms", "ms", "`emu`: the connections' mean smoothed RTT (TCP_INFO) over the measured seconds: the round "
+                         "trip the data saw, queueing included (empty otherwise)"),
     ("scale", "", "emulation scale k"),
     ("delay_method", "", "how latency was emulated: `netem`, `nfqueue` (our delay line) or `none`"),
     ("sweep", "", "this row's sweep point (see summary.csv)"),

@@ -46,6 +46,7 @@ def test_bulk_over_loopback_with_clamped_windows():
     assert "error" not in out, out
     assert out["connections"] == n and out["window"] == window
     assert sent["message_bytes"] == n * window
+    assert sent["tcp_rtt_ms"] > 0  # the kernel's smoothed RTT of the connections, sampled while measured
     assert out["bytes"] == (out["messages"] - 1) * sent["message_bytes"]
     assert 2 <= out["messages"] < sent["messages"]  # the warm-up and the tail are left out
     assert 0 < out["measured_s"] <= 0.3

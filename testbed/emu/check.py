@@ -51,8 +51,8 @@ def bulk(emu: Emulation, src: str, dst: str, port: int, seconds: float, connecti
     server = be.popen(emu.host_node(dst), [sys.executable, "-m", "testbed.emu.measure", "bulk-server", ip, *args],
                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        be.run(emu.host_node(src), [sys.executable, "-m", "testbed.emu.measure", "bulk-client", ip, *args],
-               timeout=warmup_s + seconds + 30)
+        sent = be.run(emu.host_node(src), [sys.executable, "-m", "testbed.emu.measure", "bulk-client", ip, *args],
+                      timeout=warmup_s + seconds + 30)
         out, err = server.communicate(timeout=30)
     finally:
         if server.poll() is None:
@@ -64,7 +64,7 @@ def bulk(emu: Emulation, src: str, dst: str, port: int, seconds: float, connecti
     res = json.loads(lines[-1])
     if res.get("error"):
         raise EmuError(f"bulk {src} -> {dst}: {res['error']}")
-    return res
+    return {**res, "tcp_rtt_ms": json.loads(sent.strip().splitlines()[-1])["tcp_rtt_ms"]}
 
 
 def check_links(emu: Emulation, streams: int = 8, seconds: float = 3.0, pings: int = 40) -> list[dict]:

@@ -15,12 +15,16 @@ from __future__ import annotations
 import json
 import re
 import statistics
+import struct
 import sys
 import time
 
 PING_RE = re.compile(r"time=([0-9.]+) ms")
 BULK_DEPTH = 3  # messages a bulk sender keeps queued, so its connections never wait for the next one
 BULK_TAIL_S = 0.5  # a bulk sender goes on this long after the receiver's measurement ends
+RTT_SAMPLE_S = 0.02  # how often a bulk sender reads its connections' smoothed RTT
+TCPI_RTT = struct.Struct("I")  # struct tcp_info's tcpi_rtt (microseconds), after 8 u8s and 13 u32s (linux/tcp.h)
+TCPI_RTT_OFFSET = 68
 
 
 def iperf_server(port: int) -> dict:
@@ -69,6 +73,14 @@ def goodput(arrivals: list[float], message_bytes: int, t_from: float, t_to: floa
     return {"received_mbps": nbytes * 8 / dur / 1e6, "measured_s": dur, "bytes": nbytes, "messages": len(inside)}
 
 
+def tcp_rtt_s(sock) -> float:
+    """The kernel's smoothed round-trip time of a TCP connection (TCP_INFO), in seconds."""
+    import socket
+
+    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCPI_RTT_OFFSET + TCPI_RTT.size)
+    return TCPI_RTT.unpack_from(info, TCPI_RTT_OFFSET)[0] / 1e6
+
+
 def bulk_server(ip: str, port: int, connections: int, window: int, warmup_s: float, seconds: float) -> dict:
     """Accept `connections` from a bulk client and read them with the workers' reader until the client closes;
     the goodput of the `seconds` after `warmup_s` from the client's first send."""
@@ -112,7 +124,19 @@ def bulk_client(host: str, port: int, connections: int, window: int, warmup_s: f
     threading.Thread(target=reader, args=(socks, Inbox(), window), daemon=True).start()
     pipe = Striped(socks)
     room = threading.Semaphore(BULK_DEPTH)
-    stop = time.monotonic() + warmup_s + seconds + BULK_TAIL_S
+    t0 = time.monotonic()
+    stop = t0 + warmup_s + seconds + BULK_TAIL_S
+    rtts: list[float] = []
+
+    def sample_rtt() -> None:
+        """The round trip the data saw in the measured seconds (the emulated link's, queueing included)."""
+        time.sleep(warmup_s)
+        while time.monotonic() < t0 + warmup_s + seconds:
+            rtts.extend(tcp_rtt_s(s) for s in socks)
+            time.sleep(RTT_SAMPLE_S)
+
+    sampler = threading.Thread(target=sample_rtt, daemon=True)
+    sampler.start()
     sent = 0
     while time.monotonic() < stop:
         room.acquire()
@@ -120,9 +144,10 @@ def bulk_client(host: str, port: int, connections: int, window: int, warmup_s: f
         sent += 1
     for _ in range(BULK_DEPTH):  # the last messages are in the socket buffers
         room.acquire()
+    sampler.join()
     for s in socks:
         s.close()
-    return {"messages": sent, "message_bytes": message}
+    return {"messages": sent, "message_bytes": message, "tcp_rtt_ms": statistics.fmean(rtts) * 1e3 if rtts else None}
 
 
 def ping_stats(output: str) -> dict:

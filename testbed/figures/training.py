@@ -53,13 +53,18 @@ def gpu_utilization(summary: pd.DataFrame, path: Path) -> Path:
 
 
 def multitcp(summary: pd.DataFrame, path: Path) -> Path:
-    """Throughput vs TCP connections per RTT: emulated points, simulator model as lines."""
+    """Throughput vs TCP connections per RTT: emulated points (the workers' connections filled, iperf3's hollow),
+    simulator model as lines."""
     fig, ax = new()
     for (lat, d), c in zip(summary.groupby("wan_latency_ms"), SERIES_COLOURS * 4, strict=False):
         sim = d[d.source == "sim"].sort_values("tcp_connections")
         emu = d[d.source == "emu"].sort_values("tcp_connections")
+        plain = d[d.source == "emu-iperf3"].sort_values("tcp_connections")
         ax.plot(sim.tcp_connections, sim.throughput_mbps, "-", color=c, label=f"model, RTT {2 * lat:g} ms")
         ax.plot(emu.tcp_connections, emu.throughput_mbps, "o", color=c, label=f"emulated, RTT {2 * lat:g} ms")
+        if len(plain):
+            ax.plot(plain.tcp_connections, plain.throughput_mbps, "o", mfc="none", color=c,
+                    label=f"iperf3 (unclamped), RTT {2 * lat:g} ms")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("parallel TCP connections")
     ax.set_ylabel("throughput (Mbit/s)")

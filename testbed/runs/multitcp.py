@@ -20,7 +20,7 @@ from testbed.sim.executor import simulate
 from testbed.spec.experiment import Experiment
 
 HEADER = ("run_id", "source", "experiment", "link", "wan_latency_ms", "wan_mbps", "tcp_connections", "window_kib",
-          "throughput_mbps", "rtt_avg_ms", "scale", "delay_method", "sweep")
+          "throughput_mbps", "rtt_avg_ms", "tcp_rtt_ms", "scale", "delay_method", "sweep")
 
 
 def sim_throughput_mbps(capacity_mbps: float, latency_ms: float, window: float, n: int) -> float:
@@ -59,10 +59,11 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress: Callable[[str]
                 for source, meas in (("emu", ours), ("emu-iperf3", plain)):
                     rows.append({"run_id": rid, "source": source, **base,
                                  "throughput_mbps": round(meas["received_mbps"], 3),
-                                 "rtt_avg_ms": round(rtt["rtt_avg_ms"] or 0.0, 3)})
+                                 "rtt_avg_ms": round(rtt["rtt_avg_ms"] or 0.0, 3),
+                                 "tcp_rtt_ms": round(meas.get("tcp_rtt_ms") or 0.0, 3) or ""})
                 rows.append({"run_id": rid, "source": "sim", **base,
                              "throughput_mbps": round(sim_throughput_mbps(cap, link.latency_ms, win, n), 3),
-                             "rtt_avg_ms": 2 * link.latency_ms})
+                             "rtt_avg_ms": 2 * link.latency_ms, "tcp_rtt_ms": ""})
     finally:
         down(emu)
     return rows
