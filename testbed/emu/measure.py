@@ -140,7 +140,7 @@ def bulk_client(host: str, port: int, connections: int, window: int, warmup_s: f
     sent = 0
     while time.monotonic() < stop:
         room.acquire()
-        pipe.send(b"a", 0, sent, message, lambda t0, t1: room.release())
+        pipe.send(b"a", 0, sent, message, lambda *_: room.release())
         sent += 1
     for _ in range(BULK_DEPTH):  # the last messages are in the socket buffers
         room.acquire()
