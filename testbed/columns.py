@@ -201,7 +201,8 @@ VALIDATION = CsvFile("validation.csv", "`testbed experiment run` (modeled comput
     ("scheduler", "", "scheduler"),
     ("metric", "", "a summary.csv column (`iteration_s`, `gpu_util`, `bubble_frac`), or `iteration_s@K` "
                    "(iteration K's length) and `iteration_s@K-L` (iterations K to L, those the changes fall in) "
-                   "on a WAN that changes"),
+                   "on a WAN that changes; with BubbleTea `served_in_bubbles@same_requests` (the share served in "
+                   "bubbles over the requests both engines were offered)"),
     ("sim", "", "the simulator's value (the metric's unit)"),
     ("emu", "", "the emulated value (the metric's unit)"),
     ("rel_error", "share", "(sim - emu) / emu"),

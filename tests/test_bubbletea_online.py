@@ -306,3 +306,45 @@ def test_a_tail_whose_end_is_signalled_takes_no_margin_and_does_not_widen_the_ot
         m.observe("s0r0", [(0, 0.0, 0.05), (9, 0.5, 0.5 + tail_len)], tail=9)
     assert m.margin_s == 0.0  # only gap 0's (exact) predictions were scored
     assert dict((g, b - a) for g, a, b in m.predict_gaps("s0r0")) == pytest.approx({0: 0.05, 9: 0.10})
+
+
+def _service_iterations(overrun_s: float, tail_wait_s: float, iterations: int = 5):
+    """A service with two workers through `iterations` iterations of 1 s, each worker with one 100 ms gap;
+    per iteration training waits `overrun_s` for prefill inside the gaps and `tail_wait_s` past its last op."""
+    from testbed.runtime.bubbletea_service import Service
+
+    cfg = {"model": "llama2-7b", "layers": 32, "guard_s": 0.001, "slo_s": 2.0, "calibration": None,
+           "workers": {w: {"dc": "a", "gpu": "H100", "tp": 1, "max_tokens": 10000} for w in ("s0r0", "s1r0")},
+           "kv": {"a|a": [0.0001, 1e10]}, "kv_bytes_per_token": 1000.0, "requests": [[0, 0.0, 100, 10, "a"]]}
+    svc = Service(cfg)
+    for k in range(iterations):
+        t0 = 10.0 * k
+        for w in cfg["workers"]:
+            svc.handle({"op": "jobs", "worker": w, "iteration": k, "t_start": t0})
+            svc.handle({"op": "idle", "worker": w, "iteration": k, "gap": 0, "start": t0, "end": t0 + 0.1})
+        for w in cfg["workers"]:
+            svc.handle({"op": "done", "worker": w, "iteration": k, "t_start": t0, "ops": 5,
+                        "overrun": overrun_s / 2, "last_train_end": t0 + 1.0 - tail_wait_s,
+                        "last_op_end": t0 + 1.0 - tail_wait_s, "last_end": t0 + 1.0, "ran": [], "skipped": []})
+    return svc
+
+
+def test_the_margin_follows_the_wait_inside_the_gaps_not_in_the_tail():
+    """The tail takes no margin (its end is signalled): its wait must not widen the gaps' margin."""
+    start = WindowModel.MARGIN_QUANTILE
+    tail_only = _service_iterations(overrun_s=0.0, tail_wait_s=0.05)  # 5 % of an iteration, all in the tail
+    assert tail_only.planner.windows.quantile < start  # the gaps cost training nothing: the margin narrows
+    assert tail_only.waited[3] == pytest.approx([0.0, 0.05])  # both recorded, apart
+    in_gaps = _service_iterations(overrun_s=0.05, tail_wait_s=0.0)
+    assert in_gaps.planner.windows.quantile > start
+
+
+def test_the_validation_compares_the_served_share_over_the_requests_both_engines_were_offered():
+    from testbed.emu.bubbletea import served_same_requests
+
+    def rows(source, served):  # requests.csv rows: request_id at 2, in_bubble at 11
+        return [("r", source, rid, 0, 0, "", "", 0, 0, 0, 1, s, "a", 0, "", 0) for rid, s in served.items()]
+
+    sim = rows("sim", {0: 1, 1: 1, 2: 0, 3: 1})
+    emu = rows("emu", {0: 1, 1: 0, 2: 0, 3: 1, 4: 0, 5: 0})  # a slower run: offered 4 and 5 after the sim's ended
+    assert served_same_requests(sim, emu) == (0.75, 0.5, 4)

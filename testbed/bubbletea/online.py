@@ -228,7 +228,8 @@ class OnlinePlanner:
         self.durations.append(duration_s)
 
     def overran(self, waited_s: float, duration_s: float) -> None:
-        """Training waited `waited_s` for prefill (all workers together) in an iteration of `duration_s`. The
+        """Training waited `waited_s` for prefill in the gaps the margin governs (all workers together; not in
+        the tail, which takes no margin and stops when every worker is in it) in an iteration of `duration_s`. The
         share of gaps allowed to be shorter than predicted (1 - the margin's quantile) halves while that wait
         exceeds the slowdown the knee accepts (testbed/bubbletea/knee.py) and doubles while it stays under half
         of it, between 1/64 and 1/2: a misjudged gap costs training at most a layer of prefill, so the margin

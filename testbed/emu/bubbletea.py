@@ -187,6 +187,21 @@ def served_requests(plan: Plan, exp: Experiment, reqs: list[Request], homes: dic
     return sorted(rows, key=lambda r: r[0]), m
 
 
+def served_same_requests(sim_rows: list[tuple], emu_rows: list[tuple]) -> tuple[float, float, int]:
+    """The share of requests served in bubbles by each engine over the requests both were offered
+    (requests.csv rows): each engine is offered the requests arriving during its own steady iterations, and
+    the slower one's last requests arrive after the other's run ended, where no bubble of either serves them."""
+    from testbed.bubbletea.run import REQUESTS_HEADER
+
+    rid, served = REQUESTS_HEADER.index("request_id"), REQUESTS_HEADER.index("in_bubble")
+    sim = {int(r[rid]): int(r[served]) for r in sim_rows}
+    emu = {int(r[rid]): int(r[served]) for r in emu_rows}
+    both = sim.keys() & emu.keys()
+    if not both:
+        return 0.0, 0.0, 0
+    return sum(sim[q] for q in both) / len(both), sum(emu[q] for q in both) / len(both), len(both)
+
+
 def slowdown(bt_durations: list[float], base_durations: list[float]) -> tuple[float, float, float]:
     """Training slowdown over the steady iterations: median(BubbleTea) / median(alone) - 1, and the
     25th and 75th percentiles of each BubbleTea iteration against the median alone (the spread)."""

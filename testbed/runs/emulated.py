@@ -236,6 +236,12 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
             for m in VALIDATED + (BUBBLETEA_VALIDATED if svc is not None else ()):
                 a, b = float(row_sim[m]), float(row_emu[m])
                 validation.append((plan.run_id, sched, m, a, b, round((a - b) / b, 6) if b else "", note))
+            if svc is not None:  # like with like: the same requests (the engines' runs last different times)
+                from testbed.emu.bubbletea import served_same_requests
+
+                a, b, _n = served_same_requests(sim_reqs, results[-1].requests)
+                validation.append((plan.run_id, sched, "served_in_bubbles@same_requests", round(a, 6), round(b, 6),
+                                   round((a - b) / b, 6) if b else "", note))
     finally:
         down(emu)
     if wan is not None:

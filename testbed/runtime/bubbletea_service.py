@@ -154,9 +154,10 @@ class Service:
         self.planner.observe(wins, duration, warmup=k == 0, tails={w: int(d["ops"]) for w, d in done.items()})
         if k > 0:  # training waited for prefill: inside the workers' gaps, and past the last training op
             ops_end = max((float(d.get("last_op_end", d["last_end"])) for d in done.values()), default=t0)
-            waited = sum(float(d.get("overrun", 0.0)) for d in done.values()) + max(0.0, t0 + duration - ops_end)
-            self.planner.overran(waited, duration)
-            self.waited[k] = waited
+            inside = sum(float(d.get("overrun", 0.0)) for d in done.values())
+            tail = max(0.0, t0 + duration - ops_end)
+            self.planner.overran(inside, duration)  # the margin governs the gaps, not the tail (it takes none)
+            self.waited[k] = [inside, tail]
         for rid, _w, it, t in self.skipped:
             if it == k:
                 self.planner.skipped(rid, self.timeline[k] + t - t0)
