@@ -348,3 +348,23 @@ def test_the_validation_compares_the_served_share_over_the_requests_both_engines
     sim = rows("sim", {0: 1, 1: 1, 2: 0, 3: 1})
     emu = rows("emu", {0: 1, 1: 0, 2: 0, 3: 1, 4: 0, 5: 0})  # a slower run: offered 4 and 5 after the sim's ended
     assert served_same_requests(sim, emu) == (0.75, 0.5, 4)
+
+
+def test_every_request_not_yet_started_is_placed_again_in_arrival_order():
+    """A request whose job was skipped goes before younger requests placed earlier, not behind them."""
+    reqs = [Request(0, 1.0, 500, 10), Request(1, 1.01, 500, 10)]  # 50 ms each; one fits a 60 ms gap
+    cost = GroupCost(lambda n: n * 1e-4, lambda d, k: k * 1e-4, 100_000)
+    p = OnlinePlanner(reqs, {"s0r0": ("a", cost)}, homes={0: "a", 1: "a"}, kv_time=lambda s, d, n: 0.0,
+                      guard_s=0.0, slo_s=3.0)
+    for _ in range(2):
+        p.observe({"s0r0": [(0, 0.9, 0.96)]}, 1.0)
+    p.plan(1, 1.0)
+    assert (p.decided[0].jobs[0].iteration, p.decided[1].jobs[0].iteration) == (1, 2)
+    p.skipped(0, 1.96)  # its gap turned out shorter: not run in iteration 1
+    p.observe({"s0r0": [(0, 0.9, 0.96)]}, 1.0)
+    p.plan(2, 2.0)
+    assert (p.decided[0].jobs[0].iteration, p.decided[1].jobs[0].iteration) == (2, 3)  # 0 first, then 1
+    p.ran_early(1, 0)  # request 1's job ran in iteration 2 (standby): it keeps its place
+    p.observe({"s0r0": [(0, 0.9, 0.96)]}, 1.0)
+    p.plan(3, 3.0)
+    assert p.decided[1].jobs[0].iteration == 3 and p.decided[1].jobs[0].early

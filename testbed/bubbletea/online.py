@@ -8,11 +8,11 @@ a hint for planning: a worker anchors the predicted length to the gap's live ope
 only if it fits what is predicted to remain of the gap less the guard band (testbed/runtime/prefill.py),
 since a gap's length varies far less from one iteration to the next than where it falls.
 
-At the start of every iteration k it re-plans: the requests not yet decided (in arrival order) are
-placed by the simulator's scheduler (testbed/bubbletea/scheduler.py) into the predicted windows of
-iterations k .. k+H (H covers the TTFT SLO), less what is already committed. A placed request is
-committed (all its chunks, on one worker, in whichever of those iterations they fall); one with no
-place within its SLO goes to the fallback pool, joining its queue at its arrival (or now, if its job
+At the start of every iteration k it re-plans: the requests not yet decided or not yet started (in
+arrival order) are placed by the simulator's scheduler (testbed/bubbletea/scheduler.py) into the predicted
+windows of iterations k .. k+H (H covers the TTFT SLO), less the jobs of requests already under way. A
+request stays on its worker once a job of it has run (all its chunks, in whichever iterations they fall);
+one with no place within its SLO goes to the fallback pool, joining its queue at its arrival (or now, if its job
 was not run and the re-plan found no other place in time). In the simulator's noisy runs
 (testbed/bubbletea/realised.py) jobs keep offsets: a job never starts after its latest start (the
 predicted window's end, less the guard band and the job's duration).
@@ -267,6 +267,7 @@ class OnlinePlanner:
         D = median(self.durations)
         H = max(1, math.ceil(self.slo_s / D) + 1) if D > 0 else 1
         end_k = start_s + D
+        self._release(k)
         while self.next_request < len(self.requests) and self.requests[self.next_request].arrival_s < end_k:
             self.next_request += 1
         pending = [q for q in self.requests[:self.next_request] if q.request_id not in self.decided
@@ -297,6 +298,15 @@ class OnlinePlanner:
                 done += tok
             self.decided[q.request_id] = Decision(q, pl.gpu, jobs)
         return self.jobs_for(k)
+
+    def _release(self, k: int) -> None:
+        """Every request placed in bubbles none of whose jobs has run yet (all in iteration k or later, none run
+        early) is placed again, with the newest prediction, in arrival order with the rest: an older request
+        (one whose job was skipped) goes before younger ones rather than behind every job already placed,
+        where its SLO has often run out. A request with a job run keeps its place (its KV cache is there)."""
+        for rid, d in list(self.decided.items()):
+            if d.worker and all(j.iteration >= k and not j.early for j in d.jobs):
+                del self.decided[rid]
 
     def gaps_for(self, worker: str) -> list[list]:
         """[gap, usable length]: each recurring gap's predicted length less the measured margin (the worker
