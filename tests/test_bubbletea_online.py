@@ -368,3 +368,26 @@ def test_every_request_not_yet_started_is_placed_again_in_arrival_order():
     p.observe({"s0r0": [(0, 0.9, 0.96)]}, 1.0)
     p.plan(3, 3.0)
     assert p.decided[1].jobs[0].iteration == 3 and p.decided[1].jobs[0].early
+
+
+def test_standby_holds_every_later_iterations_jobs_in_planned_order_less_those_run_early():
+    reqs = [Request(i, 1.0 + 0.001 * i, 500, 10) for i in range(4)]  # 50 ms each; one per 60 ms gap
+    cost = GroupCost(lambda n: n * 1e-4, lambda d, k: k * 1e-4, 100_000)
+    p = OnlinePlanner(reqs, {"s0r0": ("a", cost)}, homes={q.request_id: "a" for q in reqs},
+                      kv_time=lambda s, d, n: 0.0, guard_s=0.0, slo_s=5.0)
+    for _ in range(2):
+        p.observe({"s0r0": [(0, 0.9, 0.96)]}, 1.0)
+    p.plan(1, 1.0)
+    later = p.jobs_after(1)["s0r0"]
+    assert [(j.request_id, j.iteration) for j in later] == [(1, 2), (2, 3), (3, 4)]
+    p.ran_early(2, 0)
+    assert [j.request_id for j in p.jobs_after(1)["s0r0"]] == [1, 3]
+
+
+def test_a_wait_in_an_iteration_planned_before_any_margin_was_measured_does_not_move_the_margin():
+    """Iterations 1 and 2 are planned with no margin (nothing scored yet): their wait is not the quantile's."""
+    svc = _service_iterations(overrun_s=0.05, tail_wait_s=0.0, iterations=3)  # waits in iterations 1 and 2
+    assert svc.planner.windows.errors  # a margin is measured by now
+    assert svc.planner.windows.quantile == WindowModel.MARGIN_QUANTILE
+    assert _service_iterations(overrun_s=0.05, tail_wait_s=0.0, iterations=4).planner.windows.quantile > \
+        WindowModel.MARGIN_QUANTILE  # iteration 3 was planned with one, and training waited

@@ -208,6 +208,7 @@ class OnlinePlanner:
         self.decided: dict[int, Decision] = {}
         self.retry: dict[int, float] = {}  # request id -> not before (a skipped job, a deferral)
         self.next_request = 0
+        self.measured: dict[int, bool] = {}  # iteration -> whether its plan had a measured margin
 
     def shift(self, by_s: float) -> None:
         """Move every arrival by `by_s` (the requests' clock starts at iteration 1)."""
@@ -227,15 +228,16 @@ class OnlinePlanner:
         self.warm = warmup
         self.durations.append(duration_s)
 
-    def overran(self, waited_s: float, duration_s: float) -> None:
+    def overran(self, waited_s: float, duration_s: float, iteration: int | None = None) -> None:
         """Training waited `waited_s` for prefill in the gaps the margin governs (all workers together; not in
         the tail, which takes no margin and stops when every worker is in it) in an iteration of `duration_s`. The
         share of gaps allowed to be shorter than predicted (1 - the margin's quantile) halves while that wait
         exceeds the slowdown the knee accepts (testbed/bubbletea/knee.py) and doubles while it stays under half
         of it, between 1/64 and 1/2: a misjudged gap costs training at most a layer of prefill, so the margin
-        is only as wide as the measured cost of mispredictions requires."""
-        if not self.windows.errors:
-            return  # no margin measured yet: the quantile has nothing to act on
+        is only as wide as the measured cost of mispredictions requires. `iteration`: the iteration waited in;
+        one planned before any margin was measured (the first steady ones) says nothing about the quantile."""
+        if not self.windows.errors or (iteration is not None and not self.measured.get(iteration, False)):
+            return  # no margin measured (yet, or when its plan was made): the quantile has nothing to act on
         budget = SLOWDOWN_MAX * duration_s
         miss = 1.0 - self.windows.quantile
         if waited_s > budget:
@@ -268,6 +270,7 @@ class OnlinePlanner:
         H = max(1, math.ceil(self.slo_s / D) + 1) if D > 0 else 1
         end_k = start_s + D
         self._release(k)
+        self.measured[k] = bool(self.windows.errors)
         while self.next_request < len(self.requests) and self.requests[self.next_request].arrival_s < end_k:
             self.next_request += 1
         pending = [q for q in self.requests[:self.next_request] if q.request_id not in self.decided
@@ -320,6 +323,18 @@ class OnlinePlanner:
         for j in d.jobs if d is not None else []:
             if j.chunk == chunk:
                 j.early = True
+
+    def jobs_after(self, k: int) -> dict[str, list[Job]]:
+        """Each worker's jobs planned for the iterations after k, in planned order: a worker runs one in iteration
+        k where none of k's own fits (the plan is a prediction: the live gaps often hold more)."""
+        out: dict[str, list[Job]] = {}
+        for d in self.decided.values():
+            for j in d.jobs:
+                if j.iteration > k and not j.early:
+                    out.setdefault(d.worker, []).append(j)
+        for js in out.values():
+            js.sort(key=lambda j: (j.iteration, j.offset_s))
+        return out
 
     def jobs_for(self, k: int) -> dict[str, list[Job]]:
         out: dict[str, list[Job]] = {}

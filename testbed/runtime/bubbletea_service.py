@@ -12,7 +12,7 @@ op, prefill included, as the orchestrator counts it); requests arrive on it from
 
 Protocol (Unix socket, length-prefixed JSON, one reply per message):
   {"op": "jobs", "worker": "s0r1", "iteration": K, "t_start": T}  -> {"jobs": [[request, chunk, chunks,
-      not_before_s, duration_s, tokens, cached, home_dc], ...], "standby": [the next iteration's, same form],
+      not_before_s, duration_s, tokens, cached, home_dc], ...], "standby": [later iterations' jobs, same form],
       "gaps": [[gap, usable_s], ...], "guard": s}
   {"op": "idle", "worker", "iteration", "gap", "start", "end"}    -> {"ok": true}   (a window as it ends)
   {"op": "tail", "worker", "iteration"}                           -> {"ok": true}   (past its last op)
@@ -84,7 +84,7 @@ class Service:
         self.decoded: list[list] = []
         self.predicted: dict[int, dict[str, list]] = {}
         self.gaps: dict[int, dict[str, list]] = {}  # iteration -> worker -> [[gap, usable length]]
-        self.standby: dict[int, dict[str, dict]] = {}  # iteration -> worker -> next iteration's jobs handed out
+        self.standby: dict[int, dict[str, dict]] = {}  # iteration -> worker -> later iterations' jobs handed out
         self.early = 0  # standby jobs run early
         self.tails: dict[int, set[str]] = {}  # iteration -> workers past their last op (in their tail)
         self.waited: dict[int, float] = {}  # iteration -> how long training waited for prefill (all workers)
@@ -102,7 +102,7 @@ class Service:
             if it not in self.jobs:
                 self.jobs[it] = self._plan(it)
             base = self.timeline.get(it, 0.0)
-            standby = self.planner.jobs_for(it + 1).get(worker, [])  # planned for the next iteration: run now if room
+            standby = self.planner.jobs_after(it).get(worker, [])  # planned for later iterations: run now if room
             self.standby.setdefault(it, {})[worker] = {(j.request_id, j.chunk): j.duration_s for j in standby}
             return {"jobs": [j.wire(base) for j in self.jobs[it].get(worker, [])],
                     "standby": [j.wire(base) for j in standby],
@@ -156,7 +156,7 @@ class Service:
             ops_end = max((float(d.get("last_op_end", d["last_end"])) for d in done.values()), default=t0)
             inside = sum(float(d.get("overrun", 0.0)) for d in done.values())
             tail = max(0.0, t0 + duration - ops_end)
-            self.planner.overran(inside, duration)  # the margin governs the gaps, not the tail (it takes none)
+            self.planner.overran(inside, duration, k)  # the margin governs the gaps, not the tail (it takes none)
             self.waited[k] = [inside, tail]
         for rid, _w, it, t in self.skipped:
             if it == k:

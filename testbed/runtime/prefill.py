@@ -156,7 +156,7 @@ class PrefillClient:
         if service and compute == "torch" and prefill is not None:
             self.torch = TorchPrefill(prefill.decode, prefill.model)
         self.jobs: list[list] = []
-        self.standby: list[list] = []  # the next iteration's jobs: run now only where no job of this one fits
+        self.standby: list[list] = []  # later iterations' jobs: run now only where no job of this one fits
         self.gaps: dict[int, float] = {}  # gap -> its predicted usable length (the service's)
         self.guard = 0.0
         self.finished: set[tuple[int, int]] = set()  # (request, chunk) that ran to the end
@@ -234,7 +234,7 @@ class PrefillClient:
 
     def _pick(self, now: float) -> tuple[list, int] | None:
         """The first job (planned order) whose request has arrived and that fits what remains of this gap;
-        else the first such job of the next iteration (its time there is then free for others)."""
+        else the first such job of a later iteration (its time there is then free for others)."""
         end = self._gap_end()
         for jobs in (self.jobs, self.standby):
             for i, j in enumerate(jobs):
