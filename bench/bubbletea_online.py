@@ -13,8 +13,9 @@ emulated atlas+bubbletea run's gaps, iteration by iteration, as the service saw 
   the service then moves the quantile with training's measured wait, which a replay cannot know) and
   the share of the idle time predicted usable after it;
 - prefill busy time as a share of the idle time, in the simulator (exact bubbles) and the emulator;
-- the share of requests served in bubbles by the iteration they arrived in, in both engines (the last
-  iterations' requests find no bubble before the run ends in either);
+- the share of requests served in bubbles over the requests both engines were offered (the slower run is
+  offered requests arriving after the other's ended), and by the iteration they arrived in, in both engines
+  (the last iterations' requests find no bubble before the run ends in either);
 - overruns (bench/bubbletea_overruns.py) and the share of jobs handed out that did not run.
 Run: .venv/bin/python bench/bubbletea_online.py RESULTS_DIR
 """
@@ -115,12 +116,26 @@ def report(folder: Path) -> None:
               f"{median(margins) * 1e3:.1f} ms; predicted usable after it: {usable / idle:.0%} of the idle time")
         print(f"  prefill busy: {busy_e / idle_all:.0%} of the idle time emulated ({busy_e:.2f} s), "
               f"{busy_s / idle_sim:.0%} simulated ({busy_s:.2f} s, exact bubbles)")
+        same = same_requests(folder, run)
+        print(f"  over the {same[2]} requests both engines were offered: {same[1]:.1%} emulated, {same[0]:.1%} "
+              f"simulated ({same[1] / same[0]:.2f}); the simulator serves {same[3]} of them in bubbles that the "
+              f"emulator does not, the emulator {same[4]} that the simulator does not")
         by_it = served_by_iteration(folder, run)
         for src in ("sim", "emu"):
             print(f"  served in bubbles by arrival iteration, {src}: " + " ".join(f"{v:.2f}" for v in by_it[src]))
         print(f"  training waited for prefill (overruns): {o.overrun_s.sum() / n_it * 1e3:.1f} ms per iteration "
               f"({o.overrun_s.sum() / n_it / row.iteration_s:.2%}), {len(o)} intervals; jobs handed out and not run: "
               f"{row.prefill_skipped:.0%}")
+
+
+def same_requests(folder: Path, run: str) -> tuple[float, float, int, int, int]:
+    """Over the requests both engines were offered (validation.csv's served_in_bubbles@same_requests): the share
+    served in bubbles, simulated and emulated, how many, and how many each serves in bubbles that the other does not."""
+    q = pd.read_csv(folder / "requests.csv")
+    q = q[q.run_id == run]
+    both = q.pivot_table(index="request_id", columns="source", values="in_bubble").dropna()
+    return (float(both.sim.mean()), float(both.emu.mean()), len(both), int(((both.sim == 1) & (both.emu == 0)).sum()),
+            int(((both.emu == 1) & (both.sim == 0)).sum()))
 
 
 def served_by_iteration(folder: Path, run: str) -> dict[str, list[float]]:

@@ -333,7 +333,7 @@ def test_the_margin_follows_the_wait_inside_the_gaps_not_in_the_tail():
     """The tail takes no margin (its end is signalled): its wait must not widen the gaps' margin."""
     start = WindowModel.MARGIN_QUANTILE
     tail_only = _service_iterations(overrun_s=0.0, tail_wait_s=0.05)  # 5 % of an iteration, all in the tail
-    assert tail_only.planner.windows.quantile < start  # the gaps cost training nothing: the margin narrows
+    assert tail_only.planner.windows.quantile <= start  # the gaps cost training nothing: the margin stays narrow
     assert tail_only.waited[3] == pytest.approx([0.0, 0.05])  # both recorded, apart
     in_gaps = _service_iterations(overrun_s=0.05, tail_wait_s=0.0)
     assert in_gaps.planner.windows.quantile > start
