@@ -9,7 +9,7 @@ emulated atlas+bubbletea run's gaps, iteration by iteration, as the service saw 
 - prediction error of a gap's end, two ways: as an offset from the iteration's start (how the first
   online version placed jobs) and as its live opening plus its predicted length (how workers admit jobs
   now), p10/p50/p90;
-- the margin at the planner's starting quantile (the 90th percentile shortfall of the predicted length;
+- the margin at the planner's starting quantile (WindowModel.MARGIN_QUANTILE of the shortfall of the predicted length;
   the service then moves the quantile with training's measured wait, which a replay cannot know) and
   the share of the idle time predicted usable after it;
 - prefill busy time as a share of the idle time, in the simulator (exact bubbles) and the emulator;
@@ -112,7 +112,7 @@ def report(folder: Path) -> None:
               f"longer than the smallest prefill ({smallest * 1e3:.1f} ms)")
         print(f"  gap end predicted as an offset from the iteration's start: error p10/p50/p90 {pct(offset_err)}")
         print(f"  gap end predicted as live opening + predicted length:      error p10/p50/p90 {pct(anchored_err)}")
-        print(f"  margin at the planner's start (p90 shortfall of the predicted length): "
+        print(f"  margin at the planner's starting quantile ({m.quantile:.2f} of the predicted length's shortfall): "
               f"{median(margins) * 1e3:.1f} ms; predicted usable after it: {usable / idle:.0%} of the idle time")
         print(f"  prefill busy: {busy_e / idle_all:.0%} of the idle time emulated ({busy_e:.2f} s), "
               f"{busy_s / idle_sim:.0%} simulated ({busy_s:.2f} s, exact bubbles)")
