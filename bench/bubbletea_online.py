@@ -13,6 +13,8 @@ emulated atlas+bubbletea run's gaps, iteration by iteration, as the service saw 
   the service then moves the quantile with training's measured wait, which a replay cannot know) and
   the share of the idle time predicted usable after it;
 - prefill busy time as a share of the idle time, in the simulator (exact bubbles) and the emulator;
+- the gaps that can hold a job (the smallest prefill and both guard bands), per iteration, simulated and
+  emulated, with and without BubbleTea: what the emulated training offers, whatever the service does;
 - the share of requests served in bubbles over the requests both engines were offered (the slower run is
   offered requests arriving after the other's ended), and by the iteration they arrived in, in both engines
   (the last iterations' requests find no bubble before the run ends in either);
@@ -116,6 +118,13 @@ def report(folder: Path) -> None:
               f"{median(margins) * 1e3:.1f} ms; predicted usable after it: {usable / idle:.0%} of the idle time")
         print(f"  prefill busy: {busy_e / idle_all:.0%} of the idle time emulated ({busy_e:.2f} s), "
               f"{busy_s / idle_sim:.0%} simulated ({busy_s:.2f} s, exact bubbles)")
+        need = smallest + 2 * bt.get("guard_ms", 0.0) / 1e3
+        base = run[:-len("+bubbletea")]
+        (sim_s, sim_n), (emu_s, emu_n), (alone_s, alone_n) = (long_gaps(tl, r, src, need) for r, src in
+                                                              ((run, "sim"), (run, "emu"), (base, "emu")))
+        print(f"  training's gaps that hold the smallest prefill and the guard bands, per iteration (median): "
+              f"simulated {sim_s:.3f} s in {sim_n:.0f}; emulated {emu_s:.3f} s in {emu_n:.0f}, and {alone_s:.3f} s in "
+              f"{alone_n:.0f} without BubbleTea ({alone_s / sim_s:.2f} of the simulated)")
         same = same_requests(folder, run)
         print(f"  over the {same[2]} requests both engines were offered: {same[1]:.1%} emulated, {same[0]:.1%} "
               f"simulated ({same[1] / same[0]:.2f}); the simulator serves {same[3]} of them in bubbles that the "
@@ -126,6 +135,20 @@ def report(folder: Path) -> None:
         print(f"  training waited for prefill (overruns): {o.overrun_s.sum() / n_it * 1e3:.1f} ms per iteration "
               f"({o.overrun_s.sum() / n_it / row.iteration_s:.2%}), {len(o)} intervals; jobs handed out and not run: "
               f"{row.prefill_skipped:.0%}")
+
+
+def long_gaps(tl: pd.DataFrame, run: str, source: str, min_s: float) -> tuple[float, float]:
+    """Median per steady iteration of the total length and number of training's gaps longer than `min_s` (those
+    that can hold a job) in a run: the bubbles the emulated training offers, whatever the service does."""
+    t = tl[(tl.run_id == run) & (tl.source == source)]
+    if t.empty:
+        return 0.0, 0.0
+    per: dict[int, list[float]] = {}
+    for its in gaps_by_iteration(t).values():
+        for it, gaps in its:
+            per.setdefault(it, []).extend(b - a for _n, a, b in gaps if b - a > min_s)
+    steady = sorted(per)[1:] if source == "emu" and len(per) > 1 else sorted(per)
+    return median(sum(per[i]) for i in steady), median(len(per[i]) for i in steady)
 
 
 def same_requests(folder: Path, run: str) -> tuple[float, float, int, int, int]:
