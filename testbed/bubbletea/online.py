@@ -139,9 +139,9 @@ class WindowModel:
     def predict_gaps(self, worker: str) -> list[Gap]:
         """(gap, predicted opening, predicted end less the margin), in program order."""
         past = list(self.seen.get(worker, []))
-        out = []
+        out, margin = [], self.margin_s
         for g, length in self.lengths(worker).items():
-            usable = length - self.margin_for(worker, g)
+            usable = length - (0.0 if g == self.tails.get(worker) else margin)
             if usable > 0:
                 a = median([it[g][0] for it in past if g in it])
                 out.append((g, a, a + usable))
@@ -364,9 +364,10 @@ class OnlinePlanner:
         out = []
         for w, (dc, _c) in sorted(self.workers.items()):
             s, r = (int(x) for x in w[1:].split("r"))
+            predicted = self.windows.predict(w)
             for h in range(H):
                 base = start_s + h * D
-                ws = [(base + a, base + min(b, D)) for a, b in self.windows.predict(w) if a < D]
+                ws = [(base + a, base + min(b, D)) for a, b in predicted if a < D]
                 for a, b in subtract(ws, sorted(busy.get(w, []))):
                     out.append(Bubble(w, dc, s, r, k + h, a, b))
         return out
