@@ -105,7 +105,8 @@ def test_kv_wan_metrics_count_bubble_served_caches_crossing_the_wan():
     m = kv_wan_metrics(plan, pls, 1e6, 2.0)
     assert m["kv_wan_bytes"] == 600_000_000 and m["kv_wan_link"] == f"{a}>{b}"
     assert m["kv_wan_gbps"] == pytest.approx(400e6 * 8 / 2.0 / 1e9)
-    assert m["kv_wan_link_share"] == pytest.approx(m["kv_wan_gbps"] / (plan.links[(a, b)].capacity_bytes_s * 8e-9), rel=1e-5)
+    cap_gbps = plan.links[(a, b)].capacity_bytes_s * 8e-9
+    assert m["kv_wan_link_share"] == pytest.approx(m["kv_wan_gbps"] / cap_gbps, rel=1e-5)
     assert m["kv_ship_p50_ms"] == pytest.approx(500.0) and m["kv_ship_p99_ms"] <= 1000.0
 
 
