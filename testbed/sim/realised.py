@@ -12,9 +12,9 @@ simulation's clock (the plan's iteration, testbed/sim/executor.py, runs groups a
 and events at one time go in the order they were pushed. The network, the pipes and the all-reduce are the
 executor's.
 
-A prefill job that carries a KV cache (`PrefillJob.kv`: its request's last chunk, home DC elsewhere) ships it
-when it ends: a flow on the WAN link from its group's DC to the home DC, sharing that link with training's
-transfers under the link's own rules. On a link with spatial sharing it takes a fair share like any pipe;
+A prefill job that carries a KV cache (`PrefillJob.kv`: its request's last chunk) ships it to the home DC
+when it ends; from another DC that is a flow on the WAN link between the two, sharing the link with
+training's transfers under the link's own rules. With spatial sharing it takes a fair share like any pipe;
 under Atlas's temporal sharing it has the lowest priority (`KV_RANK`, after every replica's turn, idle
 replicas included): it gets only what training's flows leave (between turns, or beside a window-bound
 transfer), so training never waits for it, and the KV cache waits instead. Its cap is the link's
@@ -345,7 +345,7 @@ def realise(plan: Plan, jitter: Jitter | None, prefill: dict[str, list[PrefillJo
         sim = Realisation(plan, jitter, prefill, kv_carry)
         sim.timeline = sim.run()
         end = sim.timeline.iteration_s[0]
-        if carry_kv and any(d.left_s > end for d in sim.kv_done):
+        if carry_kv and any(d.left_s > end and d.src != d.dst for d in sim.kv_done):
             sim = Realisation(plan, jitter, prefill, kv_carry, stop_kv_at_s=end)
             sim.timeline = sim.run()
             sim.kv_done = [d for d in sim.kv_done if d.left_s <= end or d.src == d.dst]  # inside a DC: not cut
