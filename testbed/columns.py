@@ -93,6 +93,14 @@ SUMMARY = CsvFile("summary.csv", "`testbed sim`, `testbed experiment run`",
     ("sweep", "", "this row's sweep point: `key=value` pairs, `;`-separated (empty without a sweep)"),
     ("degraded", "", "why an emulated run is not what was asked (e.g. the Atlas sidecar died), else empty"),
     ("status", "", "`ok`, or `infeasible: <why>` for a sweep point and scheduler that could not run (no numbers)"),
+    ("kv_wan_bytes", "bytes", "BubbleTea, simulated (these six written only then, after status): KV-cache "
+                              "bytes that bubble-served prefill sent over WAN links (to home DCs elsewhere)"),
+    ("kv_wan_gbps", "Gbit/s", "BubbleTea: the busiest link's KV-cache bytes over the run, as mean Gbit/s"),
+    ("kv_wan_link", "", "BubbleTea: that link, `<from dc>><to dc>`"),
+    ("kv_wan_link_share", "share", "BubbleTea: kv_wan_gbps as a share of that link's capacity"),
+    ("kv_ship_p50_ms", "ms", "BubbleTea: median time from a prefill's end to its KV cache in a home DC across the "
+                             "WAN (a flow sharing the link with training; docs/bubbletea.md)"),
+    ("kv_ship_p99_ms", "ms", "BubbleTea: 99th percentile of that shipping time"),
     ("wan_stall_s", "s", "a WAN that changes (written only then, last): seconds during which some transfer waited "
                          "on a link that was down (docs/wan-change.md)"),
 ))

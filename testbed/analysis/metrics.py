@@ -24,6 +24,10 @@ BUBBLETEA_COLUMNS = ("prefill_work_util", "prefill_mfu", "train_slowdown", "trai
                      "ttft_bubble_p50_ms", "ttft_bubble_p99_ms", "ttft_pool_p50_ms", "ttft_pool_p99_ms",
                      "pool_wait_p99_ms", "slo_attainment", "goodput_rps", "prefill_tokens_per_s", "served_in_bubbles",
                      "requests", "request_rate", "fallback", "fallback_gpus", "pool_util", "prefill_skipped")
+# what BubbleTea's KV caches add to the WAN (testbed/bubbletea/run.py kv_wan_metrics): written after SUMMARY_HEADER,
+# only when a row has them, so runs without BubbleTea keep their summary as it was
+KV_WAN_COLUMNS = ("kv_wan_bytes", "kv_wan_gbps", "kv_wan_link", "kv_wan_link_share", "kv_ship_p50_ms",
+                  "kv_ship_p99_ms")
 
 
 def share(tl: Timeline, kinds: tuple[str, ...]) -> float:
@@ -93,6 +97,7 @@ def summary_row(plan: Plan, tl: Timeline, lower_bound_s: float, sweep: dict, bub
         "best_baseline": "",  # filled per sweep point by add_speedups
         "speedup_vs_best": "",
         **{k: (bubbletea or {}).get(k, "") for k in BUBBLETEA_COLUMNS},
+        **{k: bubbletea[k] for k in KV_WAN_COLUMNS if bubbletea and k in bubbletea},
         "scale": scale,
         "sweep": ";".join(f"{k}={v}" for k, v in sweep.items()),
         "degraded": degraded,

@@ -7,7 +7,13 @@ iterations before it, and each iteration is run with the jobs occupying their gr
 while its group is idle and never after its latest start (else it is skipped and its request re-planned),
 and pauses at a layer boundary when training needs the group. `train_slowdown`: the median iteration with
 prefill over the median of the same jittered iterations without it (the same noise per op and transfer).
-Without noise (jitter 0) the simulator keeps its exact, static placement (testbed/bubbletea/run.py).
+Without noise (jitter 0) the simulator places prefill once, against the exact bubbles
+(testbed/bubbletea/run.py), and `replay` realises that placement iteration by iteration.
+
+In both, a request's last chunk ships its KV cache to the home DC as a flow on the WAN link
+(testbed/sim/realised.py): it shares the link with training's transfers, so training can slow (fair
+sharing) or the KV cache waits (lowest priority under Atlas's turns); flows unfinished at an iteration's
+end go on in the next (`KvLedger`).
 """
 
 from __future__ import annotations
@@ -18,11 +24,30 @@ from testbed.bubbletea.online import OnlinePlanner
 from testbed.bubbletea.scheduler import GroupCost, Placement
 from testbed.bubbletea.trace import Request
 from testbed.plan.plan import Plan
-from testbed.sim.realised import Jitter, PrefillJob, realise
+from testbed.sim.realised import Jitter, KvShipment, PrefillJob, Realisation, realise
 from testbed.spec.experiment import BubbleTeaOptions
 from testbed.timeline import Interval, Timeline, group_gaps, sort_intervals
 
 TRAINING = ("fwd", "bwd", "allreduce")
+INF = float("inf")
+
+
+class KvLedger:
+    """KV caches across a run's realised iterations: the flows one iteration leaves go on in the next, and
+    when each cache reached its home DC, on the run's clock (key: the job's (request id, chunk))."""
+
+    def __init__(self) -> None:
+        self.carry: list[KvShipment] = []
+        self.ready: dict[tuple, float] = {}
+
+    def realise(self, plan: Plan, jitter: Jitter | None, jobs: dict[str, list[PrefillJob]], t0: float,
+                last: bool) -> Realisation:
+        """The iteration starting at t0 (run clock), with the flows the one before left on the links."""
+        sim = realise(plan, jitter, jobs, self.carry, carry_kv=not last)
+        for d in sim.kv_done:
+            self.ready[d.key] = t0 + d.ready_s
+        self.carry = sim.kv_left
+        return sim
 
 
 def windows_of(sim) -> dict[str, list[tuple[int, float, float]]]:
@@ -50,7 +75,7 @@ def windows_of(sim) -> dict[str, list[tuple[int, float, float]]]:
 
 
 def realised_run(plan: Plan, reqs: list[Request], homes: dict[int, str], costs: dict[tuple[str, str], GroupCost],
-                 kv_time, opts: BubbleTeaOptions, seed: int, iterations: int, layers: int):
+                 kv_time, opts: BubbleTeaOptions, seed: int, iterations: int, layers: int, kv_per_token: float):
     """(timeline of the steady iterations, placements (served or fallback, on that clock), pool join times
     of requests the bubbles gave up, iteration times, the same without prefill, [(dc, chunk)] that ran)."""
     workers = {w: (dc, c) for (w, dc), c in costs.items()}
@@ -58,13 +83,16 @@ def realised_run(plan: Plan, reqs: list[Request], homes: dict[int, str], costs: 
                             slo_s=opts.ttft_slo_ms / 1e3)
     ivs: list[Interval] = []
     durations, base, done, starts = [], [], {}, []
+    ledger = KvLedger()
     t = 0.0
     for k in range(iterations + 1):  # iteration 0: the warm-up, left out like the emulated run's
         jit = Jitter(seed * 1009 + k, opts.jitter_compute_cv, opts.jitter_wan_cv)
         jobs = {} if k == 0 else planner.plan(k, t)
         pjobs = {w: [PrefillJob(min(j.earliest_s, j.offset_s), j.duration_s, j.latest_s, layers,
-                                (j.request_id, j.chunk)) for j in js] for w, js in jobs.items()}
-        sim = realise(plan, jit, pjobs)
+                                (j.request_id, j.chunk),
+                                (j.home_dc, kv_per_token * (j.cached + j.tokens)) if j.chunk == j.chunks - 1 else None)
+                     for j in js] for w, js in jobs.items()}
+        sim = ledger.realise(plan, jit, pjobs, t, k == iterations)
         d = sim.timeline.iteration_s[0]
         if k == 0:
             planner.observe(windows_of(sim), d, warmup=True)
@@ -103,7 +131,7 @@ def realised_run(plan: Plan, reqs: list[Request], homes: dict[int, str], costs: 
             dc = workers[dec.worker][0]
             chunks += [(dc, (a, b, tok, j.cached)) for (a, b, tok), j in zip(iv, dec.jobs, strict=True)]
             pl.gpu, pl.dc, pl.intervals, pl.fallback, pl.end_s = dec.worker, dc, iv, False, iv[-1][1]
-            pl.kv_ready_s = pl.end_s + kv_time(dc, pl.home_dc, q.prompt_tokens)
+            pl.kv_ready_s = ledger.ready[keys[-1]] - t0
         else:  # given up (at the re-plan or skip that did), deferred past the run's end, or never placed
             join = dec.pool_join_s if dec is not None and dec.pool_join_s is not None else q.arrival_s
             joins[q.request_id] = max(join, q.arrival_s) - t0
@@ -111,6 +139,49 @@ def realised_run(plan: Plan, reqs: list[Request], homes: dict[int, str], costs: 
     timeline = Timeline(plan.run_id, "sim", sort_intervals(ivs + group_gaps(ivs, durations)), durations,
                         plan.pp * plan.dp)
     return timeline, real, joins, durations, base, chunks
+
+
+def replay(plan: Plan, placements: list[Placement], iteration_s: float, iterations: int, layers: int,
+           kv_per_token: float) -> tuple[Timeline, list[float], float]:
+    """The static placement (no noise) realised iteration by iteration: each bubble-served chunk a job from
+    its planned start (it never gives up: `latest_s` unbounded), the last chunk shipping its KV cache. Updates
+    the placements' intervals, ends and `kv_ready_s` to what was realised (chunks start at most as planned,
+    on the clock of iterations that may have run longer); returns the timeline, the iteration times, and
+    the iteration time without prefill (the same realisation, nothing added)."""
+    T = iteration_s
+    per_it: list[dict[str, list[PrefillJob]]] = [{} for _ in range(iterations)]
+    for pl in placements:
+        if pl.fallback:
+            continue
+        n = len(pl.intervals)
+        for c, (a, b, _tok) in enumerate(pl.intervals):
+            k = min(int(a // T), iterations - 1)
+            kv = (pl.home_dc, kv_per_token * pl.request.prompt_tokens) if c == n - 1 else None
+            per_it[k].setdefault(pl.gpu, []).append(PrefillJob(a - k * T, b - a, INF, layers,
+                                                              (pl.request.request_id, c), kv))
+    base = realise(plan, None, {"": []}).timeline.iteration_s[0]  # every replica simulated, as with prefill
+    ledger = KvLedger()
+    ivs: list[Interval] = []
+    durations, done, t = [], {}, 0.0
+    for k, jobs in enumerate(per_it):
+        sim = ledger.realise(plan, None, jobs, t, k == iterations - 1)
+        for iv in sim.timeline.rep_intervals():
+            if iv.kind != "idle":
+                ivs.append(iv._replace(iteration=k, start_s=iv.start_s + t, end_s=iv.end_s + t))
+        for key, _g, a, b in sim.prefill_done:
+            done[key] = (a + t, b + t)
+        durations.append(sim.timeline.iteration_s[0])
+        t += durations[-1]
+    for pl in placements:
+        if pl.fallback:
+            continue
+        rid = pl.request.request_id
+        pl.intervals = [(*done[(rid, c)], tok) for c, (_a, _b, tok) in enumerate(pl.intervals)]
+        pl.end_s = pl.intervals[-1][1]
+        pl.kv_ready_s = ledger.ready[(rid, len(pl.intervals) - 1)]
+    timeline = Timeline(plan.run_id, "sim", sort_intervals(ivs + group_gaps(ivs, durations)), durations,
+                        plan.pp * plan.dp)
+    return timeline, durations, base
 
 
 def slowdown(durations: list[float], base: list[float]) -> float:

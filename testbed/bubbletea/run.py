@@ -28,7 +28,7 @@ from testbed.errors import SpecError
 from testbed.plan.plan import Plan
 from testbed.results import fmt
 from testbed.spec.experiment import BubbleTeaOptions
-from testbed.timeline import Interval, Timeline
+from testbed.timeline import Timeline
 
 REQUESTS_HEADER = ("run_id", "source", "request_id", "arrival_s", "prompt_tokens", "gpu", "dc", "start_s", "end_s",
                    "ttft_s", "chunks", "in_bubble", "home_dc", "kv_bytes", "kv_ready_s", "queue_s")
@@ -189,21 +189,23 @@ def run_bubbletea(plan: Plan, tl: Timeline, opts: BubbleTeaOptions, seed: int, t
     placements = schedule(reqs, bubbles, costs=costs, pool=pool, kv_time=kv_transfer(plan, opts),
                           home=lambda q: homes[q.request_id], guard_s=opts.guard_ms / 1e3,
                           slo_s=opts.ttft_slo_ms / 1e3, horizon_s=horizon)
-    T = tl.iteration_s[0]
-    extra = []
-    for pl in placements:
-        if pl.fallback:
-            continue
-        s, r = (int(x) for x in pl.gpu[1:].split("r"))
-        for a, b, _tok in pl.intervals:
-            extra.append(Interval(min(int(a // T), len(tl.iteration_s) - 1), pl.gpu, pl.dc, s, r, "prefill", -1, a, b,
-                                  0.0))
-    merged = tl.with_busy(extra)
+    per_token = kv_bytes_per_token(inference_model(opts.model))
+    m: dict[str, object] = {}
+    if any(not p.fallback for p in placements):  # realised: the KV flows share the WAN with training
+        from testbed.bubbletea.realised import replay
+
+        merged, durations, base = replay(plan, placements, tl.iteration_s[0], len(tl.iteration_s),
+                                         inference_model(opts.model).layers, per_token)
+        m["train_slowdown"] = round(sum(durations) / (base * len(durations)) - 1, 9)  # the whole run, as before
+        horizon = sum(durations)
+    else:
+        merged = tl
     outcomes = [Outcome(p.request.prompt_tokens, p.ttft_s, not p.fallback, p.queue_s) for p in placements]
     work = useful_work(plan, opts, [(p.dc, iv) for p in placements if not p.fallback for iv in chunks_of(p)],
                        horizon, train_mfu)
-    m = {**serving_metrics(outcomes, horizon, opts.ttft_slo_ms / 1e3), **pool_metrics(pool, horizon), **work,
-         "bubbles": len(bubbles), "kv_capacity_tokens": max(max_tokens.values())}
+    m.update({**serving_metrics(outcomes, horizon, opts.ttft_slo_ms / 1e3), **pool_metrics(pool, horizon), **work,
+              **kv_wan_metrics(plan, placements, per_token, horizon),
+              "bubbles": len(bubbles), "kv_capacity_tokens": max(max_tokens.values())})
     return BubbleTeaResult(merged, placements, bubbles, m, pool)
 
 
@@ -216,8 +218,9 @@ def _realised(plan: Plan, tl: Timeline, reqs: list[Request], homes: dict[int, st
 
     layers = inference_model(opts.model).layers
     kv_time = kv_transfer(plan, opts)
+    per_token = kv_bytes_per_token(inference_model(opts.model))
     timeline, real, joins, durations, base, chunks = realised_run(plan, reqs, homes, costs, kv_time, opts, seed,
-                                                                  len(tl.iteration_s), layers)
+                                                                  len(tl.iteration_s), layers, per_token)
     pool = fallback_pool(plan, opts, seed)
     queued = sorted((joins.get(p.request.request_id, p.request.arrival_s), p.request.arrival_s, i)
                     for i, p in enumerate(real) if p.fallback)
@@ -229,7 +232,8 @@ def _realised(plan: Plan, tl: Timeline, reqs: list[Request], homes: dict[int, st
     horizon = sum(durations)
     outcomes = [Outcome(p.request.prompt_tokens, p.ttft_s, not p.fallback, p.queue_s) for p in real]
     m = {**serving_metrics(outcomes, horizon, opts.ttft_slo_ms / 1e3), **pool_metrics(pool, horizon),
-         **useful_work(plan, opts, chunks, horizon, train_mfu), "bubbles": len(bubbles),
+         **useful_work(plan, opts, chunks, horizon, train_mfu), **kv_wan_metrics(plan, real, per_token, horizon),
+         "bubbles": len(bubbles),
          "kv_capacity_tokens": kv_tokens, "train_slowdown": round(slowdown(durations, base), 9)}
     return BubbleTeaResult(timeline, real, bubbles, m, pool)
 
@@ -282,6 +286,32 @@ def serving_metrics(outcomes: list[Outcome], horizon_s: float, slo_s: float) -> 
         "goodput_rps": round(met / horizon_s, 3) if horizon_s > 0 else 0.0,
         "prefill_tokens_per_s": round(sum(o.tokens for o in outcomes if o.in_bubble) / horizon_s, 3),
     }
+
+
+def kv_wan_links(placements: list[Placement], kv_per_token: float) -> dict[tuple[str, str], float]:
+    """Bytes of KV cache that bubble-served prefill puts on each WAN link direction (group's DC -> home DC)."""
+    out: dict[tuple[str, str], float] = {}
+    for p in placements:
+        if not p.fallback and p.dc != p.home_dc:
+            out[(p.dc, p.home_dc)] = out.get((p.dc, p.home_dc), 0.0) + kv_per_token * p.request.prompt_tokens
+    return out
+
+
+def kv_wan_metrics(plan: Plan, placements: list[Placement], kv_per_token: float, horizon_s: float
+                   ) -> dict[str, object]:
+    """What prefill adds to the WAN: its KV bytes on all links, and on the busiest link its mean Gbit/s over the
+    run and share of the link's capacity; how long shipping took (prefill end -> cache in the home DC)."""
+    links = kv_wan_links(placements, kv_per_token)
+    busiest = max(sorted(links), key=lambda k: links[k]) if links else None
+    ship = [p.kv_ready_s - p.end_s for p in placements if not p.fallback and p.dc != p.home_dc]
+    gbps = links[busiest] * 8 / horizon_s / 1e9 if busiest and horizon_s > 0 else 0.0
+    cap = plan.links[busiest].capacity_bytes_s * 8 / 1e9 if busiest and busiest in plan.links else 0.0
+    return {"kv_wan_bytes": int(sum(links.values())),
+            "kv_wan_gbps": round(gbps, 6),
+            "kv_wan_link": f"{busiest[0]}>{busiest[1]}" if busiest else "",
+            "kv_wan_link_share": round(gbps / cap, 6) if cap else "",
+            "kv_ship_p50_ms": _ms(_pct(ship, 50)),
+            "kv_ship_p99_ms": _ms(_pct(ship, 99))}
 
 
 def pool_metrics(pool: FallbackPool, horizon_s: float) -> dict[str, object]:

@@ -12,7 +12,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from testbed.analysis.metrics import SUMMARY_HEADER, add_speedups, summary_row
+from testbed.analysis.metrics import KV_WAN_COLUMNS, SUMMARY_HEADER, add_speedups, summary_row
 from testbed.bubbletea.bubbles import BUBBLES_HEADER, bubble_rows, extract_bubbles
 from testbed.bubbletea.knee import KNEE_HEADER, knees
 from testbed.bubbletea.run import REQUESTS_HEADER, request_rows, run_bubbletea, train_mfu
@@ -212,8 +212,10 @@ def run_experiment(points: list[tuple[Experiment, dict]], jobs: int | None = Non
 def write_outputs(out: Path, results: list[RunResult]) -> list[Path]:
     """Write summary.csv (and timeline.csv, trace.json when timelines were kept); return the paths."""
     paths = [out / "summary.csv"]
-    # a WAN that changes adds the stall column (and leaves every other run's summary as it was)
-    header = SUMMARY_HEADER + (("wan_stall_s",) if any("wan_stall_s" in r.summary for r in results) else ())
+    # BubbleTea's KV caches on the WAN and a WAN that changes add their columns (and leave every other run's
+    # summary as it was)
+    header = (SUMMARY_HEADER + (KV_WAN_COLUMNS if any("kv_wan_bytes" in r.summary for r in results) else ())
+              + (("wan_stall_s",) if any("wan_stall_s" in r.summary for r in results) else ()))
     write_csv(paths[0], header, ([r.summary.get(k, "") for k in header] for r in results))
     tls = [r.timeline for r in results if r.timeline is not None]
     if tls:

@@ -11,6 +11,16 @@ A prefill job can take any idle moment of its group, so here every step of every
 simulation's clock (the plan's iteration, testbed/sim/executor.py, runs groups ahead of the clock instead),
 and events at one time go in the order they were pushed. The network, the pipes and the all-reduce are the
 executor's.
+
+A prefill job that carries a KV cache (`PrefillJob.kv`: its request's last chunk) ships it to the home DC
+when it ends; from another DC that is a flow on the WAN link between the two, sharing the link with
+training's transfers under the link's own rules. With spatial sharing it takes a fair share like any pipe;
+under Atlas's temporal sharing it has the lowest priority (`KV_RANK`, after every replica's turn, idle
+replicas included): it gets only what training's flows leave (between turns, or beside a window-bound
+transfer), so training never waits for it, and the KV cache waits instead. Its cap is the link's
+connections x window / RTT, as a training pipe's (so alone on a link it takes what `kv_transfer` in
+testbed/bubbletea/run.py predicts). KV flows still on a link when the iteration ends are carried into the
+next one with the bytes they have left (`kv_carry`, `stop_kv_at_s`).
 """
 
 from __future__ import annotations
@@ -22,7 +32,12 @@ from dataclasses import dataclass
 
 from testbed.plan.plan import Plan
 from testbed.sim.executor import ALLREDUCE, INF, RECV, SEND, Simulation, paused_gc
+from testbed.sim.network import Flow
 from testbed.timeline import Timeline
+
+# a KV flow's priority under temporal sharing: after every training flow, whose ranks are (turn key, replica)
+# with IDLE_RANK = (inf,) the largest key (executor.py `rank`); KV flows among themselves: first come
+KV_RANK = ((INF, INF),)
 
 
 @dataclass(frozen=True)
@@ -44,6 +59,30 @@ class PrefillJob:
     latest_s: float  # never started later (its predicted bubble's end, less the guard and its duration)
     layers: int  # it may pause at a layer boundary
     key: tuple  # (request id, chunk)
+    kv: tuple[str, float] | None = None  # (home DC, bytes): the KV cache it ships when it ends (last chunk)
+
+
+@dataclass(frozen=True)
+class KvShipment:
+    """A KV cache on its way to its home DC: what is left of it when an iteration begins (carried over)."""
+
+    key: tuple  # its job's key
+    src: str
+    dst: str
+    nbytes: float  # bytes left to send
+    started_s: float  # when it left its group (this iteration's clock; negative: an earlier iteration's)
+
+
+@dataclass(frozen=True)
+class KvDone:
+    """A KV cache shipped: its last byte left at `left_s`, it is in the home DC at `ready_s` (iteration clock)."""
+
+    key: tuple
+    src: str
+    dst: str
+    nbytes: float
+    left_s: float
+    ready_s: float
 
 
 def _lognormal(rng: random.Random, cv: float) -> float:
@@ -59,7 +98,8 @@ class Realisation(Simulation):
     event_order = None  # push order
 
     def __init__(self, plan: Plan, jitter: Jitter | None = None,
-                 prefill: dict[str, list[PrefillJob]] | None = None) -> None:
+                 prefill: dict[str, list[PrefillJob]] | None = None, kv_carry: list[KvShipment] | None = None,
+                 stop_kv_at_s: float | None = None) -> None:
         self.jitter = jitter
         self.rng = jitter is not None
         self.realised = jitter is not None or bool(prefill)  # else the plan's timing: symmetric replicas still are
@@ -78,6 +118,11 @@ class Realisation(Simulation):
         self.ar_until = [0.0] * n  # the group's gradient all-reduce holds it until then
         self.prefill_done: list[tuple[tuple, str, float, float]] = []  # (key, group, first start, end)
         self.prefill_skipped: list[tuple[tuple, str, float]] = []
+        self.kv_carry = list(kv_carry or [])
+        self.stop_kv_at_s = stop_kv_at_s  # record what KV flows have left then (the iteration's end)
+        self.kv_flows: dict[Flow, KvShipment] = {}  # on a link now
+        self.kv_done: list[KvDone] = []
+        self.kv_left: list[KvShipment] = []  # still on a link at stop_kv_at_s, with the bytes left then
 
     def _classes(self) -> dict[int, list[int]]:
         return {r: [r] for r in range(self.p.dp)} if self.realised else super()._classes()
@@ -90,6 +135,10 @@ class Realisation(Simulation):
         for g, jobs in enumerate(self.jobs):
             for j in jobs:
                 self.push(j.start_s, self._prefill_due, g)
+        for c in self.kv_carry:
+            self.push(0.0, self._kv_start, c)
+        if self.stop_kv_at_s is not None:
+            self.push(self.stop_kv_at_s, self._kv_snapshot)
         self._loop()
         if any(self.ptr[g] < len(self.steps[g]) for g in range(len(self.ptr))):
             raise RuntimeError(f"{p.run_id}: simulation deadlocked (a schedule waits on input that never comes)")
@@ -197,6 +246,7 @@ class Realisation(Simulation):
         self.out.append((g, "prefill", -1, t0, self.now, 0.0))
         self.prefill_done.append((j.key, self._name(g), first, self.now))
         self.running[g] = None
+        self._ship_kv(g, j, self.now)
         self._prefill_idle(g)
 
     def _yield_prefill(self, g: int) -> float:
@@ -212,9 +262,61 @@ class Realisation(Simulation):
         if t0 + left - t <= 1e-12:
             self.prefill_done.append((j.key, self._name(g), first, t))
             self.running[g] = None
+            self._ship_kv(g, j, t)
         else:
             run[1], run[2] = None, t0 + left - t
         return t
+
+    # --- KV caches on the WAN --------------------------------------------------------------
+    def _ship_kv(self, g: int, j: PrefillJob, t: float) -> None:
+        """Job j ended at t (now or at a layer boundary ahead): its KV cache leaves for its home DC then."""
+        if j.kv is None:
+            return
+        dst, nbytes = j.kv
+        src = self.p.stage_dc[self.replica(g)][g % self.p.pp]
+        ship = KvShipment(j.key, src, dst, nbytes, t)
+        if t > self.now:
+            self.push(t, self._kv_start, ship)
+        else:
+            self._kv_start(ship)
+
+    def _kv_start(self, ship: KvShipment) -> None:
+        """Inside a DC the fabric carries it (latency + bytes / bandwidth, no contention, as a pipe there);
+        across DCs it is a flow on the direct WAN link (KV_RANK under temporal sharing). One that leaves at the
+        iteration's end, after `_kv_snapshot` ran, goes whole to the next iteration."""
+        if self.stop_kv_at_s is not None and self.now >= self.stop_kv_at_s and ship.src != ship.dst:
+            self.kv_left.append(KvShipment(ship.key, ship.src, ship.dst, ship.nbytes, ship.started_s - self.now))
+            return
+        if ship.src == ship.dst:
+            intra = self.p.intra[ship.src]
+            end = self.now + ship.nbytes / intra.bandwidth_bytes_s
+            self.kv_done.append(KvDone(ship.key, ship.src, ship.dst, ship.nbytes, end, end + intra.latency_s))
+            return
+        link = (ship.src, ship.dst)
+        lp, ls = self.lp.get(link), self.links.get(link)
+        if lp is None or ls is None:
+            raise ValueError(f"no WAN link {ship.src} -> {ship.dst} for a KV cache (BubbleTea needs direct links)")
+        flow = Flow(ship.nbytes, lp.transfer_cap_bytes_s, KV_RANK, (ship, None, "kv", -1, lp, self.now, ls),
+                    window=lp.connections * lp.window_bytes)
+        self.kv_flows[flow] = ship
+        ls.add(flow, self.now)
+
+    def _flow_done(self, flow: Flow) -> None:
+        if flow.payload[2] != "kv":
+            super()._flow_done(flow)
+            return
+        ship, lp, ls = flow.payload[0], flow.payload[4], flow.payload[6]
+        ls.remove(flow, self.now)
+        del self.kv_flows[flow]
+        self.kv_done.append(KvDone(ship.key, ship.src, ship.dst, ship.nbytes, self.now, self.now + lp.latency_s))
+
+    def _kv_snapshot(self) -> None:
+        """The iteration ends now: what each KV flow has left to send goes on in the next one (read only: the
+        flows run on here, and their later ends are not the caller's to count)."""
+        for f, ship in self.kv_flows.items():
+            left = f.remaining - f.rate * (self.now - f.t_last) if f.rate else f.remaining
+            if left > ship.nbytes * 1e-12:  # else its end is due now: counted in kv_done
+                self.kv_left.append(KvShipment(ship.key, ship.src, ship.dst, left, ship.started_s - self.now))
 
     def _name(self, g: int) -> str:
         return f"s{g % self.p.pp}r{self.replica(g)}"
@@ -232,9 +334,19 @@ class Realisation(Simulation):
                 self.push(t1, self._prefill_due, g)
 
 
-def realise(plan: Plan, jitter: Jitter | None, prefill: dict[str, list[PrefillJob]] | None = None) -> Realisation:
-    """One realised iteration (see the module docstring); the Realisation keeps what its prefill did."""
+def realise(plan: Plan, jitter: Jitter | None, prefill: dict[str, list[PrefillJob]] | None = None,
+            kv_carry: list[KvShipment] | None = None, carry_kv: bool = False) -> Realisation:
+    """One realised iteration (see the module docstring); the Realisation keeps what its prefill did.
+    `kv_carry`: KV flows left by the iteration before, on the links from its start. `carry_kv`: KV flows still
+    sending on a WAN link when this iteration ends are cut there (`sim.kv_left`, bytes left; `sim.kv_done` holds
+    those whose last byte left by then, and those inside a DC); the run is repeated with a mark at that end,
+    which the first run finds."""
     with paused_gc():
-        sim = Realisation(plan, jitter, prefill)
+        sim = Realisation(plan, jitter, prefill, kv_carry)
         sim.timeline = sim.run()
+        end = sim.timeline.iteration_s[0]
+        if carry_kv and any(d.left_s > end and d.src != d.dst for d in sim.kv_done):
+            sim = Realisation(plan, jitter, prefill, kv_carry, stop_kv_at_s=end)
+            sim.timeline = sim.run()
+            sim.kv_done = [d for d in sim.kv_done if d.left_s <= end or d.src == d.dst]  # inside a DC: not cut
     return sim
