@@ -47,6 +47,7 @@ from testbed.plan.lower import allreduce, lower_group, program_shape
 from testbed.plan.plan import Plan
 from testbed.plan.turns import TURN_KEYS
 from testbed.program import AllReduce, Backward, Forward, Recv, Send
+from testbed.runtime.htb import QUANTUM
 from testbed.sim.linkchange import LiveLinks, WanSchedule
 from testbed.sim.network import Flow, LinkState
 from testbed.timeline import Timeline, group_name
@@ -97,15 +98,51 @@ class WindowRounds:
         return self.start + self.rtt_s
 
 
+def first_wan_pipe(plan: Plan, r: int) -> tuple[int, tuple[str, str]] | None:
+    """Replica r's first stage boundary that crosses the WAN, as (stage, link): its first WAN transfer."""
+    row = plan.stage_dc[r]
+    for s in range(plan.pp - 1):
+        if row[s] != row[s + 1]:
+            return s, (row[s], row[s + 1])
+    return None
+
+
+def round_robin_lags(plan: Plan) -> list[float]:
+    """[replica] -> how much later than the replicas before it its first WAN transfer gets the link, under fair
+    sharing. The wire shares a link between replicas by round robin (an HTB class per replica, one quantum, a
+    jumbo frame, per turn: testbed/runtime/htb.py), not as a fluid: when replicas' first transfers reach a link
+    at the same instant, the first class in the round is a frame ahead of the second, which is a frame ahead of
+    the third. Symmetric replicas left exactly in step sit on an unstable equilibrium (docs/fidelity.md,
+    "Replicas in lockstep"); this head start is where they leave it. Replica r waits one frame's time on the link
+    for each replica before it whose first WAN transfer takes the same link; 0 under temporal sharing (the
+    sidecar orders the replicas) and in the lower-bound run (no WAN link)."""
+    lags = [0.0] * plan.dp
+    if plan.ideal_wan or plan.dp < 2:
+        return lags
+    before: dict[tuple[str, str], int] = {}
+    for r in range(plan.dp):
+        first = first_wan_pipe(plan, r)
+        if first is None or plan.links[first[1]].temporal:
+            continue
+        link = first[1]
+        n = before.get(link, 0)
+        before[link] = n + 1
+        lags[r] = n * QUANTUM / plan.links[link].capacity_bytes_s
+    return lags
+
+
 def replica_classes(plan: Plan) -> dict[int, list[int]]:
     """Replica -> the replicas it stands for (itself first). Symmetric replicas share one entry. Under
     temporal sharing replicas take turns on the WAN, so each is its own class, except in the lower-bound
-    run (`ideal_wan`), where no transfer touches a WAN link."""
+    run (`ideal_wan`), where no transfer touches a WAN link. Replicas that reach a fair-shared link one frame
+    apart (`round_robin_lags`) are not symmetric: each is its own class too."""
     if not plan.ideal_wan and any(lp.temporal for lp in plan.links.values()):
         return {r: [r] for r in range(plan.dp)}
+    lags = round_robin_lags(plan)
     classes: dict[tuple, list[int]] = {}
     for r in range(plan.dp):
-        key = (tuple(plan.stage_dc[r]), tuple(plan.fwd_s[r]), tuple(plan.bwd_s[r]), plan.replica_offset_s[r])
+        key = (tuple(plan.stage_dc[r]), tuple(plan.fwd_s[r]), tuple(plan.bwd_s[r]), plan.replica_offset_s[r],
+               lags[r])
         classes.setdefault(key, []).append(r)
     return {rs[0]: rs for rs in classes.values()}
 
@@ -182,6 +219,15 @@ class Simulation:
                     if 0 <= q < P and row[q] != a and not plan.ideal_wan:
                         self.pipe_link[j] = (a, row[q])
         self.pipes: dict[tuple[int, int], deque] = defaultdict(deque)  # (src, dst) -> queued WAN transfers
+        # (src, dst) -> when a replica's first WAN pipe first gets the link: its round-robin lag after the
+        # moment its first transfer is issued (round_robin_lags); used once
+        self.lag: dict[tuple[int, int], float] = {}
+        lags = round_robin_lags(plan)
+        for k, r in enumerate(self.reps):
+            first = first_wan_pipe(plan, r)
+            if lags[r] > 0 and first is not None:
+                g = k * P + first[0]
+                self.lag[(g, g + 1)] = lags[r]
         self.rounds: dict[tuple[int, int], WindowRounds] = {}  # (src, dst) -> its window's rounds
         # temporal links: (link, replica) -> the turn keys of its transfers the sidecar knows to be in flight
         self.known: dict[tuple, list[tuple]] = defaultdict(list)
@@ -340,7 +386,10 @@ class Simulation:
         pipe.append([kind, i, nbytes, self.now, nbytes, key])  # [4]: bytes not yet sent
         if self.links[link].temporal:
             self.push(self.now + SIDECAR_REACTION_S, self._sidecar, link, self.reps[k], key, True)
-        if len(pipe) == 1:
+        lag = self.lag.pop((src, dst), 0.0) if self.lag else 0.0
+        if lag > 0:  # the first frames of the replicas before it go first
+            self.push(self.now + lag, self._send_head, src, dst, link)
+        elif len(pipe) == 1:
             self._send_head(src, dst, link)
 
     def rank(self, link: tuple[str, str], r: int) -> tuple:
