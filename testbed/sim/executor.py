@@ -107,44 +107,61 @@ def first_wan_pipe(plan: Plan, r: int) -> tuple[int, tuple[str, str]] | None:
     return None
 
 
+def _symmetric(plan: Plan) -> list[list[int]]:
+    """Replicas with the same placement, costs and start time, in replica order: they run alike."""
+    classes: dict[tuple, list[int]] = {}
+    for r in range(plan.dp):
+        key = (tuple(plan.stage_dc[r]), tuple(plan.fwd_s[r]), tuple(plan.bwd_s[r]), plan.replica_offset_s[r])
+        classes.setdefault(key, []).append(r)
+    return list(classes.values())
+
+
+# At most this many distinct head starts per symmetric set of replicas (round_robin_lags): a bound on the cost,
+# not a fitted constant. Fair sharing re-rates every flow on a link at each change, so k replicas simulated
+# apart cost about k^2 x what one merged class does; with more replicas than this, consecutive replicas share a
+# head start in equal blocks, each block simulated once (docs/simulator-speed.md).
+ROUND_ROBIN_PHASES = 8
+
+
 def round_robin_lags(plan: Plan) -> list[float]:
-    """[replica] -> how much later than the replicas before it its first WAN transfer gets the link, under fair
-    sharing. The wire shares a link between replicas by round robin (an HTB class per replica, one quantum, a
-    jumbo frame, per turn: testbed/runtime/htb.py), not as a fluid: when replicas' first transfers reach a link
-    at the same instant, the first class in the round is a frame ahead of the second, which is a frame ahead of
-    the third. Symmetric replicas left exactly in step sit on an unstable equilibrium (docs/fidelity.md,
-    "Replicas in lockstep"); this head start is where they leave it. Replica r waits one frame's time on the link
-    for each replica before it whose first WAN transfer takes the same link; 0 under temporal sharing (the
-    sidecar orders the replicas) and in the lower-bound run (no WAN link)."""
+    """[replica] -> how long after the first of the replicas symmetric to it its first WAN transfer gets the
+    link, under fair sharing. The wire shares a link between replicas by round robin (an HTB class per replica,
+    one quantum, a jumbo frame, per turn: testbed/runtime/htb.py), not as a fluid: symmetric replicas' first
+    transfers reach their link at the same instant, and the first class in the round is then a frame ahead of
+    the second, which is a frame ahead of the third. Exactly in step they would sit on an unstable equilibrium
+    (docs/fidelity.md, "Replicas in lockstep"); this head start is where they leave it. The k-th replica of a
+    symmetric set waits k frames' time on its first WAN link (in blocks beyond ROUND_ROBIN_PHASES replicas);
+    0 under temporal sharing (the sidecar orders the replicas) and in the lower-bound run (no WAN link)."""
     lags = [0.0] * plan.dp
     if plan.ideal_wan or plan.dp < 2:
         return lags
-    before: dict[tuple[str, str], int] = {}
-    for r in range(plan.dp):
-        first = first_wan_pipe(plan, r)
+    for rs in _symmetric(plan):
+        first = first_wan_pipe(plan, rs[0])
         if first is None or plan.links[first[1]].temporal:
             continue
-        link = first[1]
-        n = before.get(link, 0)
-        before[link] = n + 1
-        lags[r] = n * QUANTUM / plan.links[link].capacity_bytes_s
+        n = len(rs)
+        phases = min(n, ROUND_ROBIN_PHASES)
+        frame_s = QUANTUM / plan.links[first[1]].capacity_bytes_s
+        for k, r in enumerate(rs):
+            lags[r] = (k * phases // n) * frame_s * n / phases
     return lags
 
 
 def replica_classes(plan: Plan) -> dict[int, list[int]]:
-    """Replica -> the replicas it stands for (itself first). Symmetric replicas share one entry. Under
-    temporal sharing replicas take turns on the WAN, so each is its own class, except in the lower-bound
-    run (`ideal_wan`), where no transfer touches a WAN link. Replicas that reach a fair-shared link one frame
-    apart (`round_robin_lags`) are not symmetric: each is its own class too."""
+    """Replica -> the replicas it stands for (itself first). Symmetric replicas share one entry, or where they
+    meet on a fair-shared link, one entry per head start the round robin gives them (`round_robin_lags`).
+    Under temporal sharing replicas take turns on the WAN, so each is its own class, except in the lower-bound
+    run (`ideal_wan`), where no transfer touches a WAN link."""
     if not plan.ideal_wan and any(lp.temporal for lp in plan.links.values()):
         return {r: [r] for r in range(plan.dp)}
     lags = round_robin_lags(plan)
-    classes: dict[tuple, list[int]] = {}
-    for r in range(plan.dp):
-        key = (tuple(plan.stage_dc[r]), tuple(plan.fwd_s[r]), tuple(plan.bwd_s[r]), plan.replica_offset_s[r],
-               lags[r])
-        classes.setdefault(key, []).append(r)
-    return {rs[0]: rs for rs in classes.values()}
+    out: dict[int, list[int]] = {}
+    for rs in _symmetric(plan):
+        by_lag: dict[float, list[int]] = {}
+        for r in rs:
+            by_lag.setdefault(lags[r], []).append(r)
+        out.update({group[0]: group for group in by_lag.values()})
+    return dict(sorted(out.items()))
 
 
 def compile_steps(steps: tuple, s: int, r: int, m: int) -> tuple[tuple, ...]:
