@@ -8,6 +8,7 @@ import pytest
 
 from testbed.analysis.metrics import share
 from testbed.costs.tcp import windowed_send_s
+from testbed.runtime.htb import QUANTUM
 from testbed.sim.executor import WindowRounds, simulate
 from tests.conftest import make_plan
 
@@ -71,7 +72,10 @@ def _send_ends(temporal: bool) -> list[float]:
 
 
 def test_two_transfers_spatial_sharing():
-    assert _send_ends(False) == pytest.approx([2.0, 2.0])  # both at 2A/C
+    """Fair sharing; the round robin serves replica 0's first frame before replica 1's: replica 0 is alone on
+    the link for one frame's time, so it ends that much before 2A/C, and replica 1 at 2A/C."""
+    frame_s = QUANTUM / 1e9
+    assert _send_ends(False) == pytest.approx([2.0 - frame_s, 2.0], abs=1e-12)
 
 
 def test_two_transfers_temporal_sharing():
@@ -107,11 +111,13 @@ def test_a_pipe_carries_its_transfers_in_order_with_one_window():
 
 def test_each_pipe_has_its_own_window():
     """Two replicas' pipes on one link each send their own window per round trip; the link's capacity is the
-    only thing they share (at W / RTT the two windows fill it: both finish at 2 A / C)."""
+    only thing they share (at W / RTT the two windows fill it: both finish at 2 A / C, replica 0 one frame's
+    time sooner)."""
     A, W, lat = 4e8, 2**22, 0.02
     rate = W / (2 * lat)
     for capacity, expect in ((1e15, windowed_send_s(A, 1e15, W, 2 * lat)), (rate, 2 * A / rate)):
         plan = make_plan(pp=2, dp=2, m=1, f=1.0, b=1.0, dcs=["a", "b"], act_bytes=A, capacity=capacity,
                          latency=lat, window=W)
+        ahead = [QUANTUM / capacity, 0.0]  # the round robin serves replica 0's first frame first
         for r in range(2):
-            assert _recv_ends(plan, 1, r) == pytest.approx([1.0 + expect + lat], rel=1e-9)
+            assert _recv_ends(plan, 1, r) == pytest.approx([1.0 + expect + lat - ahead[r]], rel=1e-9)
