@@ -18,10 +18,13 @@ not q round trips (bench/tcp_fidelity.py measured it on the emulated WAN). After
 backward on every replica its gradients are all-reduced (ring inside the DC; hierarchical with a
 ring across DCs for dp-wan). The iteration ends when every all-reduce is done.
 
-Replicas that are provably symmetric (the same placement, costs and start time, on links shared side
-by side) run identical timelines: one of each such class is simulated, standing for the others, and its
-flows count once per replica in the link's sharing. Under temporal sharing replicas take turns, so
-every replica is simulated, except in the lower-bound run, which uses no WAN link.
+Replicas that are provably symmetric (the same placement, costs and start time) would run identical
+timelines, but where their transfers meet on a fair-shared WAN link the round robin serves them one frame
+apart (`round_robin_lags`), and from there they drift: each head start is simulated (at most
+ROUND_ROBIN_PHASES per symmetric set, consecutive replicas sharing one), standing for its replicas, whose
+flows count once each in the link's sharing. Symmetric replicas with no WAN link are simulated once.
+Under temporal sharing replicas take turns, so every replica is simulated, except in the lower-bound run,
+which uses no WAN link.
 
 A WAN that changes during the iteration (testbed/sim/linkchange.py) re-rates its links at each change; a
 realised iteration (timing noise, BubbleTea's prefill jobs) runs on testbed/sim/realised.py.
