@@ -108,6 +108,48 @@ def classify_replicas(plan: Plan, emu: Emulation, hops: dict, cfgs: dict[tuple[i
                     fc.add_filter(minor, **match)
 
 
+KV_MINOR = 0xFFF  # BubbleTea's KV caches' HTB class on each WAN hop (replica classes: 0x100 + replica)
+
+
+def kv_class(link_bps: float) -> tuple[float, float, int]:
+    """(guaranteed rate, ceiling, HTB priority) of the KV caches' class on a WAN hop of `link_bps` (payload bits/s):
+    what `classify_replicas` gives a replica class (a trickle, the link, the last priority), so that on a fair-shared
+    link the caches take a share beside the replicas and on Atlas's links only what the replica in turn leaves, as
+    the simulator's KV flows (testbed/sim/realised.py: `KV_RANK`); a changing WAN re-rates it as a fair replica class
+    (testbed/emu/shaping.py rate_change_commands)."""
+    from testbed.runtime.htb import IDLE_PRIO, MIN_RATE_BPS
+
+    return max(link_bps / 100, MIN_RATE_BPS), link_bps, IDLE_PRIO
+
+
+def classify_kv(plan: Plan, emu: Emulation, kv_hops: dict, port: int) -> None:
+    """BubbleTea's KV caches (TCP to the decode processes' `port`) in a class of their own (KV_MINOR, `kv_class`) on
+    both egresses of every WAN link, recorded in `kv_hops` like the replica classes in `hops` (removed the same
+    way). Without it they land in the link's default class 1:10, whose guaranteed rate is the whole link: HTB serves
+    it before every replica class, so on the emulated Atlas a KV cache went before training, not after. Only the
+    caches' bytes (destination `port`) are classed; their ACKs stay in the default class."""
+    from testbed.plan.lower import port as worker_port
+
+    top = max((worker_port(plan, s, r) for s in range(plan.pp) for r in range(plan.dp)), default=0)
+    if top >= port:
+        raise EmuError(f"worker ports reach {top}, the decode port {port}: the KV class would catch training's "
+                       "traffic; emulate fewer stages x replicas")
+    add_kv_classes(emu, kv_hops, port)
+
+
+def add_kv_classes(emu: Emulation, kv_hops: dict, port: int) -> None:
+    """`classify_kv`'s classes and filters, on every WAN link of `emu`."""
+    from testbed.emu.flowctl import FlowControl
+
+    for w, link in zip(emu.addr.wans, emu.topo.links, strict=True):
+        rate, ceil, prio = kv_class(link.gbps * 1e9 / emu.scale)
+        devs = kv_hops.setdefault((w.a, w.b), {})
+        for dev in (w.a, w.b):
+            if "kv" not in devs.setdefault(dev, {}):
+                devs[dev]["kv"] = KV_MINOR
+                FlowControl(emu, w.a, w.b, dev).add_class(KV_MINOR, rate, ceil_bps=ceil, prio=prio, ports=(port, port))
+
+
 def start_sidecars(plan: Plan, emu: Emulation, hops: dict) -> list[subprocess.Popen]:
     """One Atlas sidecar per temporal WAN link whose replica classes `classify_replicas` made."""
     procs = []
@@ -357,6 +399,7 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
     workers: dict[tuple[int, int], subprocess.Popen] = {}
     sidecars: list[subprocess.Popen] = []
     hops: dict[tuple[str, str], dict[str, dict[str, int]]] = {}  # link -> dev -> replica -> class minor
+    kv_hops: dict[tuple[str, str], dict[str, dict[str, int]]] = {}  # link -> dev -> "kv" -> KV_MINOR
     service, service_results = None, None
     decoders: list[subprocess.Popen] = []
     bt_results: dict = {}
@@ -368,8 +411,10 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
             classify_replicas(plan, emu, hops, cfgs)
             sidecars = start_sidecars(plan, emu, hops)
         if bubbletea is not None:
+            from testbed.emu.bubbletea import DECODE_PORT
             from testbed.runtime.config import PrefillConfig
 
+            classify_kv(plan, emu, kv_hops, DECODE_PORT)
             service, sock, service_results = start_bubbletea(emu, bubbletea)
             where: dict[str, Endpoint] = {}
             if compute == "torch":
@@ -400,6 +445,10 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
                                        if plan.links[link].temporal})
             live.fair_classes.update({frozenset(link): {dev: tuple(ms.values()) for dev, ms in devs.items()}
                                       for link, devs in hops.items() if not plan.links[link].temporal})
+            for link, devs in kv_hops.items():  # the KV class is re-rated as a fair replica class, on every link
+                fair = live.fair_classes.setdefault(frozenset(link), {})
+                for dev, ms in devs.items():
+                    fair[dev] = (*fair.get(dev, ()), *ms.values())
             live.prepare()
         for it in range(iterations):
             t_start = time.monotonic() + 0.05
@@ -451,6 +500,7 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
             except subprocess.TimeoutExpired:
                 p.kill()
         remove_flow_classes(emu, hops)
+        remove_flow_classes(emu, kv_hops)
         ctl.close()
     if service_results and os.path.exists(service_results):
         with open(service_results) as f:
