@@ -26,6 +26,7 @@ from testbed.plan.plan import Plan
 from testbed.program import AllReduce, exchanges
 from testbed.runtime.access import grant, listen_unix, log, peer_cred
 from testbed.runtime.config import Endpoint, WorkerConfig
+from testbed.runtime.prefill import KV_DRAIN_S
 from testbed.runtime.wire import ProtocolError, recv_ctrl, send_ctrl
 from testbed.timeline import Interval, Timeline, group_gaps, group_name, sort_intervals
 
@@ -326,10 +327,11 @@ def start_bubbletea(emu: Emulation, service: dict) -> tuple[subprocess.Popen, st
     return p, sock, results
 
 
-def start_decoders(plan: Plan, emu: Emulation, sock: str, model: str, steps: int
+def start_decoders(plan: Plan, emu: Emulation, sock: str, model: str, steps: int, compute: str = "torch"
                    ) -> tuple[list[subprocess.Popen], dict[str, Endpoint]]:
     """One decode process per DC (testbed/runtime/decode.py) on the DC's first host: KV caches cross the
-    emulated WAN to it. Returns the processes and each DC's address."""
+    emulated WAN to it (modeled compute: it receives them and decodes nothing). Returns the processes and
+    each DC's address."""
     from testbed.emu.bubbletea import DECODE_PORT
 
     rdir = state.run_dir(emu.prefix)
@@ -338,7 +340,7 @@ def start_decoders(plan: Plan, emu: Emulation, sock: str, model: str, steps: int
         h = next(h for h in emu.addr.hosts if h.dc == dc)
         path = rdir / f"decode-{dc}.json"
         path.write_text(json.dumps({"ip": h.ip, "port": DECODE_PORT, "service": sock, "model": model,
-                                    "decode_tokens": steps, "dc": dc}))
+                                    "decode_tokens": steps, "dc": dc, "compute": compute}))
         log = open(rdir / f"decode-{dc}.log", "w")  # noqa: SIM115 (owned by the child)
         p = emu.backend.spawn(emu.node(h.ns), "testbed.runtime.decode", [str(path)], stdout=subprocess.PIPE,
                               stderr=log, text=True, start_new_session=True)
@@ -417,9 +419,15 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
             classify_kv(plan, emu, kv_hops, DECODE_PORT)
             service, sock, service_results = start_bubbletea(emu, bubbletea)
             where: dict[str, Endpoint] = {}
-            if compute == "torch":
-                decoders, where = start_decoders(plan, emu, sock, bubbletea["model"], bubbletea["decode_tokens"])
-            pf = PrefillConfig(bubbletea["model"], bubbletea["layers"], where)
+            ship = bubbletea.get("ship_kv", False) and compute == "modeled"
+            if compute == "torch" or ship:
+                decoders, where = start_decoders(plan, emu, sock, bubbletea["model"], bubbletea["decode_tokens"],
+                                                 compute)
+            # modeled compute ships filler of the modeled KV cache's size over the emulation's scale, on as many
+            # connections as a WAN pipe opens (the simulator's KV flow has their cap)
+            kv_tok = bubbletea["kv_bytes_per_token"] / emu.scale if ship else 0.0
+            kv_conns = max((lp.connections for lp in plan.links.values()), default=1)
+            pf = PrefillConfig(bubbletea["model"], bubbletea["layers"], where, kv_tok, kv_conns)
             cfgs = {k: dataclasses.replace(c, bubbletea=sock, prefill=pf) for k, c in cfgs.items()}
         for (s, r), cfg in cfgs.items():
             path = rdir / f"worker-s{s}r{r}.json"
@@ -481,10 +489,10 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
                 progress()
         if decoders:
             time.sleep(1.0)  # the last KV caches reach their decode processes before the workers exit
-        ctl.broadcast({"stop": True})
+        ctl.broadcast({"stop": True})  # a worker waits up to KV_DRAIN_S for its KV caches still in flight
         for p in procs:
             try:
-                p.wait(10)
+                p.wait(10 + KV_DRAIN_S)
             except subprocess.TimeoutExpired:
                 p.kill()
     finally:
