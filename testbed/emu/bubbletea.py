@@ -119,7 +119,8 @@ def served_requests(plan: Plan, exp: Experiment, reqs: list[Request], homes: dic
 
     Served in bubbles: every chunk of its final placement ran (after its last skip, if any). TTFT: the
     last chunk's end, or with real compute the KV cache's arrival at its decode process (end to end).
-    Where KV caches were shipped (real compute, or `ship_kv`), `kv_ready` is that arrival, and the metrics
+    Where KV caches were shipped (real compute; `ship_kv`: those whose home is another DC), `kv_ready` is that
+    arrival, and the metrics
     add the KV bytes sent across the WAN (the model's size, not over k), the shipping time across the WAN
     (prefill end to arrival) and `kv_not_arrived`: caches of served requests that had not arrived when the
     run stopped (after the workers' bounded wait, testbed/runtime/prefill.py KV_DRAIN_S).
@@ -166,15 +167,17 @@ def served_requests(plan: Plan, exp: Experiment, reqs: list[Request], homes: dic
             end = max(c[3] for c in mine)
             kv_ready = ""
             dc = plan.stage_dc[int(d[1][1:].split("r")[1])][int(d[1][1:].split("r")[0])]
-            if shipped and q.request_id in decoded:  # its KV cache crossed the emulated WAN (or the home DC's LAN)
-                kv_ready = abs_to_timeline(decoded[q.request_id][2])
-                if dc != homes[q.request_id]:
-                    ship_s.append(decoded[q.request_id][2] - max(c[6] for c in mine))
-                    kv_wan += kv_per_token * q.prompt_tokens
-                if real_compute:
-                    end = kv_ready
-            elif shipped:
-                not_arrived += 1
+            # shipped: its KV cache crossed the emulated WAN (real compute: also the home DC's LAN)
+            if shipped and (real_compute or dc != homes[q.request_id]):
+                if q.request_id in decoded:
+                    kv_ready = abs_to_timeline(decoded[q.request_id][2])
+                    if dc != homes[q.request_id]:
+                        ship_s.append(decoded[q.request_id][2] - max(c[6] for c in mine))
+                        kv_wan += kv_per_token * q.prompt_tokens
+                    if real_compute:
+                        end = kv_ready
+                else:
+                    not_arrived += 1
             start = min(c[2] for c in mine)
             chunks_ran += [(dc, (c[2], c[3], c[4], c[5])) for c in mine]
             outcomes.append(Outcome(q.prompt_tokens, end - arrival, True))

@@ -21,6 +21,7 @@ from testbed.emu.build import Emulation
 from testbed.emu.flowwatch import FlowSampler
 from testbed.emu.rungroup import run_gid, secure_dir, worker_uid
 from testbed.emu.sh import EmuError
+from testbed.emu.shaping import MIN_QUEUE_BYTES
 from testbed.plan.lower import dry_run, lower
 from testbed.plan.plan import Plan
 from testbed.program import AllReduce, exchanges
@@ -139,8 +140,12 @@ def classify_kv(plan: Plan, emu: Emulation, kv_hops: dict, port: int) -> None:
 
 
 def add_kv_classes(emu: Emulation, kv_hops: dict, port: int) -> None:
-    """`classify_kv`'s classes and filters, on every WAN link of `emu`."""
+    """`classify_kv`'s classes and filters, on every WAN link of `emu`, and on every host's shaped NIC into its DC
+    (kv_hops[("lan", host namespace)]): most caches go to a decode process in the worker's own DC, and in the
+    NIC's one FIFO they held up training's sends and all-reduce (the simulator's transfers inside a DC do not
+    contend). There the KV class yields to the default class, which carries training at the NIC's rate."""
     from testbed.emu.flowctl import FlowControl
+    from testbed.runtime.htb import class_args
 
     for w, link in zip(emu.addr.wans, emu.topo.links, strict=True):
         rate, ceil, prio = kv_class(link.gbps * 1e9 / emu.scale)
@@ -149,6 +154,28 @@ def add_kv_classes(emu: Emulation, kv_hops: dict, port: int) -> None:
             if "kv" not in devs.setdefault(dev, {}):
                 devs[dev]["kv"] = KV_MINOR
                 FlowControl(emu, w.a, w.b, dev).add_class(KV_MINOR, rate, ceil_bps=ceil, prio=prio, ports=(port, port))
+    for h in emu.addr.hosts:
+        lan_bps = emu.lan_rate_bps(h.dc)
+        if lan_bps is None or "kv" in kv_hops.get(("lan", h.ns), {}).get("eth0", {}):
+            continue  # an unshaped NIC has no queue of its own to share
+        kv_hops.setdefault(("lan", h.ns), {})["eth0"] = {"kv": KV_MINOR}
+        node, cid = emu.node(h.ns), f"1:{KV_MINOR:x}"
+        emu.backend.run(node, ["tc", "class", "add", "dev", "eth0", "parent", "1:1", "classid", cid, "htb",
+                               *class_args(*kv_class(lan_bps))])
+        emu.backend.run(node, ["tc", "qdisc", "add", "dev", "eth0", "parent", cid, "bfifo", "limit",
+                               str(MIN_QUEUE_BYTES)])
+        emu.backend.run(node, ["tc", "filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "prio", "10",
+                               "u32", "match", "ip", "dport", str(port), "0xffff", "flowid", cid])
+
+
+def remove_kv_classes(emu: Emulation, kv_hops: dict) -> None:
+    """Best effort: `add_kv_classes`'s classes and filters, on the WAN links and the hosts' NICs."""
+    remove_flow_classes(emu, {link: devs for link, devs in kv_hops.items() if link[0] != "lan"})
+    for (kind, ns), _devs in kv_hops.items():
+        if kind == "lan":
+            node = emu.node(ns)
+            emu.backend.run(node, ["tc", "filter", "del", "dev", "eth0", "parent", "1:", "prio", "10"], check=False)
+            emu.backend.run(node, ["tc", "class", "del", "dev", "eth0", "classid", f"1:{KV_MINOR:x}"], check=False)
 
 
 def start_sidecars(plan: Plan, emu: Emulation, hops: dict) -> list[subprocess.Popen]:
@@ -453,7 +480,7 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
                                        if plan.links[link].temporal})
             live.fair_classes.update({frozenset(link): {dev: tuple(ms.values()) for dev, ms in devs.items()}
                                       for link, devs in hops.items() if not plan.links[link].temporal})
-            for link, devs in kv_hops.items():  # the KV class is re-rated as a fair replica class, on every link
+            for link, devs in ((k, v) for k, v in kv_hops.items() if k[0] != "lan"):  # re-rated as a fair replica class
                 fair = live.fair_classes.setdefault(frozenset(link), {})
                 for dev, ms in devs.items():
                     fair[dev] = (*fair.get(dev, ()), *ms.values())
@@ -508,7 +535,7 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
             except subprocess.TimeoutExpired:
                 p.kill()
         remove_flow_classes(emu, hops)
-        remove_flow_classes(emu, kv_hops)
+        remove_kv_classes(emu, kv_hops)
         ctl.close()
     if service_results and os.path.exists(service_results):
         with open(service_results) as f:

@@ -11,11 +11,12 @@
   the service can predict the next iteration's windows from the live ones (testbed/bubbletea/online.py).
 - compute `modeled`: a job waits its predicted time; with `bubbletea.ship_kv`, after a request's last chunk
   its KV cache (filler of the modeled size over the emulation's scale) crosses the emulated WAN to the decode
-  process of its home DC (testbed/runtime/decode.py, receive-only), as the real one does. compute `torch`: a
-  real prefill of the request's
-  prompt on a small Llama-style model (testbed/runtime/tiny_llama.py), chunk by chunk with the KV
-  cache kept between chunks; after the last chunk the KV cache and the first token are shipped over
-  the emulated WAN to the decode process of the request's home DC (testbed/runtime/decode.py).
+  process of its home DC (testbed/runtime/decode.py, receive-only), as the real one does; a cache whose home is
+  this worker's DC is not shipped (it crosses no WAN link; the simulator's transfers inside a DC do not contend).
+  compute `torch`: a real prefill of the request's prompt on a small Llama-style model
+  (testbed/runtime/tiny_llama.py), chunk by chunk with the KV cache kept between chunks; after the last
+  chunk the KV cache and the first token are shipped over the emulated WAN to the decode process of
+  the request's home DC (testbed/runtime/decode.py).
 
 The service link is one Unix socket: notices (windows, reports) go through a queue and a thread of
 their own, in order, so they never hold the training loop; only the job fetch waits for its reply.
@@ -192,9 +193,10 @@ class KvShipper:
 class PrefillClient:
     """This worker's prefill jobs and idle gaps, one iteration at a time (see the module docstring)."""
 
-    def __init__(self, name: str, service: str | None, compute: str, prefill=None) -> None:
-        """`prefill`: testbed/runtime/config.py's PrefillConfig (model, layers, decode endpoints)."""
-        self.name = name
+    def __init__(self, name: str, service: str | None, compute: str, prefill=None, dc: str = "") -> None:
+        """`prefill`: testbed/runtime/config.py's PrefillConfig (model, layers, decode endpoints); `dc`: this
+        worker's DC (modeled caches whose home it is are not shipped: they cross no WAN link)."""
+        self.name, self.dc = name, dc
         self.link = ServiceLink(service) if service else None
         self.torch = None
         if service and compute == "torch" and prefill is not None:
@@ -337,7 +339,7 @@ class PrefillClient:
                 rec("prefill", -1, now, t1)
                 self.ran.append([job[0], job[1], first, t1, job[5], job[6], busy + t1 - now])
                 self.finished.add((job[0], job[1]))
-                if self.kv_per_token > 0 and job[1] == job[2] - 1:  # the last chunk: ship the modeled cache
+                if self.kv_per_token > 0 and job[1] == job[2] - 1 and job[7] != self.dc:  # last chunk: ship it
                     tokens = job[5] + job[6]
                     self.shipper.ship(job[0], 0, tokens, max(1, round(self.kv_per_token * tokens)), job[7])
                 continue

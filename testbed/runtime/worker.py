@@ -623,7 +623,7 @@ def main(cfg_path: str, ctl_path: str) -> None:
         return inbox.payload(key) if torch_mode else None
 
     comp = TorchCompute(cfg) if torch_mode else Modeled(cfg)
-    bt = PrefillClient(prog.group, cfg.bubbletea, cfg.compute, cfg.prefill)
+    bt = PrefillClient(prog.group, cfg.bubbletea, cfg.compute, cfg.prefill, prog.dc)
     send_ctrl(ctl, {"ready": [s, r]})
     while True:
         msg = recv_ctrl(ctl)
