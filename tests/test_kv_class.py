@@ -6,21 +6,24 @@ from testbed.emu.bubbletea import DECODE_PORT
 from testbed.emu.shaping import rate_change_commands
 from testbed.emu.train import KV_MINOR, kv_class
 from testbed.plan.lower import BASE_PORT
-from testbed.runtime.htb import IDLE_PRIO, MIN_RATE_BPS, class_args
+from testbed.runtime.htb import IDLE_PRIO, KV_PRIO, MIN_RATE_BPS, class_args
 
 
-def test_kv_class_is_a_trickle_at_the_last_priority_with_the_link_as_ceiling():
+def test_kv_class_is_a_trickle_with_the_link_as_ceiling_last_under_turns():
     for link_bps in (1e5, 8e6, 2e9):
-        rate, ceil, prio = kv_class(link_bps)
-        assert prio == IDLE_PRIO and ceil == link_bps
-        assert MIN_RATE_BPS <= rate <= max(link_bps / 100, MIN_RATE_BPS)
+        for temporal, want in ((True, KV_PRIO), (False, IDLE_PRIO)):
+            rate, ceil, prio = kv_class(link_bps, temporal)
+            assert prio == want and ceil == link_bps
+            assert MIN_RATE_BPS <= rate <= max(link_bps / 100, MIN_RATE_BPS)
+    assert KV_PRIO > IDLE_PRIO  # under Atlas's turns, after every replica class, idle ones included
 
 
 def test_a_changing_wan_re_rates_the_kv_class_as_it_was_made():
     rate_bps = 40e6
-    cmds = rate_change_commands("west", rate_bps, (KV_MINOR,))
-    kv = next(c for c in cmds if f"1:{KV_MINOR:x}" in c)
-    assert kv[kv.index("htb") + 1:] == class_args(*kv_class(rate_bps))
+    for temporal in (True, False):
+        cmds = rate_change_commands("west", rate_bps, (0x100,), (KV_MINOR, temporal))
+        kv = next(c for c in cmds if f"1:{KV_MINOR:x}" in c)
+        assert kv[kv.index("htb") + 1:] == class_args(*kv_class(rate_bps, temporal))
 
 
 def test_kv_minor_and_port_stay_clear_of_the_link_replica_and_worker_classes():

@@ -113,15 +113,15 @@ def classify_replicas(plan: Plan, emu: Emulation, hops: dict, cfgs: dict[tuple[i
 KV_MINOR = 0xFFF  # BubbleTea's KV caches' HTB class on each WAN hop (replica classes: 0x100 + replica)
 
 
-def kv_class(link_bps: float) -> tuple[float, float, int]:
-    """(guaranteed rate, ceiling, HTB priority) of the KV caches' class on a WAN hop of `link_bps` (payload bits/s):
-    what `classify_replicas` gives a replica class (a trickle, the link, the last priority), so that on a fair-shared
-    link the caches take a share beside the replicas and on Atlas's links only what the replica in turn leaves, as
-    the simulator's KV flows (testbed/sim/realised.py: `KV_RANK`); a changing WAN re-rates it as a fair replica class
-    (testbed/emu/shaping.py rate_change_commands)."""
-    from testbed.runtime.htb import IDLE_PRIO, MIN_RATE_BPS
+def kv_class(link_bps: float, temporal: bool) -> tuple[float, float, int]:
+    """(guaranteed rate, ceiling, HTB priority) of the KV caches' class on a hop of `link_bps` (payload bits/s): a
+    trickle and the link as ceiling, as `classify_replicas` gives a replica class. On a fair-shared link at the
+    replicas' priority (IDLE_PRIO), so the caches take a round-robin share beside them; on a link with Atlas's turns
+    at the last (KV_PRIO), after every replica, idle ones included, as the simulator's KV flows
+    (testbed/sim/realised.py: `KV_RANK`). A changing WAN re-rates it so (testbed/emu/shaping.py)."""
+    from testbed.runtime.htb import IDLE_PRIO, KV_PRIO, MIN_RATE_BPS
 
-    return max(link_bps / 100, MIN_RATE_BPS), link_bps, IDLE_PRIO
+    return max(link_bps / 100, MIN_RATE_BPS), link_bps, KV_PRIO if temporal else IDLE_PRIO
 
 
 def classify_kv(plan: Plan, emu: Emulation, kv_hops: dict, port: int) -> None:
@@ -136,10 +136,10 @@ def classify_kv(plan: Plan, emu: Emulation, kv_hops: dict, port: int) -> None:
     if top >= port:
         raise EmuError(f"worker ports reach {top}, the decode port {port}: the KV class would catch training's "
                        "traffic; emulate fewer stages x replicas")
-    add_kv_classes(emu, kv_hops, port)
+    add_kv_classes(emu, kv_hops, port, {frozenset(k) for k, lp in plan.links.items() if lp.temporal})
 
 
-def add_kv_classes(emu: Emulation, kv_hops: dict, port: int) -> None:
+def add_kv_classes(emu: Emulation, kv_hops: dict, port: int, temporal: set[frozenset]) -> None:
     """`classify_kv`'s classes and filters, on every WAN link of `emu`, and on every host's shaped NIC into its DC
     (kv_hops[("lan", host namespace)]): most caches go to a decode process in the worker's own DC, and in the
     NIC's one FIFO they held up training's sends and all-reduce (the simulator's transfers inside a DC do not
@@ -148,7 +148,7 @@ def add_kv_classes(emu: Emulation, kv_hops: dict, port: int) -> None:
     from testbed.runtime.htb import class_args
 
     for w, link in zip(emu.addr.wans, emu.topo.links, strict=True):
-        rate, ceil, prio = kv_class(link.gbps * 1e9 / emu.scale)
+        rate, ceil, prio = kv_class(link.gbps * 1e9 / emu.scale, frozenset((w.a, w.b)) in temporal)
         devs = kv_hops.setdefault((w.a, w.b), {})
         for dev in (w.a, w.b):
             if "kv" not in devs.setdefault(dev, {}):
@@ -161,7 +161,7 @@ def add_kv_classes(emu: Emulation, kv_hops: dict, port: int) -> None:
         kv_hops.setdefault(("lan", h.ns), {})["eth0"] = {"kv": KV_MINOR}
         node, cid = emu.node(h.ns), f"1:{KV_MINOR:x}"
         emu.backend.run(node, ["tc", "class", "add", "dev", "eth0", "parent", "1:1", "classid", cid, "htb",
-                               *class_args(*kv_class(lan_bps))])
+                               *class_args(*kv_class(lan_bps, True))])  # behind the default class (prio 0)
         emu.backend.run(node, ["tc", "qdisc", "add", "dev", "eth0", "parent", cid, "bfifo", "limit",
                                str(MIN_QUEUE_BYTES)])
         emu.backend.run(node, ["tc", "filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "prio", "10",
@@ -478,12 +478,12 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
         if live is not None:
             live.sidecar_paths.update({frozenset(link): sidecar_socket(emu, *link) for link in hops
                                        if plan.links[link].temporal})
+            temporal = {frozenset(k) for k, lp in plan.links.items() if lp.temporal}
             live.fair_classes.update({frozenset(link): {dev: tuple(ms.values()) for dev, ms in devs.items()}
                                       for link, devs in hops.items() if not plan.links[link].temporal})
-            for link, devs in ((k, v) for k, v in kv_hops.items() if k[0] != "lan"):  # re-rated as a fair replica class
-                fair = live.fair_classes.setdefault(frozenset(link), {})
-                for dev, ms in devs.items():
-                    fair[dev] = (*fair.get(dev, ()), *ms.values())
+            for link, devs in ((k, v) for k, v in kv_hops.items() if k[0] != "lan"):  # re-rated as made
+                live.kv_classes[frozenset(link)] = {dev: (*ms.values(), frozenset(link) in temporal)
+                                                    for dev, ms in devs.items()}
             live.prepare()
         for it in range(iterations):
             t_start = time.monotonic() + 0.05

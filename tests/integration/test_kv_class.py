@@ -1,5 +1,6 @@
 """BubbleTea's KV caches in their own HTB class on each WAN hop (emu/train.py classify_kv): traffic to the decode
-port is counted in that class, and it yields to the replica in turn (Atlas) but shares a fair-shared link."""
+port is counted in that class; on a link with Atlas's turns it yields to the replica in turn and to an idle one, on
+a fair-shared link it shares."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from testbed.emu.bubbletea import DECODE_PORT
 from testbed.emu.build import down, up
 from testbed.emu.check import iperf
 from testbed.emu.flowctl import FlowControl
-from testbed.emu.train import KV_MINOR, add_kv_classes, remove_flow_classes
-from testbed.runtime.htb import IDLE_PRIO
+from testbed.emu.train import KV_MINOR, add_kv_classes, remove_kv_classes
+from testbed.runtime.htb import IDLE_PRIO, KV_PRIO
 from testbed.spec.load import load_topology
 from tests.integration.conftest import write_topology
 
@@ -38,7 +39,7 @@ def test_kv_caches_get_their_own_lowest_priority_class(tmp_path):
              scale=1)
     kv_hops: dict = {}
     try:
-        add_kv_classes(emu, kv_hops, DECODE_PORT)
+        add_kv_classes(emu, kv_hops, DECODE_PORT, {frozenset(("east", "west"))})  # a link with Atlas's turns
         wan = emu.node(emu.addr.wan("east", "west").ns)
         shown = emu.backend.run(wan, ["tc", "class", "show", "dev", "west"])
         fc = FlowControl(emu, "east", "west", "west")
@@ -47,17 +48,27 @@ def test_kv_caches_get_their_own_lowest_priority_class(tmp_path):
         before = fc.class_bytes()
         turn = together(emu, 2.0)
         after_turn = fc.class_bytes()
-        # the same replica class on a fair-shared link: a trickle and the last priority, as classify_replicas
+        # the same replica before the sidecar has ranked it: a trickle, the idle replicas' priority
         fc.set_rate(0x100, LINK_BPS / 100, LINK_BPS, IDLE_PRIO)
+        idle = together(emu, 2.0)
+        # a fair-shared link: the KV class at the replicas' priority
+        remove_kv_classes(emu, kv_hops)
+        kv_hops.clear()
+        add_kv_classes(emu, kv_hops, DECODE_PORT, set())
+        fc.add_filter(0x100, ports=(REPLICA_PORT, REPLICA_PORT))  # the removal took every filter of ours
+        shown_fair = emu.backend.run(wan, ["tc", "class", "show", "dev", "west"])
         fair = together(emu, 2.0)
         fc.close()
     finally:
-        remove_flow_classes(emu, kv_hops)
+        remove_kv_classes(emu, kv_hops)
         down(emu)
-    assert f"class htb 1:{KV_MINOR:x} " in shown and f"prio {IDLE_PRIO}" in shown, shown
+    kv_line = next(ln for ln in shown.splitlines() if f"class htb 1:{KV_MINOR:x} " in ln)
+    assert f"prio {KV_PRIO}" in kv_line, shown
+    assert f"prio {IDLE_PRIO}" in next(ln for ln in shown_fair.splitlines() if f"class htb 1:{KV_MINOR:x} " in ln)
     assert set(kv_hops) == {("east", "west")} and set(kv_hops[("east", "west")]) == {"east", "west"}
     kv_bytes = after_turn[KV_MINOR] - before.get(KV_MINOR, 0)
     assert kv_bytes > 100_000, after_turn  # the decode port's bytes are classified into the KV class
     assert after_turn[0x10] - before.get(0x10, 0) < kv_bytes  # not into the link's default class
     assert turn[DECODE_PORT] < 0.5 * turn[REPLICA_PORT], turn  # Atlas: the replica in turn first
+    assert idle[DECODE_PORT] < 0.5 * idle[REPLICA_PORT], idle  # and an idle replica too (KV_RANK)
     assert fair[DECODE_PORT] > 0.4 * fair[REPLICA_PORT], fair  # fair sharing: one class among others
