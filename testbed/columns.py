@@ -93,14 +93,19 @@ SUMMARY = CsvFile("summary.csv", "`testbed sim`, `testbed experiment run`",
     ("sweep", "", "this row's sweep point: `key=value` pairs, `;`-separated (empty without a sweep)"),
     ("degraded", "", "why an emulated run is not what was asked (e.g. the Atlas sidecar died), else empty"),
     ("status", "", "`ok`, or `infeasible: <why>` for a sweep point and scheduler that could not run (no numbers)"),
-    ("kv_wan_bytes", "bytes", "BubbleTea, simulated (these six written only then, after status): KV-cache "
-                              "bytes that bubble-served prefill sent over WAN links (to home DCs elsewhere)"),
+    ("kv_wan_bytes", "bytes", "BubbleTea, simulated, or emulated with shipped KV caches (these six written only "
+                              "then, after status; emulated: bytes and kv_ship_* only, measured): KV-cache bytes "
+                              "that bubble-served prefill sent over WAN links (to home DCs elsewhere; the model's "
+                              "size, not over k)"),
     ("kv_wan_gbps", "Gbit/s", "BubbleTea: the busiest link's KV-cache bytes over the run, as mean Gbit/s"),
     ("kv_wan_link", "", "BubbleTea: that link, `<from dc>><to dc>`"),
     ("kv_wan_link_share", "share", "BubbleTea: kv_wan_gbps as a share of that link's capacity"),
     ("kv_ship_p50_ms", "ms", "BubbleTea: median time from a prefill's end to its KV cache in a home DC across the "
                              "WAN (a flow sharing the link with training; docs/bubbletea.md)"),
     ("kv_ship_p99_ms", "ms", "BubbleTea: 99th percentile of that shipping time"),
+    ("kv_not_arrived", "caches", "BubbleTea, emulated with shipped KV caches (written only then): caches of "
+                                 "bubble-served requests not at their decode process when the run stopped (the "
+                                 "workers wait up to 5 s for them; docs/bubbletea.md)"),
     ("wan_stall_s", "s", "a WAN that changes (written only then, last): seconds during which some transfer waited "
                          "on a link that was down (docs/wan-change.md)"),
 ))
@@ -157,7 +162,8 @@ REQUESTS = CsvFile("requests.csv", "`+bubbletea` schedulers", "one row per prefi
     ("in_bubble", "", "1 if prefilled inside bubbles, 0 if by the fallback pool"),
     ("home_dc", "", "DC whose decode pool receives the KV cache"),
     ("kv_bytes", "bytes", "KV-cache size shipped to the decode pool"),
-    ("kv_ready_s", "s", "when the KV cache is in the decode pool (emulated: measured with real compute only)"),
+    ("kv_ready_s", "s", "when the KV cache is in the decode pool (emulated: measured where caches are shipped, real "
+                             "compute or `bubbletea.ship_kv`; empty if it had not arrived)"),
     ("queue_s", "s", "wait in the fallback pool's queue (0 when prefilled in bubbles)"),
 ))
 

@@ -28,6 +28,9 @@ BUBBLETEA_COLUMNS = ("prefill_work_util", "prefill_mfu", "train_slowdown", "trai
 # only when a row has them, so runs without BubbleTea keep their summary as it was
 KV_WAN_COLUMNS = ("kv_wan_bytes", "kv_wan_gbps", "kv_wan_link", "kv_wan_link_share", "kv_ship_p50_ms",
                   "kv_ship_p99_ms")
+# the emulated run's KV caches that had not reached their decode process when it stopped (emulated BubbleTea with
+# shipped caches only: written after KV_WAN_COLUMNS, only when a row has it)
+KV_EMU_COLUMNS = ("kv_not_arrived",)
 
 
 def share(tl: Timeline, kinds: tuple[str, ...]) -> float:
@@ -97,7 +100,7 @@ def summary_row(plan: Plan, tl: Timeline, lower_bound_s: float, sweep: dict, bub
         "best_baseline": "",  # filled per sweep point by add_speedups
         "speedup_vs_best": "",
         **{k: (bubbletea or {}).get(k, "") for k in BUBBLETEA_COLUMNS},
-        **{k: bubbletea[k] for k in KV_WAN_COLUMNS if bubbletea and k in bubbletea},
+        **{k: bubbletea[k] for k in KV_WAN_COLUMNS + KV_EMU_COLUMNS if bubbletea and k in bubbletea},
         "scale": scale,
         "sweep": ";".join(f"{k}={v}" for k, v in sweep.items()),
         "degraded": degraded,

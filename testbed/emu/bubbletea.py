@@ -119,6 +119,11 @@ def served_requests(plan: Plan, exp: Experiment, reqs: list[Request], homes: dic
 
     Served in bubbles: every chunk of its final placement ran (after its last skip, if any). TTFT: the
     last chunk's end, or with real compute the KV cache's arrival at its decode process (end to end).
+    Where KV caches were shipped (real compute; `ship_kv`: those whose home is another DC), `kv_ready` is that
+    arrival, and the metrics
+    add the KV bytes sent across the WAN (the model's size, not over k), the shipping time across the WAN
+    (prefill end to arrival) and `kv_not_arrived`: caches of served requests that had not arrived when the
+    run stopped (after the workers' bounded wait, testbed/runtime/prefill.py KV_DRAIN_S).
     Otherwise the fallback pool (same size as the simulator's) serves it, queued from when the service
     sent it there (its arrival, or the re-plan or skip that gave up on the bubbles)."""
     opts = exp.bubbletea
@@ -135,7 +140,7 @@ def served_requests(plan: Plan, exp: Experiment, reqs: list[Request], homes: dic
     ran: dict[int, list] = {}
     for rid, w, it, chunk, a, b, tokens, cached in results.get("ran", []):
         if it < len(starts):
-            ran.setdefault(rid, []).append((w, chunk, on_timeline(it, a), on_timeline(it, b), tokens, cached))
+            ran.setdefault(rid, []).append((w, chunk, on_timeline(it, a), on_timeline(it, b), tokens, cached, b))
     decided = {int(d[0]): d for d in results.get("decisions", [])}
     decoded = {int(d[0]): d for d in results.get("decoded", [])}
     starts_by_abs = sorted(zip(starts, range(len(starts)), strict=True))
@@ -145,6 +150,11 @@ def served_requests(plan: Plan, exp: Experiment, reqs: list[Request], homes: dic
         return on_timeline(k, t)
 
     outcomes, rows, pool_queue, chunks_ran = [], [], [], []
+    # KV caches that crossed the emulated WAN: real compute always, modeled compute with `ship_kv`
+    shipped = real_compute or opts.ship_kv
+    kv_per_token = kv_bytes_per_token(inference_model(opts.model))
+    ship_s: list[float] = []
+    kv_wan, not_arrived = 0.0, 0
     for q in reqs:
         arrival = q.arrival_s + shift
         if arrival >= horizon_end:
@@ -156,11 +166,19 @@ def served_requests(plan: Plan, exp: Experiment, reqs: list[Request], homes: dic
         if d is not None and d[1] and len({c[1] for c in mine}) == d[3]:
             end = max(c[3] for c in mine)
             kv_ready = ""
-            if real_compute and q.request_id in decoded:
-                kv_ready = abs_to_timeline(decoded[q.request_id][2])
-                end = kv_ready
-            start = min(c[2] for c in mine)
             dc = plan.stage_dc[int(d[1][1:].split("r")[1])][int(d[1][1:].split("r")[0])]
+            # shipped: its KV cache crossed the emulated WAN (real compute: also the home DC's LAN)
+            if shipped and (real_compute or dc != homes[q.request_id]):
+                if q.request_id in decoded:
+                    kv_ready = abs_to_timeline(decoded[q.request_id][2])
+                    if dc != homes[q.request_id]:
+                        ship_s.append(decoded[q.request_id][2] - max(c[6] for c in mine))
+                        kv_wan += kv_per_token * q.prompt_tokens
+                    if real_compute:
+                        end = kv_ready
+                else:
+                    not_arrived += 1
+            start = min(c[2] for c in mine)
             chunks_ran += [(dc, (c[2], c[3], c[4], c[5])) for c in mine]
             outcomes.append(Outcome(q.prompt_tokens, end - arrival, True))
             rows.append([q.request_id, arrival, q.prompt_tokens, d[1], dc, start, end, len(mine), 1,
@@ -179,6 +197,11 @@ def served_requests(plan: Plan, exp: Experiment, reqs: list[Request], homes: dic
     handed = sum(len(js) for k, per in results.get("jobs", {}).items() if int(k) < len(starts) for js in per.values())
     m = {**serving_metrics(outcomes, horizon, opts.ttft_slo_ms / 1e3), **pool_metrics(pool, horizon),
          "prefill_skipped": round(len(results.get("skipped", [])) / handed, 6) if handed else 0.0}
+    if shipped:  # as the simulator's columns (testbed/bubbletea/run.py kv_wan_metrics), measured
+        from testbed.bubbletea.run import _ms, _pct
+
+        m.update(kv_wan_bytes=int(kv_wan), kv_ship_p50_ms=_ms(_pct(ship_s, 50)), kv_ship_p99_ms=_ms(_pct(ship_s, 99)),
+                 kv_not_arrived=not_arrived)
     if not real_compute:
         from testbed.bubbletea.run import train_mfu
 

@@ -21,11 +21,13 @@ from testbed.emu.build import Emulation
 from testbed.emu.flowwatch import FlowSampler
 from testbed.emu.rungroup import run_gid, secure_dir, worker_uid
 from testbed.emu.sh import EmuError
+from testbed.emu.shaping import MIN_QUEUE_BYTES
 from testbed.plan.lower import dry_run, lower
 from testbed.plan.plan import Plan
 from testbed.program import AllReduce, exchanges
 from testbed.runtime.access import grant, listen_unix, log, peer_cred
 from testbed.runtime.config import Endpoint, WorkerConfig
+from testbed.runtime.prefill import KV_DRAIN_S
 from testbed.runtime.wire import ProtocolError, recv_ctrl, send_ctrl
 from testbed.timeline import Interval, Timeline, group_gaps, group_name, sort_intervals
 
@@ -106,6 +108,74 @@ def classify_replicas(plan: Plan, emu: Emulation, hops: dict, cfgs: dict[tuple[i
                     fc.add_class(minor, max(rate / 100, MIN_RATE_BPS), ceil_bps=rate, prio=IDLE_PRIO, **match)
                 else:  # another stage boundary of the same replica on this link: one more filter
                     fc.add_filter(minor, **match)
+
+
+KV_MINOR = 0xFFF  # BubbleTea's KV caches' HTB class on each WAN hop (replica classes: 0x100 + replica)
+
+
+def kv_class(link_bps: float, temporal: bool) -> tuple[float, float, int]:
+    """(guaranteed rate, ceiling, HTB priority) of the KV caches' class on a hop of `link_bps` (payload bits/s): a
+    trickle and the link as ceiling, as `classify_replicas` gives a replica class. On a fair-shared link at the
+    replicas' priority (IDLE_PRIO), so the caches take a round-robin share beside them; on a link with Atlas's turns
+    at the last (KV_PRIO), after every replica, idle ones included, as the simulator's KV flows
+    (testbed/sim/realised.py: `KV_RANK`). A changing WAN re-rates it so (testbed/emu/shaping.py)."""
+    from testbed.runtime.htb import IDLE_PRIO, KV_PRIO, MIN_RATE_BPS
+
+    return max(link_bps / 100, MIN_RATE_BPS), link_bps, KV_PRIO if temporal else IDLE_PRIO
+
+
+def classify_kv(plan: Plan, emu: Emulation, kv_hops: dict, port: int) -> None:
+    """BubbleTea's KV caches (TCP to the decode processes' `port`) in a class of their own (KV_MINOR, `kv_class`) on
+    both egresses of every WAN link, recorded in `kv_hops` like the replica classes in `hops` (removed the same
+    way). Without it they land in the link's default class 1:10, whose guaranteed rate is the whole link: HTB serves
+    it before every replica class, so on the emulated Atlas a KV cache went before training, not after. Only the
+    caches' bytes (destination `port`) are classed; their ACKs stay in the default class."""
+    from testbed.plan.lower import port as worker_port
+
+    top = max((worker_port(plan, s, r) for s in range(plan.pp) for r in range(plan.dp)), default=0)
+    if top >= port:
+        raise EmuError(f"worker ports reach {top}, the decode port {port}: the KV class would catch training's "
+                       "traffic; emulate fewer stages x replicas")
+    add_kv_classes(emu, kv_hops, port, {frozenset(k) for k, lp in plan.links.items() if lp.temporal})
+
+
+def add_kv_classes(emu: Emulation, kv_hops: dict, port: int, temporal: set[frozenset]) -> None:
+    """`classify_kv`'s classes and filters, on every WAN link of `emu`, and on every host's shaped NIC into its DC
+    (kv_hops[("lan", host namespace)]): most caches go to a decode process in the worker's own DC, and in the
+    NIC's one FIFO they held up training's sends and all-reduce (the simulator's transfers inside a DC do not
+    contend). There the KV class yields to the default class, which carries training at the NIC's rate."""
+    from testbed.emu.flowctl import FlowControl
+    from testbed.runtime.htb import class_args
+
+    for w, link in zip(emu.addr.wans, emu.topo.links, strict=True):
+        rate, ceil, prio = kv_class(link.gbps * 1e9 / emu.scale, frozenset((w.a, w.b)) in temporal)
+        devs = kv_hops.setdefault((w.a, w.b), {})
+        for dev in (w.a, w.b):
+            if "kv" not in devs.setdefault(dev, {}):
+                devs[dev]["kv"] = KV_MINOR
+                FlowControl(emu, w.a, w.b, dev).add_class(KV_MINOR, rate, ceil_bps=ceil, prio=prio, ports=(port, port))
+    for h in emu.addr.hosts:
+        lan_bps = emu.lan_rate_bps(h.dc)
+        if lan_bps is None or "kv" in kv_hops.get(("lan", h.ns), {}).get("eth0", {}):
+            continue  # an unshaped NIC has no queue of its own to share
+        kv_hops.setdefault(("lan", h.ns), {})["eth0"] = {"kv": KV_MINOR}
+        node, cid = emu.node(h.ns), f"1:{KV_MINOR:x}"
+        emu.backend.run(node, ["tc", "class", "add", "dev", "eth0", "parent", "1:1", "classid", cid, "htb",
+                               *class_args(*kv_class(lan_bps, True))])  # behind the default class (prio 0)
+        emu.backend.run(node, ["tc", "qdisc", "add", "dev", "eth0", "parent", cid, "bfifo", "limit",
+                               str(MIN_QUEUE_BYTES)])
+        emu.backend.run(node, ["tc", "filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "prio", "10",
+                               "u32", "match", "ip", "dport", str(port), "0xffff", "flowid", cid])
+
+
+def remove_kv_classes(emu: Emulation, kv_hops: dict) -> None:
+    """Best effort: `add_kv_classes`'s classes and filters, on the WAN links and the hosts' NICs."""
+    remove_flow_classes(emu, {link: devs for link, devs in kv_hops.items() if link[0] != "lan"})
+    for (kind, ns), _devs in kv_hops.items():
+        if kind == "lan":
+            node = emu.node(ns)
+            emu.backend.run(node, ["tc", "filter", "del", "dev", "eth0", "parent", "1:", "prio", "10"], check=False)
+            emu.backend.run(node, ["tc", "class", "del", "dev", "eth0", "classid", f"1:{KV_MINOR:x}"], check=False)
 
 
 def start_sidecars(plan: Plan, emu: Emulation, hops: dict) -> list[subprocess.Popen]:
@@ -284,10 +354,11 @@ def start_bubbletea(emu: Emulation, service: dict) -> tuple[subprocess.Popen, st
     return p, sock, results
 
 
-def start_decoders(plan: Plan, emu: Emulation, sock: str, model: str, steps: int
+def start_decoders(plan: Plan, emu: Emulation, sock: str, model: str, steps: int, compute: str = "torch"
                    ) -> tuple[list[subprocess.Popen], dict[str, Endpoint]]:
     """One decode process per DC (testbed/runtime/decode.py) on the DC's first host: KV caches cross the
-    emulated WAN to it. Returns the processes and each DC's address."""
+    emulated WAN to it (modeled compute: it receives them and decodes nothing). Returns the processes and
+    each DC's address."""
     from testbed.emu.bubbletea import DECODE_PORT
 
     rdir = state.run_dir(emu.prefix)
@@ -296,7 +367,7 @@ def start_decoders(plan: Plan, emu: Emulation, sock: str, model: str, steps: int
         h = next(h for h in emu.addr.hosts if h.dc == dc)
         path = rdir / f"decode-{dc}.json"
         path.write_text(json.dumps({"ip": h.ip, "port": DECODE_PORT, "service": sock, "model": model,
-                                    "decode_tokens": steps, "dc": dc}))
+                                    "decode_tokens": steps, "dc": dc, "compute": compute}))
         log = open(rdir / f"decode-{dc}.log", "w")  # noqa: SIM115 (owned by the child)
         p = emu.backend.spawn(emu.node(h.ns), "testbed.runtime.decode", [str(path)], stdout=subprocess.PIPE,
                               stderr=log, text=True, start_new_session=True)
@@ -357,6 +428,7 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
     workers: dict[tuple[int, int], subprocess.Popen] = {}
     sidecars: list[subprocess.Popen] = []
     hops: dict[tuple[str, str], dict[str, dict[str, int]]] = {}  # link -> dev -> replica -> class minor
+    kv_hops: dict[tuple[str, str], dict[str, dict[str, int]]] = {}  # link -> dev -> "kv" -> KV_MINOR
     service, service_results = None, None
     decoders: list[subprocess.Popen] = []
     bt_results: dict = {}
@@ -368,13 +440,21 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
             classify_replicas(plan, emu, hops, cfgs)
             sidecars = start_sidecars(plan, emu, hops)
         if bubbletea is not None:
+            from testbed.emu.bubbletea import DECODE_PORT
             from testbed.runtime.config import PrefillConfig
 
+            classify_kv(plan, emu, kv_hops, DECODE_PORT)
             service, sock, service_results = start_bubbletea(emu, bubbletea)
             where: dict[str, Endpoint] = {}
-            if compute == "torch":
-                decoders, where = start_decoders(plan, emu, sock, bubbletea["model"], bubbletea["decode_tokens"])
-            pf = PrefillConfig(bubbletea["model"], bubbletea["layers"], where)
+            ship = bubbletea.get("ship_kv", False) and compute == "modeled"
+            if compute == "torch" or ship:
+                decoders, where = start_decoders(plan, emu, sock, bubbletea["model"], bubbletea["decode_tokens"],
+                                                 compute)
+            # modeled compute ships filler of the modeled KV cache's size over the emulation's scale, on as many
+            # connections as a WAN pipe opens (the simulator's KV flow has their cap)
+            kv_tok = bubbletea["kv_bytes_per_token"] / emu.scale if ship else 0.0
+            kv_conns = max((lp.connections for lp in plan.links.values()), default=1)
+            pf = PrefillConfig(bubbletea["model"], bubbletea["layers"], where, kv_tok, kv_conns)
             cfgs = {k: dataclasses.replace(c, bubbletea=sock, prefill=pf) for k, c in cfgs.items()}
         for (s, r), cfg in cfgs.items():
             path = rdir / f"worker-s{s}r{r}.json"
@@ -398,8 +478,12 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
         if live is not None:
             live.sidecar_paths.update({frozenset(link): sidecar_socket(emu, *link) for link in hops
                                        if plan.links[link].temporal})
+            temporal = {frozenset(k) for k, lp in plan.links.items() if lp.temporal}
             live.fair_classes.update({frozenset(link): {dev: tuple(ms.values()) for dev, ms in devs.items()}
                                       for link, devs in hops.items() if not plan.links[link].temporal})
+            for link, devs in ((k, v) for k, v in kv_hops.items() if k[0] != "lan"):  # re-rated as made
+                live.kv_classes[frozenset(link)] = {dev: (*ms.values(), frozenset(link) in temporal)
+                                                    for dev, ms in devs.items()}
             live.prepare()
         for it in range(iterations):
             t_start = time.monotonic() + 0.05
@@ -432,10 +516,10 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
                 progress()
         if decoders:
             time.sleep(1.0)  # the last KV caches reach their decode processes before the workers exit
-        ctl.broadcast({"stop": True})
+        ctl.broadcast({"stop": True})  # a worker waits up to KV_DRAIN_S for its KV caches still in flight
         for p in procs:
             try:
-                p.wait(10)
+                p.wait(10 + KV_DRAIN_S)
             except subprocess.TimeoutExpired:
                 p.kill()
     finally:
@@ -451,6 +535,7 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
             except subprocess.TimeoutExpired:
                 p.kill()
         remove_flow_classes(emu, hops)
+        remove_kv_classes(emu, kv_hops)
         ctl.close()
     if service_results and os.path.exists(service_results):
         with open(service_results) as f:

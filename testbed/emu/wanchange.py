@@ -60,6 +60,8 @@ class LiveWan:
         self.sidecars: dict[frozenset, socket.socket] = {}
         # links shared fairly: their replica classes per device (emu/train.py classify_replicas), re-rated with them
         self.fair_classes: dict[frozenset, dict[str, tuple[int, ...]]] = {}
+        # BubbleTea's KV class per device (emu/train.py add_kv_classes): (minor, on a link with Atlas's turns)
+        self.kv_classes: dict[frozenset, dict[str, tuple[int, bool]]] = {}
         self.applied: list[Applied] = []
         self.samples: list[tuple[int, float, str, int]] = []  # (iteration, wall, "a>b", bytes sent so far)
         self.watch = [(w.ns, dev, f"{other}>{dev}") for a, b in links for w in [emu.addr.wan(a, b)]
@@ -114,9 +116,9 @@ class LiveWan:
         rate = st.capacity_bytes_s * 8 / self.scale
         if not st.up and self.up.get(pair, True):
             self._delayline(w.ns, {"hold": True})
-        fair = self.fair_classes.get(frozenset(pair), {})
+        fair, kv = self.fair_classes.get(frozenset(pair), {}), self.kv_classes.get(frozenset(pair), {})
         batch = "".join(" ".join(cmd[1:]) + "\n" for dev in (w.a, w.b)
-                        for cmd in rate_change_commands(dev, rate, fair.get(dev, ())))
+                        for cmd in rate_change_commands(dev, rate, fair.get(dev, ()), kv.get(dev)))
         self.emu.backend.run(self.emu.node(w.ns), ["tc", "-batch", "-"], input=batch)
         self._notify_sidecar(pair, rate)
         if st.up and not self.up.get(pair, True):

@@ -196,6 +196,7 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
                 horizon = 2.0 * max(1, exp.iterations - 1) * T if em.compute == "modeled" else 600.0
                 svc, reqs = service_config(plan, exp, horizon, cpu.calibration if cpu else None)
                 svc["decode_tokens"] = DECODE_TOKENS
+                svc["ship_kv"] = exp.bubbletea.ship_kv
             run = run_training(plan, emu, exp.iterations, progress, em.compute, torch_cfg, svc, capture=capture)
             flows += run.captured
             durations[sched] = run.timeline.iteration_s[1:] or run.timeline.iteration_s

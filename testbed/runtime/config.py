@@ -20,11 +20,15 @@ class Endpoint:
 @dataclass(frozen=True)
 class PrefillConfig:
     """BubbleTea's inference model on this worker: its name and layers (a job pauses at layer boundaries),
-    and, with real compute, the decode process of each DC that finished KV caches go to."""
+    and the decode process of each DC that finished KV caches go to (real compute: the real cache; modeled
+    compute with `bubbletea.ship_kv`: `kv_bytes_per_token` x the prompt's tokens of filler, the inference
+    model's cache over the emulation's scale k)."""
 
     model: str
     layers: int
     decode: dict[str, Endpoint]
+    kv_bytes_per_token: float = 0.0  # modeled compute: bytes shipped per prompt token (0: nothing shipped)
+    kv_connections: int = 1  # TCP connections per home DC (the WAN links' multi-TCP count)
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,8 @@ class WorkerConfig:
             peers = {str(k): Endpoint(str(v["ip"]), int(v["port"])) for k, v in d.pop("peers").items()}
             pf = d.pop("prefill", None)
             prefill = None if pf is None else PrefillConfig(str(pf["model"]), int(pf["layers"]), {
-                str(k): Endpoint(str(v["ip"]), int(v["port"])) for k, v in pf["decode"].items()})
+                str(k): Endpoint(str(v["ip"]), int(v["port"])) for k, v in pf["decode"].items()},
+                float(pf.get("kv_bytes_per_token", 0.0)), int(pf.get("kv_connections", 1)))
             cfg = cls(program=program, peers=peers, prefill=prefill, **d)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ProgramError(f"malformed worker config: {e}") from None

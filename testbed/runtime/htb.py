@@ -28,7 +28,10 @@ RATE_BURST_BYTES = 18 * 1024
 # replicas sharing a link interleave packet by packet (64 KiB turns let the first of three 178 KB transfers
 # finish 12 ms before the last, where the simulator's fair share finishes them together)
 QUANTUM = FRAME_BYTES
-IDLE_PRIO = 7  # HTB's last priority: a replica class with nothing in turn (fair sharing: every class)
+IDLE_PRIO = 6  # a replica class with nothing in turn (fair sharing: every class, BubbleTea's KV caches' too)
+# HTB's last priority: BubbleTea's KV caches on a link with Atlas's turns, after every replica, idle ones included (as
+# the simulator's KV_RANK), so a transfer starting before the sidecar has ranked it still goes ahead of the caches
+KV_PRIO = 7
 MIN_RATE_BPS = 8_000  # HTB needs a positive rate; a "paused" class gets this trickle and borrows nothing
 
 

@@ -9,10 +9,14 @@
   held for prefill beyond a job already started.
 - Each idle window (the gap between two of its training ops) is sent to the service as it ends, so
   the service can predict the next iteration's windows from the live ones (testbed/bubbletea/online.py).
-- compute `modeled`: a job waits its predicted time. compute `torch`: a real prefill of the request's
-  prompt on a small Llama-style model (testbed/runtime/tiny_llama.py), chunk by chunk with the KV
-  cache kept between chunks; after the last chunk the KV cache and the first token are shipped over
-  the emulated WAN to the decode process of the request's home DC (testbed/runtime/decode.py).
+- compute `modeled`: a job waits its predicted time; with `bubbletea.ship_kv`, after a request's last chunk
+  its KV cache (filler of the modeled size over the emulation's scale) crosses the emulated WAN to the decode
+  process of its home DC (testbed/runtime/decode.py, receive-only), as the real one does; a cache whose home is
+  this worker's DC is not shipped (it crosses no WAN link; the simulator's transfers inside a DC do not contend).
+  compute `torch`: a real prefill of the request's prompt on a small Llama-style model
+  (testbed/runtime/tiny_llama.py), chunk by chunk with the KV cache kept between chunks; after the last
+  chunk the KV cache and the first token are shipped over the emulated WAN to the decode process of
+  the request's home DC (testbed/runtime/decode.py).
 
 The service link is one Unix socket: notices (windows, reports) go through a queue and a thread of
 their own, in order, so they never hold the training loop; only the job fetch waits for its reply.
@@ -27,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from testbed.runtime.wire import recv_ctrl, send_ctrl
+from testbed.runtime.wire import chunk_sizes, recv_ctrl, recv_exact, send_ctrl
 
 TRAINING = ("fwd", "bwd", "allreduce")
 FETCH_TIMEOUT = 5.0
@@ -106,55 +110,102 @@ class TorchPrefill:
         self.m = MODELS[model_name]
         self.net = TinyLlama(self.m)
         self.cache: dict[int, list] = {}
-        self.decode = decode
-        self.out: dict[str, queue.Queue] = {}
+        self.shipper = KvShipper(decode)
 
     def steps(self, rid: int, tokens: int, cached: int, last: bool, home: str):
         """The job's real prefill, one layer per step; after the last layer the cache is kept (more chunks
         follow) or shipped with the first token to the request's home DC."""
-        from testbed.runtime.tiny_llama import prompt_ids
+        from testbed.runtime.tiny_llama import kv_to_bytes, prompt_ids
 
         ids = prompt_ids(rid, cached + tokens, self.m.vocab)[cached:]
         first, kv = yield from self.net.prefill_steps(ids, self.cache.pop(rid, None))
         if last:
-            self._ship(rid, first, kv, cached + tokens, home)
+            self.shipper.ship(rid, first, cached + tokens, kv_to_bytes(kv), home)
         else:
             self.cache[rid] = kv
 
     def drop(self, rid: int) -> None:
         self.cache.pop(rid, None)
 
-    def _ship(self, rid: int, first: int, kv, tokens: int, home: str) -> None:
-        from testbed.runtime.tiny_llama import kv_to_bytes
 
+KV_DRAIN_S = 5.0  # at the end of the run, how long a worker waits for its KV caches still crossing the WAN
+
+
+class KvShipper:
+    """Finished KV caches to the decode process of each request's home DC (testbed/runtime/decode.py), off the
+    training path: per home DC `connections` TCP connections through the emulated WAN, each with a thread that
+    takes the next part, sends it and waits for the decode process's one-byte receipt (so `pending` counts
+    parts not yet arrived, and `drain` can wait for them at the end of the run). A modeled cache (filler) is
+    striped over the connections, one part each, as a training pipe stripes a transfer: alone on a link it
+    gets the n-connection cap the simulator's KV flow has; a real cache goes whole (the decoder needs it so)."""
+
+    FILLER = bytes(1 << 20)
+
+    def __init__(self, decode: dict, connections: int = 1) -> None:
+        self.decode = decode
+        self.connections = max(1, connections)
+        self.out: dict[str, queue.Queue] = {}
+        self.pending = 0
+        self.cv = threading.Condition()
+
+    def ship(self, rid: int, first: int, tokens: int, data: bytes | int, home: str) -> None:
+        """`data`: the cache's bytes, or how many bytes of filler stand for it (modeled compute)."""
+        parts = [p for p in chunk_sizes(data, self.connections) if p > 0] if isinstance(data, int) else [data]
+        with self.cv:
+            self.pending += len(parts)
         if home not in self.out:
             q: queue.Queue = queue.Queue()
             self.out[home] = q
-            threading.Thread(target=self._sender, args=(home, q), daemon=True).start()
-        self.out[home].put((rid, first, tokens, kv_to_bytes(kv)))
+            for _ in range(self.connections):
+                threading.Thread(target=self._sender, args=(home, q), daemon=True).start()
+        for part in parts:
+            self.out[home].put((rid, first, tokens, part, len(parts)))
+
+    def drain(self, timeout_s: float) -> int:
+        """Wait up to `timeout_s` for every cache shipped to reach its decode process; returns how many had not."""
+        with self.cv:
+            self.cv.wait_for(lambda: self.pending == 0, timeout_s)
+            return self.pending
 
     def _sender(self, home: str, q: queue.Queue) -> None:
-        """One TCP connection to the home DC's decode process; KV caches go in order, off the training path."""
         ep = self.decode[home]
         sock = socket.create_connection((ep.ip, ep.port), timeout=30)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(None)  # a cache may wait long behind training (Atlas: the KV class goes last)
         while True:
-            rid, first, tokens, data = q.get()
-            send_ctrl(sock, {"request": rid, "first": first, "tokens": tokens, "bytes": len(data),
+            rid, first, tokens, data, parts = q.get()
+            n = data if isinstance(data, int) else len(data)
+            send_ctrl(sock, {"request": rid, "first": first, "tokens": tokens, "bytes": n, "parts": parts,
                              "t_send": time.monotonic()})
-            sock.sendall(data)
+            if isinstance(data, int):
+                view = memoryview(self.FILLER)
+                while data > 0:
+                    sock.sendall(view[:min(data, len(view))])
+                    data -= len(view)
+            else:
+                sock.sendall(data)
+            recv_exact(sock, 1)  # the decode process has it all
+            with self.cv:
+                self.pending -= 1
+                self.cv.notify_all()
 
 
 class PrefillClient:
     """This worker's prefill jobs and idle gaps, one iteration at a time (see the module docstring)."""
 
-    def __init__(self, name: str, service: str | None, compute: str, prefill=None) -> None:
-        """`prefill`: testbed/runtime/config.py's PrefillConfig (model, layers, decode endpoints)."""
-        self.name = name
+    def __init__(self, name: str, service: str | None, compute: str, prefill=None, dc: str = "") -> None:
+        """`prefill`: testbed/runtime/config.py's PrefillConfig (model, layers, decode endpoints); `dc`: this
+        worker's DC (modeled caches whose home it is are not shipped: they cross no WAN link)."""
+        self.name, self.dc = name, dc
         self.link = ServiceLink(service) if service else None
         self.torch = None
         if service and compute == "torch" and prefill is not None:
             self.torch = TorchPrefill(prefill.decode, prefill.model)
+        # modeled compute with ship_kv: a finished request's KV cache crosses the WAN as filler of its modeled size
+        self.kv_per_token = (prefill.kv_bytes_per_token if service and prefill is not None and self.torch is None
+                             and prefill.decode else 0.0)
+        self.shipper = (self.torch.shipper if self.torch is not None else
+                        KvShipper(prefill.decode, prefill.kv_connections) if self.kv_per_token > 0 else None)
         self.jobs: list[list] = []
         self.standby: list[list] = []  # later iterations' jobs: run now only where no job of this one fits
         self.gaps: dict[int, float] = {}  # gap -> its predicted usable length (the service's)
@@ -288,6 +339,9 @@ class PrefillClient:
                 rec("prefill", -1, now, t1)
                 self.ran.append([job[0], job[1], first, t1, job[5], job[6], busy + t1 - now])
                 self.finished.add((job[0], job[1]))
+                if self.kv_per_token > 0 and job[1] == job[2] - 1 and job[7] != self.dc:  # last chunk: ship it
+                    tokens = job[5] + job[6]
+                    self.shipper.ship(job[0], 0, tokens, max(1, round(self.kv_per_token * tokens)), job[7])
                 continue
             t1 = time.monotonic()
             rec("prefill", -1, now, t1)  # paused: training input is in
@@ -357,6 +411,11 @@ class PrefillClient:
         self.over = None
         self.tail_over = bool(reply and reply.get("over"))
         return self.tail_over
+
+    def close(self, timeout_s: float) -> int:
+        """At the end of the run: wait up to `timeout_s` for the KV caches still crossing the WAN; returns how
+        many had not arrived (the orchestrator counts them from the service's record)."""
+        return self.shipper.drain(timeout_s) if self.shipper is not None else 0
 
     def end(self, it: int) -> None:
         """Report what ran and what did not (each such request is re-planned); waits for the service, so that

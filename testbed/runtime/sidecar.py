@@ -4,7 +4,7 @@ Each replica's flows on a WAN egress have their own HTB class (small guaranteed 
 link). Workers tell the sidecar when a transfer starts and ends. In temporal mode the sidecar ranks
 the replicas with a transfer in flight by the plan's turn key (testbed/plan/turns.py, the one the
 simulator uses: a replica ranks by its smallest key) and gives the first HTB priority 0, the next 1,
-and so on (7 at most). HTB lends
+and so on (IDLE_PRIO at most; the last, KV_PRIO, is BubbleTea's KV caches'). HTB lends
 spare capacity to the lowest priority number first, so one replica at a time gets the link at full
 rate, and the next fills what it leaves: the simulator's temporal model. It is work-conserving, so
 if the sidecar dies the link keeps carrying everything and training does not hang.

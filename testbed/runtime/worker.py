@@ -22,7 +22,7 @@ import time
 
 from testbed.program import AllReduce, Backward, Exchange, Forward, Recv, Send, exchanges, program_from_dict
 from testbed.runtime.config import WorkerConfig
-from testbed.runtime.prefill import PrefillClient
+from testbed.runtime.prefill import KV_DRAIN_S, PrefillClient
 from testbed.runtime.wire import DATA, chunk_offset, chunk_sizes, recv_ctrl, send_ctrl
 
 ZEROS = bytes(4 * 2**20)
@@ -623,11 +623,12 @@ def main(cfg_path: str, ctl_path: str) -> None:
         return inbox.payload(key) if torch_mode else None
 
     comp = TorchCompute(cfg) if torch_mode else Modeled(cfg)
-    bt = PrefillClient(prog.group, cfg.bubbletea, cfg.compute, cfg.prefill)
+    bt = PrefillClient(prog.group, cfg.bubbletea, cfg.compute, cfg.prefill, prog.dc)
     send_ctrl(ctl, {"ready": [s, r]})
     while True:
         msg = recv_ctrl(ctl)
         if "stop" in msg:
+            bt.close(KV_DRAIN_S)  # KV caches still crossing the WAN: a bounded wait (the rest count as not arrived)
             break
         it, t_start = msg["go"], msg["t"]
         # a changing WAN re-plans each iteration (testbed/emu/wanchange.py): this iteration's program, run over

@@ -55,6 +55,10 @@ class BubbleTeaOptions(Strict):
     # 0.06 and 0.10 (docs/bubbletea.md). 0 and 0 (default): exact bubbles, a static placement, no slowdown.
     jitter_compute_cv: Annotated[float, Field(ge=0, le=1)] = 0.0
     jitter_wan_cv: Annotated[float, Field(ge=0, le=1)] = 0.0
+    # the emulated run with modeled compute: ship each bubble-served request's KV cache (its modeled size over the
+    # emulation's scale) through the emulated WAN to its home DC's decode process (docs/bubbletea.md). Off by
+    # default: measured on a shared 2-core machine only, where it cannot tell the WAN's effect from CPU noise.
+    ship_kv: bool = False
 
 
 class MultiTcpOptions(Strict):
