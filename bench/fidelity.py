@@ -57,12 +57,11 @@ def pipe_rate_bps(gbps: float, latency_ms: float, window_bytes: float, connectio
     return min(gbps * 1e9 / 8, connections * window_bytes / (2 * latency_ms / 1e3))
 
 
-def choose_scale(fastest_gbps: float, window_bytes: float) -> float:
+def choose_scale(fastest_gbps: float) -> float:
     """k: the fastest link at TARGET_MBPS, as the emulator's own auto scale does (testbed/emu/scale.py). Where
     that takes the window under the 64 KiB floor, both engines run the floored window (runs/emulated.py
     as_emulated): holding k lower to keep the drawn window ran the fastest link at up to twice the rate the
     emulator is sized for, and every host's LAN at twice that (docs/fidelity.md, the scale rule)."""
-    del window_bytes
     return float(f"{max(1.0, fastest_gbps * 1e3 / TARGET_MBPS):.3g}")
 
 
@@ -78,7 +77,7 @@ def random_case(rng: random.Random, index: int, seed: int, prefix: str | None, i
              for a, b in combinations(names, 2)]
     share = math.ceil(pp / n_dcs)  # pp-wan's stages per DC; Atlas fills the DCs with the most free GPUs first
     stages = [share + rng.randint(0, 1) for _ in names]
-    scale = choose_scale(max(lk["gbps"] for lk in links), window_mb * 2**20)
+    scale = choose_scale(max(lk["gbps"] for lk in links))
     lan_mbps = max(LAN_MBPS, 2 * max(lk["gbps"] for lk in links) * 1e3 / scale)
     dcs = [{"name": n, "gpu": "H100", "gpus": c * dp, "gpus_per_node": 1, "hosts": min(16, c * dp),
             "intra_gbps": round(lan_mbps * scale / 1e3, 6)} for n, c in zip(names, stages, strict=True)]

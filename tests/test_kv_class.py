@@ -1,12 +1,12 @@
-"""The KV caches' HTB class on the emulated WAN (emu/train.py kv_class): the simulator's policy in HTB terms."""
+"""The KV caches' HTB class on the emulated WAN (runtime/htb.py kv_class): the simulator's policy in HTB terms."""
 
 from __future__ import annotations
 
 from testbed.emu.bubbletea import DECODE_PORT
 from testbed.emu.shaping import rate_change_commands
-from testbed.emu.train import KV_MINOR, kv_class
+from testbed.emu.train import KV_MINOR
 from testbed.plan.lower import BASE_PORT
-from testbed.runtime.htb import IDLE_PRIO, KV_PRIO, MIN_RATE_BPS, class_args
+from testbed.runtime.htb import IDLE_PRIO, KV_PRIO, MIN_RATE_BPS, class_args, kv_class
 
 
 def test_kv_class_is_a_trickle_with_the_link_as_ceiling_last_under_turns():

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from testbed.runtime.htb import IDLE_PRIO, KV_PRIO, MIN_RATE_BPS, burst_bytes, class_args, wire_bps
+from testbed.runtime.htb import IDLE_PRIO, burst_bytes, class_args, kv_class, trickle_bps, wire_bps
 
 # Deep enough that no window the runs open is ever dropped: the simulator has no loss model, and at scale k a
 # window is k times fewer packets than in the real world, so a drop costs a 200 ms retransmission timeout where
@@ -49,16 +49,15 @@ def rate_change_commands(dev: str, rate_bps: float, replica_minors: tuple[int, .
     """Re-rate a link made by `htb_commands` (its class 1:1 and default class 1:10) as a running link changes,
     the replica classes that share it fairly (emu/train.py classify_replicas: a trickle guaranteed, the
     link's rate as ceiling; a temporal link's classes are the sidecar's to re-rate), and BubbleTea's KV class
-    `kv` (minor, whether the link has Atlas's turns: emu/train.py kv_class), which keeps its priority."""
+    `kv` (minor, whether the link has Atlas's turns: runtime/htb.py kv_class), which keeps its priority."""
     rate = f"{int(wire_bps(rate_bps))}bit"
     burst = str(burst_bytes(rate_bps))
     cmds = [["tc", "class", "change", "dev", dev, "parent", parent, "classid", cid, "htb", "rate", rate, "ceil", rate,
              "burst", burst, "cburst", burst] for parent, cid in (("1:", "1:1"), ("1:1", "1:10"))]
-    replica = class_args(max(rate_bps / 100, MIN_RATE_BPS), rate_bps, IDLE_PRIO)  # as classify_replicas made them
+    replica = class_args(trickle_bps(rate_bps), rate_bps, IDLE_PRIO)  # as classify_replicas made them
     cmds += [["tc", "class", "change", "dev", dev, "parent", "1:1", "classid", f"1:{minor:x}", "htb", *replica]
              for minor in replica_minors]
     if kv is not None:
-        prio = KV_PRIO if kv[1] else IDLE_PRIO
         cmds.append(["tc", "class", "change", "dev", dev, "parent", "1:1", "classid", f"1:{kv[0]:x}", "htb",
-                     *class_args(max(rate_bps / 100, MIN_RATE_BPS), rate_bps, prio)])
+                     *class_args(*kv_class(rate_bps, kv[1]))])
     return cmds

@@ -27,6 +27,7 @@ from testbed.plan.plan import Plan
 from testbed.program import AllReduce, exchanges
 from testbed.runtime.access import grant, listen_unix, log, peer_cred
 from testbed.runtime.config import Endpoint, WorkerConfig
+from testbed.runtime.htb import IDLE_PRIO, class_args, kv_class, trickle_bps
 from testbed.runtime.prefill import KV_DRAIN_S
 from testbed.runtime.wire import ProtocolError, recv_ctrl, send_ctrl
 from testbed.timeline import Interval, Timeline, group_gaps, group_name, sort_intervals
@@ -87,7 +88,6 @@ def classify_replicas(plan: Plan, emu: Emulation, hops: dict, cfgs: dict[tuple[i
     kernel has no fair-queueing qdisc); under temporal sharing the sidecar ranks them. They also let
     FlowSampler see each replica's share of the link."""
     from testbed.emu.flowctl import FlowControl
-    from testbed.runtime.htb import IDLE_PRIO, MIN_RATE_BPS
 
     for cfg in cfgs.values():
         prog = cfg.program
@@ -105,23 +105,12 @@ def classify_replicas(plan: Plan, emu: Emulation, hops: dict, cfgs: dict[tuple[i
                 fc = FlowControl(emu, *link, dev)
                 if str(r) not in devs.setdefault(dev, {}):
                     devs[dev][str(r)] = minor
-                    fc.add_class(minor, max(rate / 100, MIN_RATE_BPS), ceil_bps=rate, prio=IDLE_PRIO, **match)
+                    fc.add_class(minor, trickle_bps(rate), ceil_bps=rate, prio=IDLE_PRIO, **match)
                 else:  # another stage boundary of the same replica on this link: one more filter
                     fc.add_filter(minor, **match)
 
 
 KV_MINOR = 0xFFF  # BubbleTea's KV caches' HTB class on each WAN hop (replica classes: 0x100 + replica)
-
-
-def kv_class(link_bps: float, temporal: bool) -> tuple[float, float, int]:
-    """(guaranteed rate, ceiling, HTB priority) of the KV caches' class on a hop of `link_bps` (payload bits/s): a
-    trickle and the link as ceiling, as `classify_replicas` gives a replica class. On a fair-shared link at the
-    replicas' priority (IDLE_PRIO), so the caches take a round-robin share beside them; on a link with Atlas's turns
-    at the last (KV_PRIO), after every replica, idle ones included, as the simulator's KV flows
-    (testbed/sim/realised.py: `KV_RANK`). A changing WAN re-rates it so (testbed/emu/shaping.py)."""
-    from testbed.runtime.htb import IDLE_PRIO, KV_PRIO, MIN_RATE_BPS
-
-    return max(link_bps / 100, MIN_RATE_BPS), link_bps, KV_PRIO if temporal else IDLE_PRIO
 
 
 def classify_kv(plan: Plan, emu: Emulation, kv_hops: dict, port: int) -> None:
@@ -145,7 +134,6 @@ def add_kv_classes(emu: Emulation, kv_hops: dict, port: int, temporal: set[froze
     NIC's one FIFO they held up training's sends and all-reduce (the simulator's transfers inside a DC do not
     contend). There the KV class yields to the default class, which carries training at the NIC's rate."""
     from testbed.emu.flowctl import FlowControl
-    from testbed.runtime.htb import class_args
 
     for w, link in zip(emu.addr.wans, emu.topo.links, strict=True):
         rate, ceil, prio = kv_class(link.gbps * 1e9 / emu.scale, frozenset((w.a, w.b)) in temporal)
@@ -191,7 +179,7 @@ def start_sidecars(plan: Plan, emu: Emulation, hops: dict) -> list[subprocess.Po
                "socket": sidecar_socket(emu, a, b),
                "drain_s": 0.0,  # the receiver sends the end, once the tail has crossed (sidecar.py)
                "link_bps": lp.capacity_bytes_s * 8 / emu.scale,  # emulated bits/s, as HTB takes them
-               "min_rate_bps": max(lp.capacity_bytes_s * 8 / emu.scale / 100, 8000),
+               "min_rate_bps": trickle_bps(lp.capacity_bytes_s * 8 / emu.scale),
                "gid": run_gid(emu.backend), "peer_uids": [worker_uid(emu.backend)]}
         path = rdir / f"sidecar-{w.ns}.json"
         path.write_text(json.dumps(cfg))

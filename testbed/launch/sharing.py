@@ -32,7 +32,8 @@ def pin_ports(emu: Emulation) -> dict[str, tuple[int, int]]:
 def temporal_classes(emu: Emulation, ranges: dict[str, tuple[int, int]]) -> dict[tuple[str, str], list[int]]:
     """Per-replica classes on both egresses of every WAN link; returns {(link a, b): [minors]} so that
     `remove_classes` can undo them (it is safe to call on a half-built set)."""
-    from testbed.emu.flowctl import MIN_RATE_BPS, FlowControl
+    from testbed.emu.flowctl import FlowControl
+    from testbed.runtime.htb import trickle_bps
 
     made: dict[tuple[str, str], list[int]] = {}
     for w, link in zip(emu.addr.wans, emu.topo.links, strict=True):
@@ -43,7 +44,7 @@ def temporal_classes(emu: Emulation, ranges: dict[str, tuple[int, int]]) -> dict
             for h in hosts:
                 minor = 0x100 + h.index
                 made.setdefault((w.a, w.b, towards), []).append(minor)  # type: ignore[arg-type]
-                fc.add_class(minor, max(rate / 100, MIN_RATE_BPS), ceil_bps=rate, prio=min(h.index, IDLE_PRIO),
+                fc.add_class(minor, trickle_bps(rate), ceil_bps=rate, prio=min(h.index, IDLE_PRIO),
                              ports=ranges[h.ns])
     return made  # type: ignore[return-value]
 

@@ -46,6 +46,21 @@ def burst_bytes(rate_bps: float) -> int:
     return max(MIN_BURST_BYTES, int(rate_bps * BURST_S / 8))
 
 
+def trickle_bps(link_bps: float) -> float:
+    """The rate guaranteed to a class that waits its turn on a link of `link_bps` (payload bits/s): 1/100 of the
+    link, never below MIN_RATE_BPS; it borrows the rest up to its ceiling, the link's rate."""
+    return max(link_bps / 100, MIN_RATE_BPS)
+
+
+def kv_class(link_bps: float, temporal: bool) -> tuple[float, float, int]:
+    """(guaranteed rate, ceiling, HTB priority) of BubbleTea's KV caches' class on a hop of `link_bps` (payload
+    bits/s): a trickle and the link as ceiling, as a replica class. On a fair-shared link at the replicas'
+    priority (IDLE_PRIO), so the caches take a round-robin share beside them; on a link with Atlas's turns at
+    the last (KV_PRIO), after every replica, idle ones included, as the simulator's KV flows
+    (testbed/sim/realised.py: `KV_RANK`)."""
+    return trickle_bps(link_bps), link_bps, KV_PRIO if temporal else IDLE_PRIO
+
+
 def class_args(rate_bps: float, ceil_bps: float | None, prio: int) -> list[str]:
     """`tc class add|change ... htb` arguments of a class under 1:1 at payload rates (bits/s): what `set_class`
     and `ClassChanger` set over netlink."""

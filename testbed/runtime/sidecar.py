@@ -48,7 +48,7 @@ from collections import defaultdict
 
 from testbed.plan.turns import TURN_KEYS
 from testbed.runtime.ctlserver import serve_frames
-from testbed.runtime.htb import IDLE_PRIO, MIN_RATE_BPS, ClassChanger
+from testbed.runtime.htb import IDLE_PRIO, MIN_RATE_BPS, ClassChanger, trickle_bps
 from testbed.runtime.wire import ProtocolError
 
 
@@ -99,7 +99,7 @@ class Sidecar:
                 raise ProtocolError(f"bad link rate {bps}")
             with self.lock:
                 self.cfg["link_bps"] = max(bps, MIN_RATE_BPS)
-                self.cfg["min_rate_bps"] = max(bps / 100, MIN_RATE_BPS)
+                self.cfg["min_rate_bps"] = trickle_bps(bps)
                 self.prio.clear()  # every class is set again with the new rates
                 for dev in self.cfg["devs"]:
                     self.apply(dev)
