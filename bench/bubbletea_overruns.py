@@ -1,7 +1,8 @@
 """How long training waited for prefill in an emulated BubbleTea run, read from its timeline.csv: for each
 prefill interval, the part after the group's next training input had arrived (the recv's end) - the
 delay prefill itself caused, measured inside one run, apart from the run-to-run noise that a comparison
-with a separate run without BubbleTea (`train_slowdown`) carries on a shared machine.
+with a separate run without BubbleTea (`train_slowdown_vs_alone`) carries on a shared machine. `train_slowdown`
+is what these waits cost the iteration (testbed/bubbletea/without_prefill.py: the same run replayed without them).
 Run: .venv/bin/python bench/bubbletea_overruns.py RESULTS_DIR
 """
 
@@ -45,7 +46,8 @@ def main() -> None:
         print(f"{run}: {len(mine)} prefill intervals overran (training input arrived during them), "
               f"{mine.overrun_s.sum() * 1e3:.1f} ms in all, {per_it * 1e3:.1f} ms per iteration "
               f"({per_it / its:.2%} of an iteration; the longest {longest:.1f} ms); "
-              f"train_slowdown against the separate run: {float(d.train_slowdown.iloc[0]):.2%}")
+              f"train_slowdown {float(d.train_slowdown.iloc[0]):.2%} (in the run), "
+              f"{float(d.train_slowdown_vs_alone.iloc[0]):.2%} against the separate run")
 
 
 if __name__ == "__main__":

@@ -67,9 +67,16 @@ SUMMARY = CsvFile("summary.csv", "`testbed sim`, `testbed experiment run`",
                           "included); empty where the point has none"),
     ("speedup_vs_best", "x", "best_baseline's iteration time / this row's (above 1: faster than every baseline)"),
     ("train_slowdown", "share", "BubbleTea: iteration time with prefill / without - 1 (0 = training not delayed); "
-                                "emulated: median over the steady iterations / the run without BubbleTea's median"),
+                                "emulated: the median over the steady iterations of each against itself replayed "
+                                "without training's waits for prefill (testbed/bubbletea/without_prefill.py)"),
     ("train_slowdown_p25", "share", "BubbleTea, emulated: 25th percentile of the steady iterations' slowdown (spread)"),
     ("train_slowdown_p75", "share", "BubbleTea, emulated: 75th percentile of the steady iterations' slowdown (spread)"),
+    ("train_slowdown_vs_alone", "share", "BubbleTea, emulated (written only then): median iteration / the separate "
+                                         "run without BubbleTea's median - 1; sees what the in-run replay cannot (KV "
+                                         "caches on the wire, the emulation's CPU) and the two runs' difference"),
+    ("train_slowdown_vs_alone_p25", "share", "BubbleTea, emulated: 25th percentile of the steady iterations against "
+                                             "the separate run's median"),
+    ("train_slowdown_vs_alone_p75", "share", "BubbleTea, emulated: 75th percentile of the same"),
     ("ttft_p50_ms", "ms", "BubbleTea: median time to first token (bubble-served and fallback requests)"),
     ("ttft_p99_ms", "ms", "BubbleTea: 99th-percentile time to first token"),
     ("ttft_bubble_p50_ms", "ms", "BubbleTea: median TTFT of the requests prefilled in bubbles"),

@@ -31,6 +31,9 @@ KV_WAN_COLUMNS = ("kv_wan_bytes", "kv_wan_gbps", "kv_wan_link", "kv_wan_link_sha
 # the emulated run's KV caches that had not reached their decode process when it stopped (emulated BubbleTea with
 # shipped caches only: written after KV_WAN_COLUMNS, only when a row has it)
 KV_EMU_COLUMNS = ("kv_not_arrived",)
+# an emulated BubbleTea run against the separate run of training alone (`train_slowdown` is measured inside the
+# run: testbed/bubbletea/without_prefill.py); written last, only when a row has it
+SLOWDOWN_EMU_COLUMNS = ("train_slowdown_vs_alone", "train_slowdown_vs_alone_p25", "train_slowdown_vs_alone_p75")
 
 
 def share(tl: Timeline, kinds: tuple[str, ...]) -> float:

@@ -211,6 +211,7 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
             bt_metrics, req_rows = None, []
             if svc is not None:
                 bt_metrics, req_rows = _emulated_requests(plan, exp, svc, reqs, run, em.compute == "torch")
+                bt_metrics.update(_slowdown_in_run(plan, run.timeline))
             row_emu = summary_row(plan, tl_emu, lb, sweep, bt_metrics, degraded=note, scale=scale)
             results.append(RunResult(row_emu, tl_emu, 0, req_rows))
             if em.compute != "modeled":
@@ -254,10 +255,27 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
         name = str(r.summary["scheduler"])
         if r.summary["source"] == "emu" and name.endswith("+bubbletea") and name[:-10] in durations:
             med, p25, p75 = slowdown(durations[name], durations[name[:-10]])
-            r.summary.update(train_slowdown=round(med, 6), train_slowdown_p25=round(p25, 6),
-                             train_slowdown_p75=round(p75, 6))
+            r.summary.update(train_slowdown_vs_alone=round(med, 6), train_slowdown_vs_alone_p25=round(p25, 6),
+                             train_slowdown_vs_alone_p75=round(p75, 6))
     add_speedups([r.summary for r in results])
     return results, validation, losses, flows, cpu_rows
+
+
+def _slowdown_in_run(plan, timeline) -> dict:
+    """`train_slowdown` and its spread, measured inside the run: each steady iteration against itself replayed
+    without training's waits for prefill (testbed/bubbletea/without_prefill.py); empty if the timeline does not
+    hold every op the programs name (a degraded run)."""
+    from testbed.bubbletea.without_prefill import ReplayError, paired_slowdowns, summary
+    from testbed.plan.lower import lower
+
+    try:
+        rel = paired_slowdowns(lower(plan), timeline, first=1 if len(timeline.iteration_s) > 1 else 0)
+    except ReplayError:
+        rel = []
+    if not rel:
+        return {"train_slowdown": "", "train_slowdown_p25": "", "train_slowdown_p75": ""}
+    med, p25, p75 = summary(rel)
+    return {"train_slowdown": round(med, 6), "train_slowdown_p25": round(p25, 6), "train_slowdown_p75": round(p75, 6)}
 
 
 def _emulated_requests(plan, exp: Experiment, svc: dict, reqs: list, run, real_compute: bool

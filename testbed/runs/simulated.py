@@ -12,7 +12,14 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from testbed.analysis.metrics import KV_EMU_COLUMNS, KV_WAN_COLUMNS, SUMMARY_HEADER, add_speedups, summary_row
+from testbed.analysis.metrics import (
+    KV_EMU_COLUMNS,
+    KV_WAN_COLUMNS,
+    SLOWDOWN_EMU_COLUMNS,
+    SUMMARY_HEADER,
+    add_speedups,
+    summary_row,
+)
 from testbed.bubbletea.bubbles import BUBBLES_HEADER, bubble_rows, extract_bubbles
 from testbed.bubbletea.knee import KNEE_HEADER, knees
 from testbed.bubbletea.run import REQUESTS_HEADER, request_rows, run_bubbletea, train_mfu
@@ -216,7 +223,8 @@ def write_outputs(out: Path, results: list[RunResult]) -> list[Path]:
     # summary as it was)
     header = (SUMMARY_HEADER + (KV_WAN_COLUMNS if any("kv_wan_bytes" in r.summary for r in results) else ())
               + (KV_EMU_COLUMNS if any("kv_not_arrived" in r.summary for r in results) else ())
-              + (("wan_stall_s",) if any("wan_stall_s" in r.summary for r in results) else ()))
+              + (("wan_stall_s",) if any("wan_stall_s" in r.summary for r in results) else ())
+              + (SLOWDOWN_EMU_COLUMNS if any("train_slowdown_vs_alone" in r.summary for r in results) else ()))
     write_csv(paths[0], header, ([r.summary.get(k, "") for k in header] for r in results))
     tls = [r.timeline for r in results if r.timeline is not None]
     if tls:
