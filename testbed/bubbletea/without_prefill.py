@@ -22,7 +22,7 @@ without prefill is known and checks it (tests/test_without_prefill.py).
 from __future__ import annotations
 
 from collections import defaultdict
-from statistics import median
+from statistics import quantiles
 
 from testbed.program import AllReduce, Backward, Forward, Program, Recv, Send
 from testbed.timeline import Interval, Timeline
@@ -177,12 +177,8 @@ def paired_slowdowns(programs: dict[str, Program], timeline: Timeline, first: in
 
 
 def summary(rel: list[float]) -> tuple[float, float, float]:
-    """Median, 25th and 75th percentile (linear interpolation) of the per-iteration slowdowns."""
-    s = sorted(rel)
-
-    def pct(p: float) -> float:
-        x = p * (len(s) - 1)
-        i = int(x)
-        return s[i] + (s[min(i + 1, len(s) - 1)] - s[i]) * (x - i)
-
-    return median(s), pct(0.25), pct(0.75)
+    """Median, 25th and 75th percentile (inclusive: linear between the values) of the per-iteration slowdowns."""
+    if len(rel) == 1:
+        return rel[0], rel[0], rel[0]
+    p25, p50, p75 = quantiles(rel, n=4, method="inclusive")
+    return p50, p25, p75

@@ -228,12 +228,8 @@ def served_same_requests(sim_rows: list[tuple], emu_rows: list[tuple]) -> tuple[
 def slowdown(bt_durations: list[float], base_durations: list[float]) -> tuple[float, float, float]:
     """Training slowdown over the steady iterations: median(BubbleTea) / median(alone) - 1, and the
     25th and 75th percentiles of each BubbleTea iteration against the median alone (the spread)."""
+    from testbed.bubbletea.without_prefill import summary
+
     base = median(base_durations)
-    rel = sorted(d / base - 1 for d in bt_durations)
-
-    def pct(p: float) -> float:
-        x = p * (len(rel) - 1)
-        i = int(x)
-        return rel[i] + (rel[min(i + 1, len(rel) - 1)] - rel[i]) * (x - i)
-
-    return median(bt_durations) / base - 1, pct(0.25), pct(0.75)
+    _, p25, p75 = summary([d / base - 1 for d in bt_durations])
+    return median(bt_durations) / base - 1, p25, p75
