@@ -18,7 +18,7 @@ from __future__ import annotations
 from testbed.emu.build import Emulation
 from testbed.launch.ranks import port_ranges
 
-IDLE_PRIO = 7
+LAST_PRIO = 7  # HTB has priorities 0-7: replicas past the eighth share the last (round robin among them)
 
 
 def pin_ports(emu: Emulation) -> dict[str, tuple[int, int]]:
@@ -44,7 +44,7 @@ def temporal_classes(emu: Emulation, ranges: dict[str, tuple[int, int]]) -> dict
             for h in hosts:
                 minor = 0x100 + h.index
                 made.setdefault((w.a, w.b, towards), []).append(minor)  # type: ignore[arg-type]
-                fc.add_class(minor, trickle_bps(rate), ceil_bps=rate, prio=min(h.index, IDLE_PRIO),
+                fc.add_class(minor, trickle_bps(rate), ceil_bps=rate, prio=min(h.index, LAST_PRIO),
                              ports=ranges[h.ns])
     return made  # type: ignore[return-value]
 
