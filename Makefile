@@ -156,6 +156,7 @@ bench: venv
 	$(BIN)/python bench/paper_speedups.py
 	$(BIN)/python bench/turn_orders.py
 	$(BIN)/python bench/prefill_model_error.py
+	$(BIN)/python bench/paired_slowdown.py
 	@if [ "$$(id -u)" -eq 0 ]; then $(BIN)/python bench/link_fidelity.py && $(BIN)/python bench/gpipe_arrivals.py; \
 	 else echo "link_fidelity and gpipe_arrivals need root"; fi
 
