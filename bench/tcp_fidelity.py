@@ -10,7 +10,10 @@ emulated link (the numbers in docs/fidelity.md):
 - restart:  the first message on a fresh connection, and one after an idle spell longer than the
             retransmission timeout with net.ipv4.tcp_slow_start_after_idle on and off;
 - burst:    a message smaller than the window on an idle link (HTB's burst lets its first bytes through at
-            the veth's speed): measured vs bytes / C + latency.
+            the veth's speed): measured vs bytes / C + latency;
+- stripes:  a backlog of messages queued at once on a pipe of n connections over a link-bound link (a stage's
+            sends behind a slow WAN): each message's arrival against the fluid one (the pipe as one flow at the
+            link's rate, messages in order); a message waits for its slowest connection.
 
 Needs root. Run: sudo .venv/bin/python bench/tcp_fidelity.py [--prefix gdtbN] [--only window,delay]
 Timings on a shared machine are noisy: medians of several messages are printed with their range.
@@ -84,6 +87,16 @@ class Link:
         cli.wait()
         srv.wait()
         return [t1 - t0 for t0, t1 in out]
+
+    def backlog(self, n: int, window: int, nbytes: int, count: int, rounds: int, gap_s: float,
+                port: int = 6201) -> list[list[float]]:
+        """[start, arrival] of `rounds` x `count` messages over n connections, each round's queued at once."""
+        srv = self.server("pipe-server", port, n, count * rounds, window)
+        cli = self.spawn("east-h0", "pipe-backlog", self.ip, port, n, nbytes, count, rounds, gap_s)
+        out = json.loads(srv.stdout.readline())  # type: ignore[union-attr]
+        cli.wait()
+        srv.wait()
+        return out
 
     def pipe(self, n: int, window: int, nbytes: int, count: int, gap_s: float, port: int = 6101) -> list[float]:
         """The same over n connections with the workers' own striped transport."""
@@ -168,7 +181,30 @@ def burst(prefix: str | None) -> None:
                   f"{(nbytes / link.C + link.l) * 1e3:.1f} ms")
 
 
-SECTIONS = {"window": window, "transfer": transfer, "delay": delay, "restart": restart, "burst": burst}
+def stripes(prefix: str | None) -> None:
+    print("\n-- stripes: 5 messages queued at once on a pipe of n connections, 40 Mbit/s, 40 ms one way, W = 48 MSS"
+          " each (n W above the bandwidth-delay product: link-bound); 6 rounds")
+    print(f"{'connections':>12}{'bytes':>9}  {'late vs fluid: median':>22}{'p90':>9}{'max':>9}"
+          f"{'  arrival k minus k-1 (fluid a/C)':>34}")
+    w = 48 * MSS
+    count, rounds = 5, 6
+    with Link(prefix, 40, 40, w) as link:
+        for n, a in ((2, 256 * 1024), (8, 1024 * 1024)):
+            out = link.backlog(n, w, a, count, rounds, count * a / link.C + 0.5)  # the link drains between rounds
+            late, gaps = [], []
+            for r in range(1, rounds):  # the first round warms the connections up
+                msgs = out[r * count:(r + 1) * count]
+                t0 = min(t for t, _ in msgs)
+                late += [t1 - (t0 + (i + 1) * a / link.C + link.l) for i, (_, t1) in enumerate(msgs)]
+                gaps += [b[1] - a_[1] for a_, b in zip(msgs, msgs[1:], strict=False)]
+            late.sort()
+            q = lambda xs, p: xs[min(len(xs) - 1, int(p * len(xs)))]  # noqa: E731
+            print(f"{n:>12}{a:>9}  {q(late, 0.5) * 1e3:>19.1f} ms{q(late, 0.9) * 1e3:>6.1f} ms{late[-1] * 1e3:>6.1f} ms"
+                  f"  {med(gaps)} ({a / link.C * 1e3:.1f} ms)")
+
+
+SECTIONS = {"window": window, "transfer": transfer, "delay": delay, "restart": restart, "burst": burst,
+            "stripes": stripes}
 
 
 def main() -> None:

@@ -9,6 +9,8 @@ receiver (both ends on one machine share CLOCK_MONOTONIC), or a bulk stream for 
   python bench/tcp_probe.py bulk IP PORT SECONDS                  send as fast as the connection takes
   python bench/tcp_probe.py pipe-server PORT N COUNT WINDOW        the workers' striped transport: COUNT messages
   python bench/tcp_probe.py pipe-client IP PORT N BYTES COUNT GAP_S  over N connections, each [start, arrival]
+  python bench/tcp_probe.py pipe-backlog IP PORT N BYTES COUNT ROUNDS GAP_S  ROUNDS times COUNT messages queued
+                                                                  at once, GAP_S between rounds
 """
 
 from __future__ import annotations
@@ -143,6 +145,29 @@ def pipe_client(ip: str, port: int, n: int, nbytes: int, count: int, gap_s: floa
     time.sleep(1.0)  # let the last bytes arrive before the sockets close
 
 
+def pipe_backlog(ip: str, port: int, n: int, nbytes: int, count: int, rounds: int, gap_s: float) -> None:
+    """A backlog: `count` messages queued on the pipe at once (as a pipeline stage's sends queue behind a slow
+    link), `rounds` times, `gap_s` apart (the link drains in between); message r * count + i of round r."""
+    import threading
+
+    from testbed.runtime.worker import Striped
+
+    socks = []
+    for _ in range(n):
+        s = socket.create_connection((ip, port))
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        socks.append(s)
+    pipe = Striped(socks)
+    left = threading.Semaphore(0)
+    for r in range(rounds):
+        for i in range(count):
+            pipe.send(b"a", 0, r * count + i, nbytes, lambda a, b: left.release())
+        for _ in range(count):
+            left.acquire()
+        time.sleep(gap_s)
+    time.sleep(1.0)  # let the last bytes arrive before the sockets close
+
+
 if __name__ == "__main__":
     mode, *a = sys.argv[1:]
     if mode == "server":
@@ -153,6 +178,8 @@ if __name__ == "__main__":
         pipe_server(int(a[0]), int(a[1]), int(a[2]), int(a[3]))
     elif mode == "pipe-client":
         pipe_client(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4]), float(a[5]))
+    elif mode == "pipe-backlog":
+        pipe_backlog(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4]), int(a[5]), float(a[6]))
     elif mode == "sink":
         sink(int(a[0]), float(a[1]), *map(int, a[2:]))
     else:
