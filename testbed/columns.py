@@ -172,6 +172,12 @@ REQUESTS = CsvFile("requests.csv", "`+bubbletea` schedulers", "one row per prefi
     ("kv_ready_s", "s", "when the KV cache is in the decode pool (emulated: measured where caches are shipped, real "
                              "compute or `bubbletea.ship_kv`; empty if it had not arrived)"),
     ("queue_s", "s", "wait in the fallback pool's queue (0 when prefilled in bubbles)"),
+    ("pool_reason", "", "why the fallback pool (empty when prefilled in bubbles): too_large (no group holds the "
+                        "prompt beside training), no_bubble (no predicted bubble before the horizon holds it), "
+                        "late (its bubble would end past the SLO), skipped (a job of it did not run in its "
+                        "iteration and the re-plan found it late), not_run (placed in bubbles, its jobs not all "
+                        "run when the run ended: planned past its last iteration), run_end (not decided before "
+                        "the run ended)"),
 ))
 
 KNEE = CsvFile("knee.csv", "`testbed sim` and `experiment run` with `+bubbletea` schedulers",

@@ -10,7 +10,7 @@ import pytest
 from testbed.analysis.invariants import check_timeline
 from testbed.bubbletea.bubbles import extract_bubbles
 from testbed.bubbletea.pool import FallbackPool, default_servers
-from testbed.bubbletea.run import Outcome, requests_for, run_bubbletea, serving_metrics, train_mfu
+from testbed.bubbletea.run import REQUESTS_HEADER, Outcome, requests_for, run_bubbletea, serving_metrics, train_mfu
 from testbed.bubbletea.trace import load_trace, synthetic_trace
 from testbed.costs.models import MODELS
 from testbed.costs.prefill import (
@@ -286,3 +286,37 @@ def test_with_jitter_and_no_guard_training_waits_for_prefill_but_never_overlaps_
     exact = run_experiment([(exp.model_copy(update={"bubbletea": exp.bubbletea.model_copy(
         update={"jitter_compute_cv": 0.0, "jitter_wan_cv": 0.0})}), {})], jobs=1)[0]
     assert exact.summary["train_slowdown"] == 0  # without noise the bubbles are exact: training never waits
+
+
+def test_requests_say_why_they_went_to_the_pool():
+    """Each reason the scheduler has for the pool, one request each; a request served in bubbles has none."""
+    from testbed.bubbletea.bubbles import Bubble
+    from testbed.bubbletea.scheduler import POOL_REASONS, GroupCost, schedule
+    from testbed.bubbletea.trace import Request
+
+    cost = GroupCost(lambda n: n * 1e-3, lambda done, n: n * 1e-3, max_tokens=1000)
+    bubbles = [Bubble("s0r0", "a", 0, 0, 0, 0.0, 0.5), Bubble("s0r0", "a", 0, 0, 1, 5.0, 5.5)]
+    pool = FallbackPool(1, 1, ["a"], {"a": lambda n: n * 1e-4})
+    reqs = [Request(0, 0.0, 100, 1),  # fits the first bubble
+            Request(1, 0.0, 5000, 1),  # no group holds 5,000 tokens
+            Request(2, 0.1, 500, 1),  # the rest of the first bubble is too short: the next ends past the SLO
+            Request(3, 6.0, 100, 1)]  # after the last bubble
+    placed = schedule(reqs, bubbles, costs={("s0r0", "a"): cost}, pool=pool, kv_time=lambda *_: 0.0,
+                      home=lambda q: "a", guard_s=0.0, slo_s=2.0, horizon_s=10.0)
+    assert [p.pool_reason for p in placed] == ["", "too_large", "late", "no_bubble"]
+    assert [p.fallback for p in placed] == [False, True, True, True]
+    assert {p.pool_reason for p in placed} - {""} <= set(POOL_REASONS)
+
+
+def test_every_pool_served_request_has_a_reason_in_the_online_planner_too():
+    from testbed.bubbletea.scheduler import POOL_REASONS
+    from testbed.runs.simulated import run_experiment
+
+    sets = ["schedulers=[atlas+bubbletea]", "bubbletea.rate_scale=40", "iterations=4", "timeline=none",
+            "bubbletea.jitter_compute_cv=0.1", "bubbletea.jitter_wan_cv=0.1"]
+    (exp, _), = load_experiment(ROOT / "experiments" / "emu-bubbletea.yaml", sets=sets)
+    rows = run_experiment([(exp, {})], jobs=1)[0].requests
+    reason, in_bubble = (REQUESTS_HEADER.index(k) for k in ("pool_reason", "in_bubble"))
+    assert any(r[in_bubble] == 0 for r in rows) and any(r[in_bubble] == 1 for r in rows)
+    for r in rows:
+        assert (r[reason] == "") == (r[in_bubble] == 1) and (r[in_bubble] == 1 or r[reason] in POOL_REASONS), r

@@ -193,6 +193,7 @@ class Decision:
     worker: str = ""
     jobs: list[Job] = field(default_factory=list)
     pool_join_s: float | None = None
+    reason: str = ""  # why the pool (testbed/bubbletea/scheduler.py POOL_REASONS)
 
 
 class OnlinePlanner:
@@ -210,6 +211,7 @@ class OnlinePlanner:
         self.warm = False  # the durations hold only the warm-up iteration's
         self.decided: dict[int, Decision] = {}
         self.retry: dict[int, float] = {}  # request id -> not before (a skipped job, a deferral)
+        self.skips: set[int] = set()  # requests a job of which a worker skipped
         self.next_request = 0
         self.measured: dict[int, bool] = {}  # iteration -> whether its plan had a measured margin
 
@@ -264,6 +266,7 @@ class OnlinePlanner:
         d = self.decided.pop(request_id, None)
         if d is not None:
             self.retry[request_id] = t_s
+            self.skips.add(request_id)
 
     def plan(self, k: int, start_s: float) -> dict[str, list[Job]]:
         """Re-plan at the start of iteration k (at `start_s` on the timeline); return the jobs to run in k."""
@@ -290,7 +293,9 @@ class OnlinePlanner:
                           horizon_s=start_s + H * D, since=since)
         for q, pl in zip(pending, placed, strict=True):
             if pl.fallback:
-                self.decided[q.request_id] = Decision(q, pool_join_s=max(pl.request.arrival_s, start_s))
+                reason = "skipped" if q.request_id in self.skips and pl.pool_reason == "late" else pl.pool_reason
+                self.decided[q.request_id] = Decision(q, pool_join_s=max(pl.request.arrival_s, start_s),
+                                                      reason=reason)
                 continue
             jobs, done = [], 0
             for n, (a, b, tok) in enumerate(pl.intervals):

@@ -31,7 +31,7 @@ from testbed.spec.experiment import BubbleTeaOptions
 from testbed.timeline import Timeline
 
 REQUESTS_HEADER = ("run_id", "source", "request_id", "arrival_s", "prompt_tokens", "gpu", "dc", "start_s", "end_s",
-                   "ttft_s", "chunks", "in_bubble", "home_dc", "kv_bytes", "kv_ready_s", "queue_s")
+                   "ttft_s", "chunks", "in_bubble", "home_dc", "kv_bytes", "kv_ready_s", "queue_s", "pool_reason")
 POOL_MEMORY_SHARE = 0.8  # a pool server's weights may take this share of its GPUs' memory (the rest: KV cache)
 
 
@@ -348,5 +348,6 @@ def request_rows(run_id: str, source: str, pls: list[Placement], kv_per_token: f
         q = p.request
         yield (run_id, source, q.request_id, fmt(q.arrival_s, 6), q.prompt_tokens, p.gpu, p.dc, fmt(p.start_s, 6),
                fmt(p.end_s, 6), fmt(p.ttft_s, 6), len(p.intervals), int(not p.fallback), p.home_dc,
-               int(kv_per_token * q.prompt_tokens), fmt(p.kv_ready_s, 6), fmt(p.queue_s, 6))
+               int(kv_per_token * q.prompt_tokens), fmt(p.kv_ready_s, 6), fmt(p.queue_s, 6),
+               p.pool_reason if p.fallback else "")
 

@@ -34,6 +34,12 @@ class GroupCost:
     max_tokens: int  # KV capacity left by training on this group's GPUs
 
 
+# Why a request went to the pool (requests.csv `pool_reason`): no group holds its prompt beside training; no
+# predicted bubble before the horizon holds it; its bubble would end past the SLO; a job of it did not run in its
+# iteration and the re-plan gave up; placed in bubbles but not all run when the run ended; not decided before then
+POOL_REASONS = ("too_large", "no_bubble", "late", "skipped", "not_run", "run_end")
+
+
 @dataclass
 class Placement:
     request: Request
@@ -45,6 +51,7 @@ class Placement:
     fallback: bool = True
     end_s: float = 0.0
     queue_s: float = 0.0  # wait in the fallback pool's queue (0 when served in bubbles)
+    pool_reason: str = ""  # why not in bubbles (POOL_REASONS); empty when served there
 
     @property
     def start_s(self) -> float:
@@ -137,6 +144,7 @@ def schedule(
     for b in bubbles:
         by_group.setdefault((b.gpu, b.dc), []).append(b)
     groups = [GroupWindows(k, v, guard_s, 0.0) for k, v in sorted(by_group.items()) if k in costs]
+    largest = max((c.max_tokens for c in costs.values()), default=0)
     heap = [(g.cursor, n) for n, g in enumerate(groups) if g.windows]
     heapq.heapify(heap)
     out: list[Placement] = []
@@ -161,6 +169,7 @@ def schedule(
         bubble_end = best[1][-1][1] if best is not None else float("inf")
         queued = None
         origin = since.get(req.request_id, req.arrival_s) if since else req.arrival_s
+        pl.pool_reason = ("too_large" if req.prompt_tokens > largest else "no_bubble") if best is None else "late"
         if bubble_end - origin > slo_s:
             if pool is None:
                 best = None
@@ -173,7 +182,7 @@ def schedule(
             g = groups[n]
             g.commit(iv)
             pl.gpu, pl.dc, pl.intervals, pl.kv_ready_s, pl.fallback = g.gpu, g.dc, iv, ready, False
-            pl.end_s = iv[-1][1]
+            pl.end_s, pl.pool_reason = iv[-1][1], ""  # late in bubbles still: sooner than the pool
         elif pool is not None:
             served = queued or pool.peek(req.arrival_s, req.prompt_tokens, pl.home_dc)
             pool.commit(served)

@@ -182,17 +182,19 @@ def served_requests(plan: Plan, exp: Experiment, reqs: list[Request], homes: dic
             chunks_ran += [(dc, (c[2], c[3], c[4], c[5])) for c in mine]
             outcomes.append(Outcome(q.prompt_tokens, end - arrival, True))
             rows.append([q.request_id, arrival, q.prompt_tokens, d[1], dc, start, end, len(mine), 1,
-                         homes[q.request_id], kv_ready, 0.0])
+                         homes[q.request_id], kv_ready, 0.0, ""])
         else:
             join = d[2] if d is not None and d[2] is not None else arrival
             join = max(join, arrival, last_skip.get(q.request_id, 0.0))
-            pool_queue.append((join, arrival, q))
+            reason = ("run_end" if d is None or (not d[1] and d[2] is None) else "not_run" if d[1]
+                      else str(d[4]) if len(d) > 4 else "")  # placed in bubbles, its jobs not all run; or the pool
+            pool_queue.append((join, arrival, q, reason))
     pool = fallback_pool(plan, opts, exp.seed)
-    for join, arrival, q in sorted(pool_queue, key=lambda x: (x[0], x[1])):
+    for join, arrival, q, reason in sorted(pool_queue, key=lambda x: (x[0], x[1])):
         served = pool.serve(join, q.prompt_tokens, homes[q.request_id])
         outcomes.append(Outcome(q.prompt_tokens, served.end_s - arrival, False, served.start_s - arrival))
         rows.append([q.request_id, arrival, q.prompt_tokens, "fallback", served.dc, served.start_s, served.end_s,
-                     0, 0, homes[q.request_id], "", served.start_s - arrival])
+                     0, 0, homes[q.request_id], "", served.start_s - arrival, reason])
     horizon = horizon_end - shift
     handed = sum(len(js) for k, per in results.get("jobs", {}).items() if int(k) < len(starts) for js in per.values())
     m = {**serving_metrics(outcomes, horizon, opts.ttft_slo_ms / 1e3), **pool_metrics(pool, horizon),

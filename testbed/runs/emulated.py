@@ -289,10 +289,10 @@ def _emulated_requests(plan, exp: Experiment, svc: dict, reqs: list, run, real_c
                                     real_compute)
     kv = kv_bytes_per_token(inference_model(exp.bubbletea.model))
     out = []
-    for rid, arrival, tokens, gpu, dc, start, end, chunks, in_bubble, home, kv_ready, queue in rows:
+    for rid, arrival, tokens, gpu, dc, start, end, chunks, in_bubble, home, kv_ready, queue, reason in rows:
         out.append((plan.run_id, "emu", rid, fmt(arrival, 6), tokens, gpu, dc, fmt(start, 6), fmt(end, 6),
                     fmt(end - arrival, 6), chunks, in_bubble, home, int(kv * tokens),
-                    fmt(kv_ready, 6) if kv_ready != "" else "", fmt(queue, 6)))
+                    fmt(kv_ready, 6) if kv_ready != "" else "", fmt(queue, 6), reason))
     return metrics, out
 
 

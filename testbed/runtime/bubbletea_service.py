@@ -177,7 +177,8 @@ class Service:
         last = max(self.done, default=-1)
         if last >= 0 and last + 1 not in self.timeline and len(self.done[last]) == self.n:
             self._finish(last)
-        decisions = [[rid, d.worker, d.pool_join_s, len(d.jobs)] for rid, d in sorted(self.planner.decided.items())]
+        decisions = [[rid, d.worker, d.pool_join_s, len(d.jobs), d.reason]
+                     for rid, d in sorted(self.planner.decided.items())]
         return {"starts": self.starts, "timeline": self.timeline, "ran": self.ran, "skipped": self.skipped,
                 "decoded": self.decoded, "decisions": decisions, "predicted": self.predicted, "rejected": rejected,
                 "gaps": self.gaps, "margins": self.margins, "early": self.early, "waited": self.waited,
