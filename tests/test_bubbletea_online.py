@@ -391,3 +391,18 @@ def test_a_wait_in_an_iteration_planned_before_any_margin_was_measured_does_not_
     assert svc.planner.windows.quantile == WindowModel.MARGIN_QUANTILE
     assert _service_iterations(overrun_s=0.05, tail_wait_s=0.0, iterations=4).planner.windows.quantile > \
         WindowModel.MARGIN_QUANTILE  # iteration 3 was planned with one, and training waited
+
+
+def test_nothing_is_planned_past_the_runs_last_iteration():
+    """A backlog that would spill into later iterations goes to the pool when planned, in the last iteration."""
+    reqs = [Request(i, 1.0 + 0.001 * i, 500, 10) for i in range(40)]
+    for last, spills in ((None, True), (1, False)):
+        p = _planner(reqs, slo=3.0)
+        p.last_iteration = last
+        for _ in range(2):
+            p.observe({"s0r0": [(0, 0.0, 0.2)], "s1r0": [(3, 0.5, 0.7)]}, 1.0)
+        p.plan(1, 1.0)
+        later = [j for d in p.decided.values() for j in d.jobs if j.iteration > 1]
+        assert bool(later) == spills
+        if not spills:
+            assert all(d.reason in ("late", "no_bubble") for d in p.decided.values() if d.pool_join_s is not None)

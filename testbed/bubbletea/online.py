@@ -201,7 +201,9 @@ class OnlinePlanner:
 
     def __init__(self, requests: list[Request], workers: dict[str, tuple[str, GroupCost]], *,
                  homes: dict[int, str], kv_time: Callable[[str, str, int], float], guard_s: float, slo_s: float,
-                 history: int = 3) -> None:
+                 history: int = 3, last_iteration: int | None = None) -> None:
+        """`last_iteration`: the run's last (none planned past it: a request no bubble up to it serves goes to
+        the pool when planned, not when the run ends)."""
         self.requests = sorted(requests, key=lambda q: (q.arrival_s, q.request_id))
         self.workers = workers  # name -> (dc, costs)
         self.homes, self.kv_time, self.guard_s, self.slo_s = homes, kv_time, guard_s, slo_s
@@ -214,6 +216,7 @@ class OnlinePlanner:
         self.skips: set[int] = set()  # requests a job of which a worker skipped
         self.next_request = 0
         self.measured: dict[int, bool] = {}  # iteration -> whether its plan had a measured margin
+        self.last_iteration = last_iteration
 
     def shift(self, by_s: float) -> None:
         """Move every arrival by `by_s` (the requests' clock starts at iteration 1)."""
@@ -274,6 +277,8 @@ class OnlinePlanner:
             return {}
         D = median(self.durations)
         H = max(1, math.ceil(self.slo_s / D) + 1) if D > 0 else 1
+        if self.last_iteration is not None:
+            H = max(1, min(H, self.last_iteration - k + 1))
         end_k = start_s + D
         self._release(k)
         self.measured[k] = bool(self.windows.errors)

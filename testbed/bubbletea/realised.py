@@ -80,7 +80,7 @@ def realised_run(plan: Plan, reqs: list[Request], homes: dict[int, str], costs: 
     of requests the bubbles gave up, iteration times, the same without prefill, [(dc, chunk)] that ran)."""
     workers = {w: (dc, c) for (w, dc), c in costs.items()}
     planner = OnlinePlanner(list(reqs), workers, homes=homes, kv_time=kv_time, guard_s=opts.guard_ms / 1e3,
-                            slo_s=opts.ttft_slo_ms / 1e3)
+                            slo_s=opts.ttft_slo_ms / 1e3, last_iteration=iterations)
     ivs: list[Interval] = []
     durations, base, done, starts = [], [], {}, []
     ledger = KvLedger()

@@ -104,7 +104,7 @@ def service_config(plan: Plan, exp: Experiment, horizon_s: float, cal: Calibrati
             lat = kv_time(a, b, 0)
             kv[f"{a}|{b}"] = [lat, per_tok * 1e6 / max(kv_time(a, b, 1_000_000) - lat, 1e-12)]
     cfg = {"model": opts.model, "layers": inference_model(opts.model).layers, "workers": workers,
-           "guard_s": opts.guard_ms / 1e3, "slo_s": opts.ttft_slo_ms / 1e3,
+           "guard_s": opts.guard_ms / 1e3, "slo_s": opts.ttft_slo_ms / 1e3, "last_iteration": exp.iterations - 1,
            "kv": kv, "kv_bytes_per_token": per_tok,
            "calibration": [cal.overhead_per_layer_s, cal.flop_rate, cal.allreduce_rate, cal.large_pass_factor,
                            cal.attention_rate] if cal else None,

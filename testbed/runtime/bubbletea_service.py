@@ -66,7 +66,7 @@ def planner_from(cfg: dict):
         return lat + cfg["kv_bytes_per_token"] * tokens / rate
 
     return OnlinePlanner(reqs, workers, homes=homes, kv_time=kv_time, guard_s=cfg["guard_s"], slo_s=cfg["slo_s"],
-                         history=cfg.get("history", 3))
+                         history=cfg.get("history", 3), last_iteration=cfg.get("last_iteration"))
 
 
 class Service:
