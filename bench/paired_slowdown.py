@@ -14,8 +14,7 @@ from pathlib import Path
 from statistics import median
 
 from testbed.bubbletea.realised import realised_run
-from testbed.bubbletea.run import group_costs, home_dcs, kv_transfer, requests_for
-from testbed.bubbletea.scheduler import GroupCost
+from testbed.bubbletea.run import group_cost_table, home_dcs, kv_transfer, requests_for
 from testbed.bubbletea.without_prefill import paired_slowdowns
 from testbed.costs.prefill import inference_model, kv_bytes_per_token
 from testbed.plan.build import build_plan
@@ -46,10 +45,7 @@ def one(name: str, sched: str, sets: list[str], seed: int, iterations: int = 10)
     opts = exp.bubbletea
     horizon = simulate(plan)[0].iteration_s[0] * (iterations + 1)
     reqs = requests_for(opts, horizon, exp.seed)
-    per_dc, max_tokens = group_costs(plan, opts)
-    costs = {(f"s{s}r{r}", plan.stage_dc[r][s]): GroupCost(per_dc[plan.stage_dc[r][s]].full,
-                                                            per_dc[plan.stage_dc[r][s]].chunk, max_tokens[s])
-             for r in range(plan.dp) for s in range(plan.pp) if max_tokens[s]}
+    costs, _max_tokens = group_cost_table(plan, opts)
     homes = home_dcs(reqs, plan.dcs_used(), exp.seed)
     model = inference_model(opts.model)
     tl, _real, _joins, durations, base, _chunks = realised_run(

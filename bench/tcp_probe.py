@@ -124,11 +124,8 @@ def pipe_server(port: int, n: int, count: int, window: int) -> None:
     print(json.dumps(out), flush=True)
 
 
-def pipe_client(ip: str, port: int, n: int, nbytes: int, count: int, gap_s: float) -> None:
-    """Send `count` messages of `nbytes` striped over `n` connections with the workers' own sender, `gap_s`
-    apart (each after the previous one left)."""
-    import threading
-
+def _striped_pipe(ip: str, port: int, n: int):
+    """`n` connections to the peer, as the workers' striped pipe (the workers' own sender)."""
     from testbed.runtime.worker import Striped
 
     socks = []
@@ -136,7 +133,15 @@ def pipe_client(ip: str, port: int, n: int, nbytes: int, count: int, gap_s: floa
         s = socket.create_connection((ip, port))
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         socks.append(s)
-    pipe = Striped(socks)
+    return Striped(socks)
+
+
+def pipe_client(ip: str, port: int, n: int, nbytes: int, count: int, gap_s: float) -> None:
+    """Send `count` messages of `nbytes` striped over `n` connections with the workers' own sender, `gap_s`
+    apart (each after the previous one left)."""
+    import threading
+
+    pipe = _striped_pipe(ip, port, n)
     for i in range(count):
         done = threading.Event()
         pipe.send(b"a", 0, i, nbytes, lambda a, b, d=done: d.set())
@@ -150,14 +155,7 @@ def pipe_backlog(ip: str, port: int, n: int, nbytes: int, count: int, rounds: in
     link), `rounds` times, `gap_s` apart (the link drains in between); message r * count + i of round r."""
     import threading
 
-    from testbed.runtime.worker import Striped
-
-    socks = []
-    for _ in range(n):
-        s = socket.create_connection((ip, port))
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        socks.append(s)
-    pipe = Striped(socks)
+    pipe = _striped_pipe(ip, port, n)
     left = threading.Semaphore(0)
     for r in range(rounds):
         for i in range(count):

@@ -47,10 +47,10 @@ def test_a_gap_seen_in_too_few_iterations_is_not_predicted():
     assert m.predict("s0r0") == [] and m.lengths("s0r0") == {}
 
 
-def _planner(reqs, *, slo=1.0, guard=0.005, tokens_s=1e-4):
+def _planner(reqs, *, slo=1.0, guard=0.005, tokens_s=1e-4, last_iteration=None):
     cost = GroupCost(lambda n: n * tokens_s, lambda d, k: k * tokens_s, 100_000)
     return OnlinePlanner(reqs, {"s0r0": ("a", cost), "s1r0": ("b", cost)}, homes={q.request_id: "a" for q in reqs},
-                         kv_time=lambda s, d, n: 0.0, guard_s=guard, slo_s=slo)
+                         kv_time=lambda s, d, n: 0.0, guard_s=guard, slo_s=slo, last_iteration=last_iteration)
 
 
 def test_jobs_fit_their_predicted_window_less_the_guard_and_overflow_goes_to_the_pool():
@@ -397,8 +397,7 @@ def test_nothing_is_planned_past_the_runs_last_iteration():
     """A backlog that would spill into later iterations goes to the pool when planned, in the last iteration."""
     reqs = [Request(i, 1.0 + 0.001 * i, 500, 10) for i in range(40)]
     for last, spills in ((None, True), (1, False)):
-        p = _planner(reqs, slo=3.0)
-        p.last_iteration = last
+        p = _planner(reqs, slo=3.0, last_iteration=last)
         for _ in range(2):
             p.observe({"s0r0": [(0, 0.0, 0.2)], "s1r0": [(3, 0.5, 0.7)]}, 1.0)
         p.plan(1, 1.0)

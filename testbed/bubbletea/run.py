@@ -167,11 +167,9 @@ def home_dcs(reqs: list[Request], dcs: list[str], seed: int) -> dict[int, str]:
 
 # --- the run ------------------------------------------------------------------------------------
 
-def run_bubbletea(plan: Plan, tl: Timeline, opts: BubbleTeaOptions, seed: int, train_mfu: float) -> BubbleTeaResult:
-    """`train_mfu`: the training's achieved MFU, the yardstick of useful work (`train_mfu()`)."""
-    horizon = sum(tl.iteration_s)
-    reqs = requests_for(opts, horizon, seed)
-    bubbles = extract_bubbles(tl)
+def group_cost_table(plan: Plan, opts: BubbleTeaOptions) -> tuple[dict[tuple[str, str], GroupCost], dict[int, int]]:
+    """Prefill costs per group that can hold any prompt beside training ((group, dc) -> GroupCost), and each
+    stage's KV capacity in tokens; an inference model that fits nowhere is a spec error."""
     per_dc, max_tokens = group_costs(plan, opts)
     if all(v == 0 for v in max_tokens.values()):
         raise SpecError("bubbletea.model", f"{opts.model} does not fit beside training on any stage's GPUs",
@@ -182,6 +180,15 @@ def run_bubbletea(plan: Plan, tl: Timeline, opts: BubbleTeaOptions, seed: int, t
             if max_tokens[s]:
                 dc = plan.stage_dc[r][s]
                 costs[(f"s{s}r{r}", dc)] = GroupCost(per_dc[dc].full, per_dc[dc].chunk, max_tokens[s])
+    return costs, max_tokens
+
+
+def run_bubbletea(plan: Plan, tl: Timeline, opts: BubbleTeaOptions, seed: int, train_mfu: float) -> BubbleTeaResult:
+    """`train_mfu`: the training's achieved MFU, the yardstick of useful work (`train_mfu()`)."""
+    horizon = sum(tl.iteration_s)
+    reqs = requests_for(opts, horizon, seed)
+    bubbles = extract_bubbles(tl)
+    costs, max_tokens = group_cost_table(plan, opts)
     homes = home_dcs(reqs, plan.dcs_used(), seed)
     if opts.jitter_compute_cv or opts.jitter_wan_cv:
         return _realised(plan, tl, reqs, homes, costs, bubbles, opts, seed, train_mfu, max(max_tokens.values()))

@@ -12,9 +12,9 @@ iteration without prefill ends at the last training interval; with prefill it en
 prefill in the drain included).
 
 What it cannot see: a transfer that took longer because of prefill (a KV cache on the same link, the CPU prefill
-takes from the emulation), which shows only in the comparison with a separate run. Holding each transfer's time
-fixed when its send moves earlier is generous to the replay (a transfer that queued would gain less), so the
-slowdown errs high. Both engines' timelines have this shape (a recv from the sender's send to the arrival,
+takes from the emulation, a send moved by a wait that changed how replicas shared a link), which shows only in the
+comparison with a separate run: there the replay reads low (bench/paired_slowdown.py measures by how much on the
+simulator's realised runs). Both engines' timelines have this shape (a recv from the sender's send to the arrival,
 a send from its start), so it applies to the simulator's realised iterations as well, where the same noise
 without prefill is known and checks it (tests/test_without_prefill.py).
 """

@@ -186,8 +186,12 @@ def served_requests(plan: Plan, exp: Experiment, reqs: list[Request], homes: dic
         else:
             join = d[2] if d is not None and d[2] is not None else arrival
             join = max(join, arrival, last_skip.get(q.request_id, 0.0))
-            reason = ("run_end" if d is None or (not d[1] and d[2] is None) else "not_run" if d[1]
-                      else str(d[4]) if len(d) > 4 else "")  # placed in bubbles, its jobs not all run; or the pool
+            if d is not None and d[1]:
+                reason = "not_run"  # placed in bubbles, its jobs not all run by the run's end
+            elif d is not None and d[2] is not None:
+                reason = str(d[4])  # sent to the pool when planned: the planner's reason
+            else:
+                reason = "run_end"
             pool_queue.append((join, arrival, q, reason))
     pool = fallback_pool(plan, opts, exp.seed)
     for join, arrival, q, reason in sorted(pool_queue, key=lambda x: (x[0], x[1])):
