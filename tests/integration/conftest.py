@@ -41,6 +41,15 @@ def command_lines() -> dict[str, str]:
     return out
 
 
+def assert_wan_rtt(st: dict, one_way_ms: float, where: object) -> None:
+    """A ping over one WAN link took its configured round trip.
+
+    The NFQUEUE delay line releases early by the wake-up lateness it has learned (emu/delayline.py), so a packet
+    may leave a fraction of a millisecond before its deadline; on average they leave on time."""
+    cfg = 2 * one_way_ms
+    assert cfg - 1.0 <= st["rtt_min_ms"] and cfg - 0.5 <= st["rtt_avg_ms"] <= cfg + 10, (where, st)
+
+
 def snapshot() -> dict[str, set[str]]:
     """What a run could leave behind: namespaces, root links, root iptables rules, our processes."""
     def out(argv):

@@ -12,7 +12,7 @@ from testbed.emu.build import down, up
 from testbed.emu.check import ping
 from testbed.spec.load import load_topology
 from tests.conftest import ROOT
-from tests.integration.conftest import snapshot
+from tests.integration.conftest import assert_wan_rtt, snapshot
 
 try:
     import mininet.net  # noqa: F401
@@ -33,7 +33,7 @@ def test_mininet_backend_builds_3dc_and_leaves_nothing():
         for link in emu.topo.links:
             x, y = link.between
             st = ping(emu, f"{x}-h0", emu.addr.host(f"{y}-h0").ip, 10)
-            assert 2 * link.latency_ms <= st["rtt_min_ms"] <= st["rtt_avg_ms"] <= 2 * link.latency_ms + 10
+            assert_wan_rtt(st, link.latency_ms, link.between)
     finally:
         down(emu)
     assert snapshot() == before
