@@ -79,3 +79,33 @@ def test_htb_has_explicit_burst_and_leaf():
     assert any("burst" in c and str(burst_bytes(1e8)) in c for c in cmds)
     assert cmds[-1][-3:-1] == ["bfifo", "limit"]
     assert htb_commands("west", 1e8, 0.05, 25)[-1][9:12] == ["netem", "delay", "25ms"]
+
+
+@pytest.mark.parametrize("delay", ["netem", "nfqueue"])
+def test_every_flow_class_leaf_delays_where_the_run_delays_with_netem(delay):
+    """A packet HTB files under a replica's, the sidecar's or the KV class never passes the default class's
+    leaf: with netem, each class's own leaf carries the link's delay (with the delay line, HTB sees packets
+    already delayed, so a bfifo)."""
+    from testbed.emu.backends.base import Node
+    from testbed.emu.backends.netns import NetnsBackend
+    from testbed.emu.build import Emulation
+    from testbed.emu.flowctl import FlowControl
+    from testbed.emu.shaping import leaf_command
+
+    addr = address_plan(TOPO, "gdtbz")
+    backend = NetnsBackend("gdtbz")
+    w = addr.wan("useast", "uswest")
+    backend.nodes[w.ns] = Node(w.ns, "wan", ns=w.ns)  # never created: leaf() only builds the command
+    emu = Emulation("gdtbz", TOPO, backend, addr, 2000.0, delay)
+    latency = TOPO.link("useast", "uswest").latency_ms
+    cmd = FlowControl(emu, "useast", "uswest", "uswest").leaf(0x101, 1e8)
+    assert cmd[:9] == ["tc", "qdisc", "add", "dev", "uswest", "parent", "1:101", "handle", "101:"]
+    if delay == "netem":
+        assert cmd[9:12] == ["netem", "delay", f"{latency:g}ms"]
+        assert htb_commands("uswest", 1e8, 2 * latency / 1e3, latency)[-1][9:12] == cmd[9:12]  # as the default's
+    else:
+        assert cmd[9] == "bfifo"
+    # a WAN that changes re-delays a leaf in place, under the same handle
+    change = leaf_command("uswest", 0x101, 1e8, 0.2, 100.0, "change")
+    assert change[2] == "change" and change[6:11] == ["1:101", "handle", "101:", "netem", "delay"]
+    assert leaf_command("uswest", 0x10, 1e8, 0.0, 0.0)[9:12] == ["netem", "delay", "0ms"]  # netem even at 0 ms

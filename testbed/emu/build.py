@@ -238,7 +238,7 @@ def _build(emu: Emulation) -> None:
             be.run(wan, ["ip", "route", "add", addr.lan_subnet[dc], "via", gw_ip])
         rate = link.gbps * 1e9 / emu.scale
         rtt = 2 * link.latency_ms / 1e3
-        netem = link.latency_ms if emu.delay == "netem" and link.latency_ms > 0 else None
+        netem = link.latency_ms if emu.delay == "netem" else None
         for dev in (w.a, w.b):  # egress towards that DC
             for cmd in htb_commands(dev, rate, rtt, netem):
                 be.run(wan, cmd)

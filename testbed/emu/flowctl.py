@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING
 
 from testbed.emu.sh import EmuError
-from testbed.emu.shaping import MIN_QUEUE_BYTES
+from testbed.emu.shaping import leaf_command
 from testbed.runtime.htb import MIN_RATE_BPS, class_args, set_class
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ class FlowControl:
     """Flow classes on the egress of WAN link (a, b) towards `towards` (one direction)."""
 
     def __init__(self, emu: Emulation, a: str, b: str, towards: str) -> None:
-        self.emu = emu
+        self.emu, self.a, self.b = emu, a, b
         self.wan = emu.node(emu.addr.wan(a, b).ns)
         self.dev = towards
         self._ipr = None
@@ -74,14 +74,20 @@ class FlowControl:
             raise ValueError("minor 1 and 0x10 are the link and default classes; pick another")
         self.emu.backend.run(self.wan, ["tc", "class", "add", "dev", self.dev, "parent", "1:1", "classid",
                                         f"1:{minor:x}", "htb", *class_args(rate_bps, ceil_bps, prio)])
-        self.emu.backend.run(self.wan, ["tc", "qdisc", "add", "dev", self.dev, "parent", f"1:{minor:x}",
-                                        "bfifo", "limit", str(MIN_QUEUE_BYTES)])
+        self.emu.backend.run(self.wan, self.leaf(minor, ceil_bps or rate_bps))
         self.add_filter(minor, ports=ports, sports=sports)
         if mark is not None:
             self.emu.backend.run(self.wan, ["iptables", "-t", "mangle", "-A", "POSTROUTING", "-o", self.dev, "-m",
                                             "mark", "--mark", str(mark), "-j", "CLASSIFY", "--set-class",
                                             f"1:{minor:x}"])
         self.classes[minor] = max(int(rate_bps), MIN_RATE_BPS)  # payload bits/s, as `set` records it
+
+    def leaf(self, minor: int, link_bps: float, verb: str = "add") -> list[str]:
+        """The queue under class 1:<minor>: with netem, the link's delay (as `up` built it; a WAN that changes
+        re-delays every leaf, emu/wanchange.py), or every packet this class carries would cross undelayed."""
+        latency_ms = self.emu.topo.link(self.a, self.b).latency_ms
+        netem = latency_ms if self.emu.delay == "netem" else None
+        return leaf_command(self.dev, minor, link_bps, 2 * latency_ms / 1e3, netem, verb)
 
     def add_filter(self, minor: int, *, ports: tuple[int, int] | None = None,
                    sports: tuple[int, int] | None = None) -> None:

@@ -1,7 +1,10 @@
 """HTB rate shaping (with an explicit burst) on a WAN egress, and the leaf queue under it.
 
-Class tree on each WAN egress (the Atlas sidecar adds per-flow classes under 1:1 later):
-  1: htb default 10  ->  1:1 (link rate)  ->  1:10 (default class)  ->  leaf (bfifo, or netem)
+Class tree on each WAN egress (the replica, sidecar and KV classes are added under 1:1 later, emu/flowctl.py):
+  1: htb default 10  ->  1:1 (link rate)  ->  1:<minor> (1:10 the default class)  ->  leaf <minor>: (bfifo, or netem)
+
+Where the run delays with netem, every class's leaf is a netem with the link's delay, not only the default
+class's: a packet HTB files under a replica's class never passes the default leaf.
 """
 
 from __future__ import annotations
@@ -27,21 +30,29 @@ def htb_commands(dev: str, rate_bps: float, rtt_s: float, netem_delay_ms: float 
     default, a jiffy's worth, loses 4-11 % of the rate on veth) and a deep leaf queue."""
     rate = f"{int(wire_bps(rate_bps))}bit"
     burst = str(burst_bytes(rate_bps))
-    cmds = [
+    return [
         ["tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10"],
         ["tc", "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", rate, "ceil", rate,
          "burst", burst, "cburst", burst],
         ["tc", "class", "add", "dev", dev, "parent", "1:1", "classid", "1:10", "htb", "rate", rate, "ceil", rate,
          "burst", burst, "cburst", burst],
+        leaf_command(dev, DEFAULT_MINOR, rate_bps, rtt_s, netem_delay_ms),
     ]
-    if netem_delay_ms:
+
+
+DEFAULT_MINOR = 0x10  # the link's default class 1:10: whatever no filter classes
+
+
+def leaf_command(dev: str, minor: int, rate_bps: float, rtt_s: float, netem_delay_ms: float | None,
+                 verb: str = "add") -> list[str]:
+    """`tc qdisc add|change` of the queue under HTB class 1:<minor> (handle <minor>:) on a link of `rate_bps`
+    (payload bits/s) and round trip `rtt_s`: a netem of the link's one-way delay where the run delays with netem,
+    else a bfifo (the NFQUEUE delay line delays the link's packets before HTB sees them)."""
+    head = ["tc", "qdisc", verb, "dev", dev, "parent", f"1:{minor:x}", "handle", f"{minor:x}:"]
+    if netem_delay_ms is not None:  # a netem even at 0 ms: a WAN that changes may give the link a delay later
         packets = math.ceil(queue_bytes(rate_bps, rtt_s) / 1500) + 1000
-        cmds.append(["tc", "qdisc", "add", "dev", dev, "parent", "1:10", "handle", "10:", "netem", "delay",
-                     f"{netem_delay_ms}ms", "limit", str(packets)])
-    else:
-        cmds.append(["tc", "qdisc", "add", "dev", dev, "parent", "1:10", "handle", "10:", "bfifo", "limit",
-                     str(queue_bytes(rate_bps, rtt_s))])
-    return cmds
+        return [*head, "netem", "delay", f"{netem_delay_ms:g}ms", "limit", str(packets)]
+    return [*head, "bfifo", "limit", str(queue_bytes(rate_bps, rtt_s))]
 
 
 def rate_change_commands(dev: str, rate_bps: float, replica_minors: tuple[int, ...] = (),

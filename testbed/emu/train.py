@@ -472,6 +472,10 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
             for link, devs in ((k, v) for k, v in kv_hops.items() if k[0] != "lan"):  # re-rated as made
                 live.kv_classes[frozenset(link)] = {dev: (*ms.values(), frozenset(link) in temporal)
                                                     for dev, ms in devs.items()}
+            for link, devs in (*hops.items(), *((k, v) for k, v in kv_hops.items() if k[0] != "lan")):
+                have = live.leaves.setdefault(frozenset(link), {})
+                for dev, ms in devs.items():
+                    have[dev] = tuple(sorted({*have.get(dev, ()), *ms.values()}))
             live.prepare()
         for it in range(iterations):
             t_start = time.monotonic() + 0.05

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from testbed.emu import state
 from testbed.emu.build import Emulation, delay_control
 from testbed.emu.sh import EmuError
-from testbed.emu.shaping import queue_bytes, rate_change_commands
+from testbed.emu.shaping import DEFAULT_MINOR, leaf_command, rate_change_commands
 from testbed.runtime.wire import send_ctrl
 from testbed.sim.linkchange import Pair, WanSchedule, WanState
 
@@ -62,6 +62,9 @@ class LiveWan:
         self.fair_classes: dict[frozenset, dict[str, tuple[int, ...]]] = {}
         # BubbleTea's KV class per device (emu/train.py add_kv_classes): (minor, on a link with Atlas's turns)
         self.kv_classes: dict[frozenset, dict[str, tuple[int, bool]]] = {}
+        # every class under a link's default one, per device (replica, sidecar and KV classes): with netem each has
+        # a delaying leaf of its own (emu/shaping.py leaf_command), changed with the default class's
+        self.leaves: dict[frozenset, dict[str, tuple[int, ...]]] = {}
         self.applied: list[Applied] = []
         self.samples: list[tuple[int, float, str, int]] = []  # (iteration, wall, "a>b", bytes sent so far)
         self.watch = [(w.ns, dev, f"{other}>{dev}") for a, b in links for w in [emu.addr.wan(a, b)]
@@ -129,11 +132,10 @@ class LiveWan:
             if self.emu.delay == "nfqueue":
                 self._delayline(w.ns, {"delays_ms": {"0": ms, "1": ms}})
             elif self.emu.delay == "netem":
-                limit = str(int(queue_bytes(rate, 2 * st.latency_s) / 1500) + 1000)
-                for dev in (w.a, w.b):
-                    self.emu.backend.run(self.emu.node(w.ns), ["tc", "qdisc", "change", "dev", dev, "parent", "1:10",
-                                                               "handle", "10:", "netem", "delay", f"{ms}ms", "limit",
-                                                               limit])
+                leaves = self.leaves.get(frozenset(pair), {})
+                batch = "".join(" ".join(leaf_command(dev, minor, rate, 2 * st.latency_s, ms, "change")[1:]) + "\n"
+                                for dev in (w.a, w.b) for minor in (DEFAULT_MINOR, *leaves.get(dev, ())))
+                self.emu.backend.run(self.emu.node(w.ns), ["tc", "-batch", "-"], input=batch)
             self.latency[pair] = st.latency_s
         return time.monotonic() - t0
 
