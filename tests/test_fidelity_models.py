@@ -125,6 +125,27 @@ def test_striped_send_delivers_every_connection_whole():
         b.close()
 
 
+def test_workers_mark_their_all_reduce_connections_for_the_nics_class():
+    """A ring peer's connections carry ALLREDUCE_TOS (a host's NIC gives them their own class: emu/shaping.py
+    lan_commands), a pipe's do not: real sockets on the loopback."""
+    import time
+
+    from testbed.runtime.htb import ALLREDUCE_TOS
+    from testbed.runtime.worker import PURPOSE_TOS, accept, connect, listen
+
+    lst = listen("127.0.0.1", 0)
+    port = lst.getsockname()[1]
+    socks = [connect("127.0.0.1", port, {"group": "s0r0", "purpose": p}, time.monotonic() + 5,
+                     tos=PURPOSE_TOS.get(p, 0)) for p in ("ring", "pipe")]
+    try:
+        assert [s.getsockopt(socket.IPPROTO_IP, socket.IP_TOS) for s in socks] == [ALLREDUCE_TOS, 0]
+        assert {accept(lst)[1]["purpose"] for _ in socks} == {"ring", "pipe"}
+    finally:
+        for s in socks:
+            s.close()
+        lst.close()
+
+
 def _queue(delay_s: float):
     line = object.__new__(delayline.DelayLine)
     line.seq, line.hold_since = 0, None

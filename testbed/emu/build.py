@@ -19,7 +19,7 @@ from testbed.emu.kernel import delay_method, require_root
 from testbed.emu.names import AddressPlan, address_plan, host_name
 from testbed.emu.rungroup import run_gid, secure_dir
 from testbed.emu.sh import EmuError
-from testbed.emu.shaping import htb_commands
+from testbed.emu.shaping import htb_commands, lan_commands
 from testbed.spec.topology import Topology
 
 MTU = 9000
@@ -223,7 +223,7 @@ def _build(emu: Emulation) -> None:
             for setting in host_sysctls(emu, dc.name):
                 be.run(node, ["sysctl", "-qw", setting])
             if lan_bps is not None:  # the host's NIC into the DC fabric: a TP group's NICs, scaled
-                for cmd in htb_commands("eth0", lan_bps, 0.0, None):
+                for cmd in lan_commands("eth0", lan_bps):
                     be.run(node, cmd)
     for w, link in zip(addr.wans, topo.links, strict=True):
         wan = be.add_node(w.ns, "wan")

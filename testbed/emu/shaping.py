@@ -11,7 +11,16 @@ from __future__ import annotations
 
 import math
 
-from testbed.runtime.htb import IDLE_PRIO, burst_bytes, class_args, kv_class, trickle_bps, wire_bps
+from testbed.runtime.htb import (
+    ALLREDUCE_MINOR,
+    ALLREDUCE_TOS,
+    IDLE_PRIO,
+    burst_bytes,
+    class_args,
+    kv_class,
+    trickle_bps,
+    wire_bps,
+)
 
 # Deep enough that no window the runs open is ever dropped: the simulator has no loss model, and at scale k a
 # window is k times fewer packets than in the real world, so a drop costs a 200 ms retransmission timeout where
@@ -72,3 +81,25 @@ def rate_change_commands(dev: str, rate_bps: float, replica_minors: tuple[int, .
         cmds.append(["tc", "class", "change", "dev", dev, "parent", "1:1", "classid", f"1:{kv[0]:x}", "htb",
                      *class_args(*kv_class(rate_bps, kv[1]))])
     return cmds
+
+
+def lan_commands(dev: str, rate_bps: float) -> list[list[str]]:
+    """A host's NIC into its DC fabric at `rate_bps` (payload bits/s): `htb_commands`' classes for the pipeline's
+    messages (and anything else), and beside them, not under them, a class of the same rate for the all-reduce's
+    connections (marked ALLREDUCE_TOS by the workers), as the simulator gives every transfer inside a DC the
+    fabric's bandwidth alone. In one FIFO, a stage's ring all-reduce, started as its last backward ends, queued
+    its chunk ahead of the last gradient just sent to the previous stage, which then came 1-11 ms late at every
+    stage, and so later up the pipeline (docs/fidelity.md, "The all-reduce on a host's NIC")."""
+    rate = f"{int(wire_bps(rate_bps))}bit"
+    burst = str(burst_bytes(rate_bps))
+    cid = f"1:{ALLREDUCE_MINOR:x}"
+    return [
+        *htb_commands(dev, rate_bps, 0.0, None),
+        ["tc", "class", "add", "dev", dev, "parent", "1:", "classid", "1:2", "htb", "rate", rate, "ceil", rate,
+         "burst", burst, "cburst", burst],
+        ["tc", "class", "add", "dev", dev, "parent", "1:2", "classid", cid, "htb", "rate", rate, "ceil", rate,
+         "burst", burst, "cburst", burst],
+        leaf_command(dev, ALLREDUCE_MINOR, rate_bps, 0.0, None),
+        ["tc", "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "5", "u32", "match", "ip", "tos",
+         hex(ALLREDUCE_TOS), "0xfc", "flowid", cid],
+    ]

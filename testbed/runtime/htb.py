@@ -32,6 +32,10 @@ IDLE_PRIO = 6  # a replica class with nothing in turn (fair sharing: every class
 # HTB's last priority: BubbleTea's KV caches on a link with Atlas's turns, after every replica, idle ones included (as
 # the simulator's KV_RANK), so a transfer starting before the sidecar has ranked it still goes ahead of the caches
 KV_PRIO = 7
+# The IP TOS byte (DSCP AF11) a worker sets on its all-reduce connections, as deployments give collectives a traffic
+# class of their own (NCCL_IB_TC): a host's NIC carries them in a class beside the pipeline's (emu/shaping.py)
+ALLREDUCE_TOS = 0x28
+ALLREDUCE_MINOR = 0x20  # that class on a host's NIC
 MIN_RATE_BPS = 8_000  # HTB needs a positive rate; a "paused" class gets this trickle and borrows nothing
 
 

@@ -22,6 +22,7 @@ import time
 
 from testbed.program import AllReduce, Backward, Exchange, Forward, Recv, Send, exchanges, program_from_dict
 from testbed.runtime.config import WorkerConfig
+from testbed.runtime.htb import ALLREDUCE_TOS
 from testbed.runtime.prefill import KV_DRAIN_S, PrefillClient
 from testbed.runtime.wire import DATA, chunk_offset, chunk_sizes, recv_ctrl, send_ctrl
 
@@ -446,13 +447,19 @@ class TorchCompute(Modeled):
         self.opt.zero_grad(set_to_none=True)
 
 
-def connect(ip: str, port: int, hello: dict, deadline: float, window: int = 0) -> socket.socket:
+# The IP TOS of a worker's connections by purpose: the all-reduce's get a class of their own on a host's NIC
+PURPOSE_TOS = {"ring": ALLREDUCE_TOS}
+
+
+def connect(ip: str, port: int, hello: dict, deadline: float, window: int = 0, tos: int = 0) -> socket.socket:
     """A connection to a peer's `listen`ing socket, as every WAN connection of a worker is set up: the fixed
-    receive buffer for `window` (0: the kernel's), no Nagle, then `hello` (what `accept` returns)."""
+    receive buffer for `window` (0: the kernel's), IP TOS `tos`, no Nagle, then `hello` (what `accept` returns)."""
     while True:
         try:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             set_buffer(s, window)
+            if tos:
+                s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
             s.settimeout(5)
             try:
                 s.connect((ip, port))
@@ -571,8 +578,8 @@ def main(cfg_path: str, ctl_path: str) -> None:
     for peer, (n, purpose) in connections_to_open(cfg).items():
         ep = cfg.peers[peer]
         window = window_of(cfg, peer, purpose)
-        socks = [connect(ep.ip, ep.port, {"group": prog.group, "purpose": purpose}, deadline, window)
-                 for _ in range(n)]
+        socks = [connect(ep.ip, ep.port, {"group": prog.group, "purpose": purpose}, deadline, window,
+                         PURPOSE_TOS.get(purpose, 0)) for _ in range(n)]
         out[(peer, purpose)] = Striped(socks)
     acc.join(CONNECT_TIMEOUT)
     if acc.is_alive():
