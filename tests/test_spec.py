@@ -127,3 +127,13 @@ def test_sweep_expands_in_order(tmp_path):
         {"topology.links.*.latency_ms": 2, "workload.microbatch": 2},
     ]
     assert pts[2][0].topology.links[0].latency_ms == 2
+
+
+def test_initial_window_follows_slow_start_after_idle_unless_set():
+    from testbed.spec.experiment import NetworkOptions
+
+    assert NetworkOptions().warm_windows
+    assert not NetworkOptions(tcp_slow_start_after_idle=True).warm_windows  # a restart to the full window is none
+    assert not NetworkOptions(tcp_initial_window="kernel").warm_windows
+    with pytest.raises(ValueError, match="tcp_initial_window: 'window' restarts"):
+        NetworkOptions(tcp_slow_start_after_idle=True, tcp_initial_window="window")

@@ -9,6 +9,7 @@ Per WAN link: a WAN node between the two gateways that shapes each direction (HT
 from __future__ import annotations
 
 import contextlib
+import math
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from testbed.emu.names import AddressPlan, address_plan, host_name
 from testbed.emu.rungroup import run_gid, secure_dir
 from testbed.emu.sh import EmuError
 from testbed.emu.shaping import htb_commands, lan_commands
+from testbed.runtime.htb import PAYLOAD_BYTES
 from testbed.spec.topology import Topology
 
 MTU = 9000
@@ -63,6 +65,9 @@ class Emulation:
     lan_gpus_per_host: int = 1  # GPUs whose NICs one emulated host stands for (a training run sets tp)
     # TCP's congestion-window restart after an idle RTO (net.ipv4.tcp_slow_start_after_idle), set on every host
     slow_start_after_idle: bool = False
+    # connections start with their window open (a route per peer DC with its initcwnd: `initial_windows`); off where
+    # slow start after idle is on, whose restart would otherwise be to the same window
+    warm_windows: bool = True
     congestion_control: str = "cubic"  # net.ipv4.tcp_congestion_control on every host
     claimed: bool = False  # `up` made this process the prefix's owner, so `down` gives it back
 
@@ -121,7 +126,8 @@ def window_notes(topo: Topology, scale: float) -> list[str]:
 
 def up(topo: Topology, *, backend: str = "netns", prefix: str | None = "gdtb0", scale: float = 1.0,
        delay: str = "auto", lan_gpus_per_host: int = 1, slow_start_after_idle: bool = False,
-       congestion_control: str = "cubic", mounts: list[str] | None = None) -> Emulation:
+       congestion_control: str = "cubic", mounts: list[str] | None = None, warm_windows: bool | None = None
+       ) -> Emulation:
     """Build the topology (prefix None: the first free gdtb<N>). On any failure (or Ctrl-C) everything
     built so far is removed. `mounts`: host folders the container backends bind-mount at the same path in
     every host container."""
@@ -146,6 +152,7 @@ def up(topo: Topology, *, backend: str = "netns", prefix: str | None = "gdtb0", 
         be.mounts = list(mounts or [])
         emu = Emulation(prefix, topo, be, addr, scale, method, window_notes(topo, scale),
                         lan_gpus_per_host=lan_gpus_per_host, slow_start_after_idle=slow_start_after_idle,
+                        warm_windows=not slow_start_after_idle if warm_windows is None else warm_windows,
                         congestion_control=congestion_control, claimed=claimed)
         secure_dir(state.run_dir(prefix), run_gid(emu.backend))  # 0750, the run's group: its sockets live here
     except BaseException:
@@ -200,6 +207,31 @@ def host_sysctls(emu: Emulation, dc: str) -> list[str]:
             "net.ipv4.tcp_no_metrics_save=1"]  # no ssthresh carried from one run's connections to the next
 
 
+LINUX_INITIAL_CWND = 10  # segments (TCP_INIT_CWND): a window smaller than this keeps Linux's
+
+
+def initial_windows(emu: Emulation, dc: str) -> dict[str, int]:
+    """Peer DC -> the initial congestion window (segments) of a connection from `dc`'s hosts across their WAN link,
+    given by a route per peer (`initcwnd`): with `warm_windows`, the link's window, or its bandwidth-delay product
+    where that is smaller, so a connection sends that much from its first round trip, as the simulator's
+    window-bound model has it from the start (and a long-running job's connections are after warm-up). With
+    Linux's 10 segments, HyStart left slow start early in the queues the windows build, and cubic took 2-4
+    iterations to open the windows (seed 31 topology 1: those iterations ran 5-8 % faster than the steady ones,
+    docs/fidelity.md). Never more than the product: a burst of whole 16 MiB windows from four connections
+    overflowed a 32 MiB queue."""
+    if not emu.warm_windows:
+        return {}
+    out = {}
+    for link in emu.topo.links:
+        if dc not in link.between:
+            continue
+        peer = link.between[1] if link.between[0] == dc else link.between[0]
+        bdp = link.gbps * 1e9 / emu.scale / 8 * 2 * link.latency_ms / 1e3
+        cwnd = min(emu.window_bytes(dc, peer), bdp)
+        out[peer] = max(LINUX_INITIAL_CWND, math.ceil(cwnd / PAYLOAD_BYTES))
+    return out
+
+
 def _build(emu: Emulation) -> None:
     be, topo, addr = emu.backend, emu.topo, emu.addr
     allow_congestion_control(emu.congestion_control)
@@ -220,6 +252,8 @@ def _build(emu: Emulation) -> None:
         for h, node in zip(hosts, nodes, strict=True):
             be.run(node, ["ip", "addr", "add", f"{h.ip}/24", "dev", "eth0"])
             be.run(node, ["ip", "route", "add", "default", "via", gw_ip])
+            for peer, cwnd in initial_windows(emu, dc.name).items():
+                be.run(node, ["ip", "route", "add", addr.lan_subnet[peer], "via", gw_ip, "initcwnd", str(cwnd)])
             for setting in host_sysctls(emu, dc.name):
                 be.run(node, ["sysctl", "-qw", setting])
             if lan_bps is not None:  # the host's NIC into the DC fabric: a TP group's NICs, scaled

@@ -30,6 +30,26 @@ class NetworkOptions(Strict):
     # net.ipv4.tcp_congestion_control on every emulated host (the simulator's model: each connection fills its
     # window, flows share a link fairly); Linux's default is cubic, whatever the machine running the emulation uses
     tcp_congestion_control: Literal["cubic", "reno", "bbr"] = "cubic"
+    # each emulated host's initial congestion window (its route's initcwnd): `window` opens it to the largest
+    # window of its DC's WAN links, as the simulator's window-bound model has every connection from the start
+    # (and a long-running job's connections are after warm-up); `kernel` keeps Linux's 10 segments, from which
+    # HyStart and cubic took 2-4 iterations to open the windows (docs/fidelity.md); `auto`: `window`, or
+    # `kernel` with tcp_slow_start_after_idle, whose restart from a window-sized initial window would be none
+    tcp_initial_window: Literal["auto", "window", "kernel"] = "auto"
+
+    @model_validator(mode="after")
+    def _restart(self) -> NetworkOptions:
+        if self.tcp_slow_start_after_idle and self.tcp_initial_window == "window":
+            raise ValueError("tcp_initial_window: 'window' restarts an idle connection at its whole window, which "
+                             "undoes tcp_slow_start_after_idle; set tcp_initial_window: kernel (or auto)")
+        return self
+
+    @property
+    def warm_windows(self) -> bool:
+        """Do emulated connections start with their window open (`tcp_initial_window`)?"""
+        if self.tcp_initial_window == "auto":
+            return not self.tcp_slow_start_after_idle
+        return self.tcp_initial_window == "window"
 
     @property
     def nccl_sockets(self) -> int:

@@ -58,7 +58,7 @@ dcs:
 links:
   - {{between: [east, west], gbps: 0.1, latency_ms: 2}}
 """)
-    emu = up(load_topology(topo), prefix="gdtbt1", scale=1)
+    emu = up(load_topology(topo), prefix="gdtbu1", scale=1)
     try:
         src, dst = emu.host_node("east-h0"), emu.host_node("east-h1")
         assert emu.lan_rate_bps("east") == NIC_MBPS * 1e6

@@ -46,6 +46,28 @@ def test_delay_method_is_reported(three_dc):
     assert emu.state()["delay"] == emu.delay
 
 
+def test_hosts_start_connections_with_their_window_open(three_dc):
+    """Each host has a route per peer DC that opens a connection's congestion window to the link's window (or its
+    bandwidth-delay product, if smaller; emu/build.py initial_windows), as the simulator's window-bound model has
+    it from the start."""
+    import math
+
+    from testbed.emu.build import LINUX_INITIAL_CWND
+    from testbed.runtime.htb import PAYLOAD_BYTES
+
+    emu, _ = three_dc
+    for h in emu.addr.hosts:
+        routes = emu.backend.run(emu.node(h.ns), ["ip", "route", "show"])
+        for link in emu.topo.links:
+            if h.dc not in link.between:
+                continue
+            peer = next(d for d in link.between if d != h.dc)
+            bdp = link.gbps * 1e9 / emu.scale / 8 * 2 * link.latency_ms / 1e3
+            segments = max(LINUX_INITIAL_CWND, math.ceil(min(emu.window_bytes(h.dc, peer), bdp) / PAYLOAD_BYTES))
+            line = next(ln for ln in routes.splitlines() if ln.startswith(emu.addr.lan_subnet[peer]))
+            assert f"initcwnd {segments}" in line, (h.ns, routes)
+
+
 def test_teardown_leaves_nothing():
     before = snapshot()
     emu = up(load_topology(ROOT / "topologies" / "3dc.yaml"), prefix="gdtbt2", scale=2000)
