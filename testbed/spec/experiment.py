@@ -30,8 +30,9 @@ class NetworkOptions(Strict):
     # net.ipv4.tcp_congestion_control on every emulated host (the simulator's model: each connection fills its
     # window, flows share a link fairly); Linux's default is cubic, whatever the machine running the emulation uses
     tcp_congestion_control: Literal["cubic", "reno", "bbr"] = "cubic"
-    # each emulated host's initial congestion window (its route's initcwnd): `window` opens it to the largest
-    # window of its DC's WAN links, as the simulator's window-bound model has every connection from the start
+    # each emulated host's initial congestion window across a WAN link (a route per peer DC, initcwnd): `window`
+    # opens it to the link's window (or bandwidth-delay product, if smaller), as the simulator's window-bound
+    # model has every connection from the start
     # (and a long-running job's connections are after warm-up); `kernel` keeps Linux's 10 segments, from which
     # HyStart and cubic took 2-4 iterations to open the windows (docs/fidelity.md); `auto`: `window`, or
     # `kernel` with tcp_slow_start_after_idle, whose restart from a window-sized initial window would be none
