@@ -132,8 +132,9 @@ def test_sweep_expands_in_order(tmp_path):
 def test_initial_window_follows_slow_start_after_idle_unless_set():
     from testbed.spec.experiment import NetworkOptions
 
-    assert NetworkOptions().warm_windows
-    assert not NetworkOptions(tcp_slow_start_after_idle=True).warm_windows  # a restart to the full window is none
-    assert not NetworkOptions(tcp_initial_window="kernel").warm_windows
+    assert NetworkOptions().host_tcp["warm_windows"]
+    # a restart to the full window is none
+    assert not NetworkOptions(tcp_slow_start_after_idle=True).host_tcp["warm_windows"]
+    assert not NetworkOptions(tcp_initial_window="kernel").host_tcp["warm_windows"]
     with pytest.raises(ValueError, match="tcp_initial_window: 'window' restarts"):
         NetworkOptions(tcp_slow_start_after_idle=True, tcp_initial_window="window")

@@ -196,6 +196,12 @@ class Decision:
     reason: str = ""  # why the pool (testbed/bubbletea/scheduler.py POOL_REASONS)
 
 
+def pool_reason(placed: bool, planned: str | None) -> str:
+    """Why a request that bubbles did not serve went to the pool, as the run ended: placed in bubbles but its jobs
+    not all run (not_run), sent there when planned (the planner's reason), or never decided (run_end)."""
+    return "not_run" if placed else planned if planned is not None else "run_end"
+
+
 class OnlinePlanner:
     """The service's brain; times are on the run's timeline clock (iterations back to back)."""
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from statistics import median
 
-from testbed.bubbletea.online import OnlinePlanner
+from testbed.bubbletea.online import OnlinePlanner, pool_reason
 from testbed.bubbletea.scheduler import GroupCost, Placement
 from testbed.bubbletea.trace import Request
 from testbed.plan.plan import Plan
@@ -135,8 +135,8 @@ def realised_run(plan: Plan, reqs: list[Request], homes: dict[int, str], costs: 
         else:  # given up (at the re-plan or skip that did), deferred past the run's end, or never placed
             join = dec.pool_join_s if dec is not None and dec.pool_join_s is not None else q.arrival_s
             joins[q.request_id] = max(join, q.arrival_s) - t0
-            pl.pool_reason = ("not_run" if keys else dec.reason if dec is not None and dec.pool_join_s is not None
-                              else "run_end")
+            pl.pool_reason = pool_reason(bool(keys), dec.reason if dec is not None and dec.pool_join_s is not None
+                                         else None)
         real.append(pl)
     timeline = Timeline(plan.run_id, "sim", sort_intervals(ivs + group_gaps(ivs, durations)), durations,
                         plan.pp * plan.dp)

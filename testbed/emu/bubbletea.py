@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from statistics import median
 
+from testbed.bubbletea.online import pool_reason
 from testbed.bubbletea.run import (
     Outcome,
     fallback_pool,
@@ -186,12 +187,8 @@ def served_requests(plan: Plan, exp: Experiment, reqs: list[Request], homes: dic
         else:
             join = d[2] if d is not None and d[2] is not None else arrival
             join = max(join, arrival, last_skip.get(q.request_id, 0.0))
-            if d is not None and d[1]:
-                reason = "not_run"  # placed in bubbles, its jobs not all run by the run's end
-            elif d is not None and d[2] is not None:
-                reason = str(d[4])  # sent to the pool when planned: the planner's reason
-            else:
-                reason = "run_end"
+            reason = pool_reason(d is not None and bool(d[1]), str(d[4]) if d is not None and d[2] is not None
+                                 else None)
             pool_queue.append((join, arrival, q, reason))
     pool = fallback_pool(plan, opts, exp.seed)
     for join, arrival, q, reason in sorted(pool_queue, key=lambda x: (x[0], x[1])):

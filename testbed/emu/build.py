@@ -22,6 +22,7 @@ from testbed.emu.rungroup import run_gid, secure_dir
 from testbed.emu.sh import EmuError
 from testbed.emu.shaping import htb_commands, lan_commands
 from testbed.runtime.htb import PAYLOAD_BYTES
+from testbed.spec.experiment import warm_windows as default_warm_windows
 from testbed.spec.topology import Topology
 
 MTU = 9000
@@ -152,7 +153,8 @@ def up(topo: Topology, *, backend: str = "netns", prefix: str | None = "gdtb0", 
         be.mounts = list(mounts or [])
         emu = Emulation(prefix, topo, be, addr, scale, method, window_notes(topo, scale),
                         lan_gpus_per_host=lan_gpus_per_host, slow_start_after_idle=slow_start_after_idle,
-                        warm_windows=not slow_start_after_idle if warm_windows is None else warm_windows,
+                        warm_windows=(default_warm_windows("auto", slow_start_after_idle) if warm_windows is None
+                                      else warm_windows),
                         congestion_control=congestion_control, claimed=claimed)
         secure_dir(state.run_dir(prefix), run_gid(emu.backend))  # 0750, the run's group: its sockets live here
     except BaseException:

@@ -34,17 +34,20 @@ def queue_bytes(rate_bps: float, rtt_s: float) -> int:
     return max(4 * int(rate_bps / 8 * max(rtt_s, 0.01)), MIN_QUEUE_BYTES)
 
 
+def rate_class(verb: str, dev: str, parent: str, classid: str, rate_bps: float) -> list[str]:
+    """`tc class add|change` of an HTB class guaranteed `rate_bps` of payload (HTB counts frames: wire_bps) with
+    that as its ceiling, and an explicit burst (tc's default, a jiffy's worth, loses 4-11 % of the rate on veth)."""
+    rate, burst = f"{int(wire_bps(rate_bps))}bit", str(burst_bytes(rate_bps))
+    return ["tc", "class", verb, "dev", dev, "parent", parent, "classid", classid, "htb", "rate", rate, "ceil", rate,
+            "burst", burst, "cburst", burst]
+
+
 def htb_commands(dev: str, rate_bps: float, rtt_s: float, netem_delay_ms: float | None) -> list[list[str]]:
-    """The link's classes at `rate_bps` of payload (HTB counts frames: wire_bps), with an explicit burst (tc's
-    default, a jiffy's worth, loses 4-11 % of the rate on veth) and a deep leaf queue."""
-    rate = f"{int(wire_bps(rate_bps))}bit"
-    burst = str(burst_bytes(rate_bps))
+    """The link's classes at `rate_bps` of payload (`rate_class`) and a deep leaf queue."""
     return [
         ["tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10"],
-        ["tc", "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", rate, "ceil", rate,
-         "burst", burst, "cburst", burst],
-        ["tc", "class", "add", "dev", dev, "parent", "1:1", "classid", "1:10", "htb", "rate", rate, "ceil", rate,
-         "burst", burst, "cburst", burst],
+        rate_class("add", dev, "1:", "1:1", rate_bps),
+        rate_class("add", dev, "1:1", f"1:{DEFAULT_MINOR:x}", rate_bps),
         leaf_command(dev, DEFAULT_MINOR, rate_bps, rtt_s, netem_delay_ms),
     ]
 
@@ -70,10 +73,7 @@ def rate_change_commands(dev: str, rate_bps: float, replica_minors: tuple[int, .
     the replica classes that share it fairly (emu/train.py classify_replicas: a trickle guaranteed, the
     link's rate as ceiling; a temporal link's classes are the sidecar's to re-rate), and BubbleTea's KV class
     `kv` (minor, whether the link has Atlas's turns: runtime/htb.py kv_class), which keeps its priority."""
-    rate = f"{int(wire_bps(rate_bps))}bit"
-    burst = str(burst_bytes(rate_bps))
-    cmds = [["tc", "class", "change", "dev", dev, "parent", parent, "classid", cid, "htb", "rate", rate, "ceil", rate,
-             "burst", burst, "cburst", burst] for parent, cid in (("1:", "1:1"), ("1:1", "1:10"))]
+    cmds = [rate_class("change", dev, parent, cid, rate_bps) for parent, cid in (("1:", "1:1"), ("1:1", "1:10"))]
     replica = class_args(trickle_bps(rate_bps), rate_bps, IDLE_PRIO)  # as classify_replicas made them
     cmds += [["tc", "class", "change", "dev", dev, "parent", "1:1", "classid", f"1:{minor:x}", "htb", *replica]
              for minor in replica_minors]
@@ -90,15 +90,11 @@ def lan_commands(dev: str, rate_bps: float) -> list[list[str]]:
     fabric's bandwidth alone. In one FIFO, a stage's ring all-reduce, started as its last backward ends, queued
     its chunk ahead of the last gradient just sent to the previous stage, which then came 1-11 ms late at every
     stage, and so later up the pipeline (docs/fidelity.md, "The all-reduce on a host's NIC")."""
-    rate = f"{int(wire_bps(rate_bps))}bit"
-    burst = str(burst_bytes(rate_bps))
     cid = f"1:{ALLREDUCE_MINOR:x}"
     return [
         *htb_commands(dev, rate_bps, 0.0, None),
-        ["tc", "class", "add", "dev", dev, "parent", "1:", "classid", "1:2", "htb", "rate", rate, "ceil", rate,
-         "burst", burst, "cburst", burst],
-        ["tc", "class", "add", "dev", dev, "parent", "1:2", "classid", cid, "htb", "rate", rate, "ceil", rate,
-         "burst", burst, "cburst", burst],
+        rate_class("add", dev, "1:", "1:2", rate_bps),
+        rate_class("add", dev, "1:2", cid, rate_bps),
         leaf_command(dev, ALLREDUCE_MINOR, rate_bps, 0.0, None),
         ["tc", "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "5", "u32", "match", "ip", "tos",
          hex(ALLREDUCE_TOS), "0xfc", "flowid", cid],

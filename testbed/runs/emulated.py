@@ -165,8 +165,7 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
     durations: dict[str, list[float]] = {}
     cpu = None
     emu = up(exp.topology, backend=em.backend, prefix=em.prefix, scale=scale, delay=em.delay,
-             lan_gpus_per_host=exp.workload.tp, slow_start_after_idle=exp.network.tcp_slow_start_after_idle,
-             congestion_control=exp.network.tcp_congestion_control, warm_windows=exp.network.warm_windows)
+             lan_gpus_per_host=exp.workload.tp, **exp.network.host_tcp)
     wan = WanSchedule.from_topology(same.topology)
     try:
         if on_up is not None:

@@ -38,10 +38,8 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress: Callable[[str]
     assert mt is not None
     scale = em.scale or auto_scale(exp.topology)
     check_scale(exp.topology, scale)
-    net = exp.network  # the hosts' TCP as the training runs set it (runs/emulated.py)
     emu = up(exp.topology, backend=em.backend, prefix=em.prefix, scale=scale, delay=em.delay,
-             slow_start_after_idle=net.tcp_slow_start_after_idle, congestion_control=net.tcp_congestion_control,
-             warm_windows=net.warm_windows)
+             **exp.network.host_tcp)  # the hosts' TCP as the training runs set it
     rows = []
     try:
         for li in mt.links or [0]:

@@ -46,16 +46,24 @@ class NetworkOptions(Strict):
         return self
 
     @property
-    def warm_windows(self) -> bool:
-        """Do emulated connections start with their window open (`tcp_initial_window`)?"""
-        if self.tcp_initial_window == "auto":
-            return not self.tcp_slow_start_after_idle
-        return self.tcp_initial_window == "window"
+    def host_tcp(self) -> dict:
+        """The emulated hosts' TCP settings, as `testbed.emu.build.up` takes them."""
+        return {"slow_start_after_idle": self.tcp_slow_start_after_idle,
+                "congestion_control": self.tcp_congestion_control,
+                "warm_windows": warm_windows(self.tcp_initial_window, self.tcp_slow_start_after_idle)}
 
     @property
     def nccl_sockets(self) -> int:
         """TCP connections one NCCL channel opens to a peer (NCCL caps it at 64)."""
         return min(64, self.nccl_socket_threads * self.nccl_sockets_per_thread)
+
+
+def warm_windows(initial_window: str, slow_start_after_idle: bool) -> bool:
+    """Do emulated connections start with their window open (`NetworkOptions.tcp_initial_window`)? `auto`: unless
+    slow start after idle is on."""
+    if initial_window == "auto":
+        return not slow_start_after_idle
+    return initial_window == "window"
 
 
 class BubbleTeaOptions(Strict):
