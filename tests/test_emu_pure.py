@@ -14,7 +14,7 @@ from testbed.emu.names import OURS_RE, address_plan, check_prefix, host_name
 from testbed.emu.scale import auto_scale
 from testbed.emu.shaping import htb_commands
 from testbed.errors import SpecError
-from testbed.runtime.htb import burst_bytes
+from testbed.runtime.htb import BURST_BYTES
 from testbed.spec.load import load_topology
 from tests.conftest import ROOT
 
@@ -76,7 +76,7 @@ def test_scale_and_window_notes():
 
 def test_htb_has_explicit_burst_and_leaf():
     cmds = htb_commands("west", 1e8, 0.05, None)
-    assert any("burst" in c and str(burst_bytes(1e8)) in c for c in cmds)
+    assert any("burst" in c and str(BURST_BYTES) in c for c in cmds)
     assert cmds[-1][-3:-1] == ["bfifo", "limit"]
     assert htb_commands("west", 1e8, 0.05, 25)[-1][9:12] == ["netem", "delay", "25ms"]
 

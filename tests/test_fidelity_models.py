@@ -43,9 +43,14 @@ def test_wire_rate_carries_the_payload_rate_in_full_frames():
     assert f"{int(htb.wire_bps(1e8))}bit" in cmds[1]
 
 
-def test_htb_burst_is_a_millisecond_of_the_rate_and_at_least_two_frames():
-    assert htb.burst_bytes(1e9) == int(1e9 * 1e-3 / 8)
-    assert htb.burst_bytes(1e6) == 2 * htb.FRAME_BYTES
+def test_htb_buckets_hold_one_frame_at_every_rate():
+    """An idle class lets what its bucket holds through at the veth's speed: one frame, whatever the rate."""
+    assert htb.BURST_BYTES == htb.FRAME_BYTES
+    for rate in (1e6, 1e9):
+        args = htb.class_args(rate / 100, rate, htb.IDLE_PRIO)
+        assert args[args.index("burst") + 1] == args[args.index("cburst") + 1] == str(htb.FRAME_BYTES)
+        link = htb_commands("west", rate, 0.05, None)[1]
+        assert link[link.index("burst") + 1] == link[link.index("cburst") + 1] == str(htb.FRAME_BYTES)
     assert htb.QUANTUM == htb.FRAME_BYTES  # round robin between replica classes, packet by packet
 
 

@@ -14,8 +14,8 @@ import math
 from testbed.runtime.htb import (
     ALLREDUCE_MINOR,
     ALLREDUCE_TOS,
+    BURST_BYTES,
     IDLE_PRIO,
-    burst_bytes,
     class_args,
     kv_class,
     trickle_bps,
@@ -37,7 +37,7 @@ def queue_bytes(rate_bps: float, rtt_s: float) -> int:
 def rate_class(verb: str, dev: str, parent: str, classid: str, rate_bps: float) -> list[str]:
     """`tc class add|change` of an HTB class guaranteed `rate_bps` of payload (HTB counts frames: wire_bps) with
     that as its ceiling, and an explicit burst (tc's default, a jiffy's worth, loses 4-11 % of the rate on veth)."""
-    rate, burst = f"{int(wire_bps(rate_bps))}bit", str(burst_bytes(rate_bps))
+    rate, burst = f"{int(wire_bps(rate_bps))}bit", str(BURST_BYTES)
     return ["tc", "class", verb, "dev", dev, "parent", parent, "classid", classid, "htb", "rate", rate, "ceil", rate,
             "burst", burst, "cburst", burst]
 

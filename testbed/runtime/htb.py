@@ -11,19 +11,17 @@ import os
 import socket
 import struct
 
-# A class's burst at its ceiling: what it may send at the veth's speed after an idle spell, so 1 ms of the rate
-# (about the timer slack HTB needs to hold its rate), and at least two jumbo frames. A real WAN link has no such
-# head start: a fixed 128 KiB let every transfer's first 128 KiB through at once (5 ms early on a 200 Mbit/s
-# link, 2.6 ms on a 400 Mbit/s LAN: docs/fidelity.md).
-BURST_S = 1e-3
 FRAME_BYTES = 9014  # an MTU-9000 packet as HTB counts it (with its Ethernet header)
 PAYLOAD_BYTES = 8948  # the TCP payload it carries (IPv4 and TCP headers with timestamps: 52 bytes)
-MIN_BURST_BYTES = 2 * FRAME_BYTES
-# A class's burst at its guaranteed rate: about two jumbo frames. HTB serves a class within its own
-# rate before any class that borrows, whatever their priorities; with the link's 128 KiB, a replica
-# idle for half a second had saved enough to send 128 KiB (5 ms of a 200 Mbit/s link) during
-# another's turn at the start of every transfer.
-RATE_BURST_BYTES = 18 * 1024
+# Every class's bucket, at its guaranteed rate (burst) and at its ceiling (cburst): one jumbo frame, the least that
+# holds a packet. What a bucket holds leaves at the veth's speed after an idle spell, a head start no real WAN link
+# gives. 1 ms of the rate, at least two frames (18 KiB at the guaranteed rate), let an idle link's first 28-32 KB
+# through at once (a 64 KB message at 20 Mbit/s 11.4 ms early, 262 KB at 200 Mbit/s 1.3 ms: bench/tcp_fidelity.py
+# --only burst), and the simulator read 1-2 % slow on almost every fidelity case (docs/fidelity.md, "HTB's burst");
+# a 128 KiB bucket, before that, 5 ms early at 200 Mbit/s. With one frame the rate still holds (200-800 Mbit/s:
+# 20 MB within 0.5 % of bytes / C; bench/tcp_fidelity.py --only transfer within 0.1 % of before), and what is
+# left early is one GSO packet (two segments at these rates: 20 KB).
+BURST_BYTES = FRAME_BYTES
 # What a class sends per turn of HTB's round robin between classes of one priority: one jumbo frame, so
 # replicas sharing a link interleave packet by packet (64 KiB turns let the first of three 178 KB transfers
 # finish 12 ms before the last, where the simulator's fair share finishes them together)
@@ -43,11 +41,6 @@ def wire_bps(payload_bps: float) -> float:
     """The HTB rate (bits/s on the wire) that carries `payload_bps` of TCP payload in full-size packets: the
     simulator's capacities are what a transfer gets, and headers take 0.7 % of a jumbo frame."""
     return payload_bps * FRAME_BYTES / PAYLOAD_BYTES
-
-
-def burst_bytes(rate_bps: float) -> int:
-    """HTB burst for a rate in bits/s: BURST_S of it, at least MIN_BURST_BYTES."""
-    return max(MIN_BURST_BYTES, int(rate_bps * BURST_S / 8))
 
 
 def trickle_bps(link_bps: float) -> float:
@@ -70,8 +63,8 @@ def class_args(rate_bps: float, ceil_bps: float | None, prio: int) -> list[str]:
     and `ClassChanger` set over netlink."""
     rate = max(int(wire_bps(rate_bps)), MIN_RATE_BPS)
     ceil = max(int(wire_bps(ceil_bps or rate_bps)), rate)
-    return ["rate", f"{rate}bit", "ceil", f"{ceil}bit", "burst", str(RATE_BURST_BYTES), "cburst",
-            str(burst_bytes(ceil)), "prio", str(prio), "quantum", str(QUANTUM)]
+    return ["rate", f"{rate}bit", "ceil", f"{ceil}bit", "burst", str(BURST_BYTES), "cburst",
+            str(BURST_BYTES), "prio", str(prio), "quantum", str(QUANTUM)]
 
 
 def set_class(ipr, idx: int, minor: int, rate_bps: float, ceil_bps: float | None, prio: int) -> None:
@@ -80,7 +73,7 @@ def set_class(ipr, idx: int, minor: int, rate_bps: float, ceil_bps: float | None
     rate = max(int(wire_bps(rate_bps)), MIN_RATE_BPS)
     ceil = max(int(wire_bps(ceil_bps or rate_bps)), rate)
     ipr.tc("change-class", "htb", idx, handle=f"1:{minor:x}", parent="1:1", rate=f"{rate}bit", ceil=f"{ceil}bit",
-           burst=RATE_BURST_BYTES, cburst=burst_bytes(ceil), prio=prio, quantum=QUANTUM)
+           burst=BURST_BYTES, cburst=BURST_BYTES, prio=prio, quantum=QUANTUM)
 
 
 RTM_NEWTCLASS, NLM_F_REQUEST, NLM_F_ACK, NLMSG_ERROR = 40, 1, 4, 2
@@ -104,8 +97,8 @@ def change_message(ifindex: int, minor: int, rate_bps: float, ceil_bps: float, p
     `tc` would (rates in payload bits/s; no rate tables, as the kernel computes rates itself)."""
     rate = max(int(wire_bps(rate_bps)), MIN_RATE_BPS) // 8
     ceil = max(int(wire_bps(ceil_bps or rate_bps)) // 8, rate)
-    buffer = RATE_BURST_BYTES * 10**9 // rate // PSCHED_TICK_NS
-    cbuffer = burst_bytes(ceil * 8) * 10**9 // ceil // PSCHED_TICK_NS
+    buffer = BURST_BYTES * 10**9 // rate // PSCHED_TICK_NS
+    cbuffer = BURST_BYTES * 10**9 // ceil // PSCHED_TICK_NS
     parms = _ratespec(rate) + _ratespec(ceil) + struct.pack("=IIIII", min(buffer, 2**32 - 1),
                                                              min(cbuffer, 2**32 - 1), QUANTUM, 0, prio)
     opts = _attr(TCA_HTB_PARMS, parms)
