@@ -100,13 +100,14 @@ STEPS: dict[str, type] = {t.__name__: t for t in (Forward, Backward, Send, Recv,
 
 @dataclass(frozen=True)
 class Pipe:
-    """The TCP connections from this group to `peer` (one direction; the reverse uses the same sockets).
-    Successive messages queue on them in order: one FIFO with one window per connection."""
+    """The TCP connections this group opens to `peer` and sends its messages on (one direction: the peer's
+    messages come on the peer's own pipe). Successive messages queue on them in order: one FIFO with one window
+    per connection."""
 
     peer: str
     connections: int
     wan: tuple[str, str] | None  # (from DC, to DC) when the pipe crosses the WAN
-    port: int  # the receiving group's listening port
+    port: int  # the peer's listening port, where these connections go
     # the replica whose class carries it across the WAN (replicas share a link fairly, or take turns under temporal
     # sharing); None inside a DC
     flow_class: int | None

@@ -72,3 +72,24 @@ def test_exchanges_follow_the_algorithm():
     hier = AllReduce("hierarchical", 12.0, (("s0r0", "s0r1"), ("s0r2", "s0r3")), (2, 2))
     ex = exchanges(hier, "s0r1")
     assert [(e.send_to, e.bytes) for e in ex] == [("s0r0", 6.0), ("s0r3", 3.0), ("s0r3", 3.0), ("s0r0", 6.0)]
+
+
+def test_each_pipe_goes_to_its_peer_and_every_worker_accepts_what_its_peers_open():
+    """Pipes are one-way, as NCCL's send connections: a group opens its pipe to each neighbour at the neighbour's
+    port and sends on it only; what a worker expects to accept is what its peers' programs open towards it."""
+    from types import SimpleNamespace
+
+    from testbed.runtime.worker import connections_to_accept, connections_to_open
+
+    exp = load_experiment(ROOT / "experiments" / "emu-3dc.yaml")[0][0]
+    for sched in exp.schedulers:
+        programs = lower(build_plan(exp, sched))
+        opened: dict[str, int] = {}
+        for p in programs.values():
+            assert {q.peer for q in p.pipes} == {g for g, o in programs.items() if o.replica == p.replica
+                                                  and abs(o.stage - p.stage) == 1}
+            assert all(q.port == programs[q.peer].port for q in p.pipes)
+            for peer, (n, _purpose) in connections_to_open(SimpleNamespace(program=p)).items():
+                opened[peer] = opened.get(peer, 0) + n
+        for g, p in programs.items():
+            assert connections_to_accept(SimpleNamespace(program=p)) == opened.get(g, 0), (sched, g)

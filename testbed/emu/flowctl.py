@@ -21,6 +21,8 @@ from testbed.runtime.htb import MIN_RATE_BPS, class_args, set_class
 if TYPE_CHECKING:
     from testbed.emu.build import Emulation
 
+FILTER_PRIO = 10  # our u32 filters' priority on a WAN egress: after the link's ACK class (emu/shaping.py)
+
 
 def port_blocks(lo: int, hi: int) -> list[tuple[int, int]]:
     """Cover [lo, hi] with (value, mask) blocks aligned on powers of two, as u32 matches need."""
@@ -45,7 +47,7 @@ class FlowControl:
         self.dev = towards
         self._ipr = None
         self.classes: dict[int, float] = {}
-        self.prio = 10
+        self.prio = FILTER_PRIO
 
     @property
     def ipr(self):

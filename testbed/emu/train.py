@@ -82,7 +82,8 @@ def remove_flow_classes(emu: Emulation, hops: dict) -> None:
 
 def classify_replicas(plan: Plan, emu: Emulation, hops: dict, cfgs: dict[tuple[int, int], WorkerConfig]) -> None:
     """An HTB class per flow class (replica) on each WAN hop a classified pipe crosses, matched by the
-    receiving group's port, recorded in `hops` (so they can be removed even if this fails half-way).
+    receiving group's port (its data one way, their acknowledgements back, unless the link's ACK class takes
+    those first: emu/shaping.py ack_class), recorded in `hops` (so they can be removed even if this fails half-way).
     All start at one priority, where HTB serves them round robin: replicas share a link fairly, as the
     simulator's spatial sharing has it (one FIFO would serve whole windows in arrival order, and this
     kernel has no fair-queueing qdisc); under temporal sharing the sidecar ranks them. They also let
@@ -92,8 +93,8 @@ def classify_replicas(plan: Plan, emu: Emulation, hops: dict, cfgs: dict[tuple[i
     for cfg in cfgs.values():
         prog = cfg.program
         for q in prog.pipes:
-            if q.flow_class is None or not q.wan or int(q.peer[1:].split("r")[0]) < prog.stage:
-                continue  # each pipe once: from the stage that opens it, whose port q.port is the receiver's
+            if q.flow_class is None or not q.wan:
+                continue
             a, b = q.wan
             w = emu.addr.wan(a, b)
             link = (w.a, w.b)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from testbed.emu import state
 from testbed.emu.build import Emulation, delay_control
 from testbed.emu.sh import EmuError
-from testbed.emu.shaping import DEFAULT_MINOR, leaf_command, rate_change_commands
+from testbed.emu.shaping import ACK_MINOR, DEFAULT_MINOR, leaf_command, rate_change_commands
 from testbed.runtime.wire import send_ctrl
 from testbed.sim.linkchange import Pair, WanSchedule, WanState
 
@@ -134,7 +134,7 @@ class LiveWan:
             elif self.emu.delay == "netem":
                 leaves = self.leaves.get(frozenset(pair), {})
                 batch = "".join(" ".join(leaf_command(dev, minor, rate, 2 * st.latency_s, ms, "change")[1:]) + "\n"
-                                for dev in (w.a, w.b) for minor in (DEFAULT_MINOR, *leaves.get(dev, ())))
+                                for dev in (w.a, w.b) for minor in (DEFAULT_MINOR, ACK_MINOR, *leaves.get(dev, ())))
                 self.emu.backend.run(self.emu.node(w.ns), ["tc", "-batch", "-"], input=batch)
             self.latency[pair] = st.latency_s
         return time.monotonic() - t0

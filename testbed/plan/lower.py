@@ -21,14 +21,15 @@ def port(plan: Plan, stage: int, replica: int) -> int:
 
 
 def pipe(plan: Plan, s: int, r: int, peer_stage: int) -> Pipe:
-    """The pipe between stage s and peer_stage (a neighbour) of replica r, seen from s. The connections
-    are opened by the earlier stage and carry activations one way and gradients back."""
+    """The pipe from stage s to peer_stage (a neighbour) of replica r: connections s opens to the peer's port and
+    sends on, one way, as NCCL's send connections are (the peer's messages come back on its own pipe). On shared
+    connections each direction's acknowledgements rode on the other's data, queued behind its window in the
+    link's FIFO (docs/fidelity.md, "Acknowledgements behind data")."""
     a, b = plan.stage_dc[r][s], plan.stage_dc[r][peer_stage]
-    lo = min(s, peer_stage)
     wan = (a, b) if a != b else None
     conns = plan.links[(a, b)].connections if wan else 1
     window = plan.links[(a, b)].window_bytes if wan else 0.0
-    return Pipe(group_name(peer_stage, r), conns, wan, port(plan, lo + 1, r), r if wan else None, window)
+    return Pipe(group_name(peer_stage, r), conns, wan, port(plan, peer_stage, r), r if wan else None, window)
 
 
 def allreduce(plan: Plan, s: int) -> AllReduce:

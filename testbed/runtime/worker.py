@@ -520,13 +520,10 @@ def listen_window(cfg: WorkerConfig) -> int:
 
 
 def connections_to_open(cfg: WorkerConfig) -> dict[str, tuple[int, str]]:
-    """peer -> (connections, purpose) this worker opens: its pipe to the next stage, and one to each peer
-    it sends all-reduce exchanges to (the WAN ring's share of the NCCL connections)."""
+    """peer -> (connections, purpose) this worker opens: its pipe to each neighbouring stage (it sends on them
+    only), and one to each peer it sends all-reduce exchanges to (the WAN ring's share of the NCCL connections)."""
     prog = cfg.program
-    out: dict[str, tuple[int, str]] = {}
-    for p in prog.pipes:
-        if int(p.peer[1:].split("r")[0]) > prog.stage:
-            out[p.peer] = (p.connections, "pipe")
+    out: dict[str, tuple[int, str]] = {p.peer: (p.connections, "pipe") for p in prog.pipes}
     for st in prog.steps:
         if isinstance(st, AllReduce):
             local = next(r for r in st.rings if prog.group in r)
@@ -538,10 +535,11 @@ def connections_to_open(cfg: WorkerConfig) -> dict[str, tuple[int, str]]:
 
 
 def connections_to_accept(cfg: WorkerConfig, peers: dict[str, WorkerConfig] | None = None) -> int:
-    """How many connections the peers open to this worker: its pipe from the previous stage, and one (or
-    the WAN ring's share) from each peer it receives all-reduce exchanges from."""
+    """How many connections the peers open to this worker: each neighbouring stage's pipe to it (as many
+    connections as this worker's own pipe back: a link's window and connections are the same both ways), and one
+    (or the WAN ring's share) from each peer it receives all-reduce exchanges from."""
     prog = cfg.program
-    n = sum(p.connections for p in prog.pipes if int(p.peer[1:].split("r")[0]) < prog.stage)
+    n = sum(p.connections for p in prog.pipes)
     for st in prog.steps:
         if isinstance(st, AllReduce):
             local = next(r for r in st.rings if prog.group in r)
@@ -587,8 +585,8 @@ def main(cfg_path: str, ctl_path: str) -> None:
     # one reader per group of connections, before anyone is ready: nothing is sent before the first "go"
     for (peer, purpose), socks in [*((k, v.socks) for k, v in out.items()), *accepted.items()]:
         threading.Thread(target=reader, args=(socks, inbox, window_of(cfg, peer, purpose)), daemon=True).start()
-    # a pipe carries activations one way and gradients back on the connections its earlier stage opened
-    pipes = {p.peer: out.get((p.peer, "pipe")) or Striped(accepted[(p.peer, "pipe")]) for p in prog.pipes}
+    # a worker sends on the connections it opened and receives on those it accepted
+    pipes = {p.peer: out[(p.peer, "pipe")] for p in prog.pipes}
     ring = {peer: st for (peer, purpose), st in out.items() if purpose == "ring"}
     sidecars = {peer: SidecarClient(path, next(p.wan for p in prog.pipes if p.peer == peer)[1])
                 for peer, path in cfg.sidecars.items()}
