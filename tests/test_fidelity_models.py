@@ -51,7 +51,27 @@ def test_htb_buckets_hold_one_frame_at_every_rate():
         assert args[args.index("burst") + 1] == args[args.index("cburst") + 1] == str(htb.FRAME_BYTES)
         link = htb_commands("west", rate, 0.05, None)[1]
         assert link[link.index("burst") + 1] == link[link.index("cburst") + 1] == str(htb.FRAME_BYTES)
-    assert htb.QUANTUM == htb.FRAME_BYTES  # round robin between replica classes, packet by packet
+
+
+def test_a_turn_holds_the_largest_packet_a_class_carries():
+    """HTB sends a whole packet per turn whatever the deficit: a quantum below the packets shares by packet count.
+    Every class's quantum is two frames of its path's MTU (hosts cap GSO at two segments), at every link rate."""
+    for rate in (1e6, 2.3e7, 1e8, 2e8, 1e9):
+        mtu = htb.link_mtu(rate)
+        args = htb.class_args(rate / 100, rate, htb.IDLE_PRIO)
+        quantum = int(args[args.index("quantum") + 1])
+        assert quantum == htb.GSO_SEGMENTS * (mtu + 14) == htb.link_quantum(rate)
+        assert quantum < 2 * htb.GSO_SEGMENTS * (mtu + 14)  # and no more: the round robin stays packet by packet
+
+
+def test_slow_links_send_smaller_packets_lasting_what_a_jumbo_frame_lasts_at_the_target_rate():
+    assert htb.link_mtu(htb.FULL_FRAME_BPS) == htb.JUMBO_MTU == MTU
+    assert htb.link_mtu(1e10) == MTU  # never above the jumbo MTU
+    assert htb.link_mtu(htb.FULL_FRAME_BPS / 4) == MTU // 4
+    assert htb.link_mtu(1e6) == htb.MIN_MTU  # never below Ethernet's
+    for rate in (4e7, 1e8, 1.5e8):
+        assert htb.link_mtu(rate) * 8 / rate == pytest.approx(MTU * 8 / htb.FULL_FRAME_BPS, rel=1e-3)
+    assert htb.turn_bytes(1e8, 40) == 40 * htb.link_quantum(1e8)  # a turn in real-world bytes at scale 40
 
 
 def test_shaper_queues_hold_any_window_without_a_drop():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from testbed.runtime.htb import QUANTUM
+from testbed.runtime.htb import FRAME_BYTES
 from testbed.sim.executor import ROUND_ROBIN_PHASES, Simulation, replica_classes, round_robin_lags
 from tests.conftest import make_plan
 
@@ -30,7 +30,7 @@ def _first_arrivals(sim: Simulation) -> dict[int, float]:
 
 def test_each_replica_a_frame_behind_the_one_before_it():
     plan = _fair(3)
-    assert round_robin_lags(plan) == [0.0, QUANTUM / C, 2 * QUANTUM / C]
+    assert round_robin_lags(plan) == [0.0, FRAME_BYTES / C, 2 * FRAME_BYTES / C]
     assert len(replica_classes(plan)) == 3  # no longer run as one
 
 

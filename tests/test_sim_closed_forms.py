@@ -8,7 +8,7 @@ import pytest
 
 from testbed.analysis.metrics import share
 from testbed.costs.tcp import windowed_send_s
-from testbed.runtime.htb import QUANTUM
+from testbed.runtime.htb import FRAME_BYTES
 from testbed.sim.executor import WindowRounds, simulate
 from tests.conftest import make_plan
 
@@ -74,7 +74,7 @@ def _send_ends(temporal: bool) -> list[float]:
 def test_two_transfers_spatial_sharing():
     """Fair sharing; the round robin serves replica 0's first frame before replica 1's: replica 0 is alone on
     the link for one frame's time, so it ends that much before 2A/C, and replica 1 at 2A/C."""
-    frame_s = QUANTUM / 1e9
+    frame_s = FRAME_BYTES / 1e9
     assert _send_ends(False) == pytest.approx([2.0 - frame_s, 2.0], abs=1e-12)
 
 
@@ -118,6 +118,6 @@ def test_each_pipe_has_its_own_window():
     for capacity, expect in ((1e15, windowed_send_s(A, 1e15, W, 2 * lat)), (rate, 2 * A / rate)):
         plan = make_plan(pp=2, dp=2, m=1, f=1.0, b=1.0, dcs=["a", "b"], act_bytes=A, capacity=capacity,
                          latency=lat, window=W)
-        ahead = [QUANTUM / capacity, 0.0]  # the round robin serves replica 0's first frame first
+        ahead = [FRAME_BYTES / capacity, 0.0]  # the round robin serves replica 0's first frame first
         for r in range(2):
             assert _recv_ends(plan, 1, r) == pytest.approx([1.0 + expect + lat - ahead[r]], rel=1e-9)

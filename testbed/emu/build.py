@@ -2,7 +2,8 @@
 
 Per DC: a gateway node holding the DC bridge (br0) and one node per emulated host on it.
 Per WAN link: a WAN node between the two gateways that shapes each direction (HTB) and delays it
-(netem, or our NFQUEUE delay line). MTU 9000 everywhere: the delay line's cost is per packet.
+(netem, or our NFQUEUE delay line). MTU 9000 on every interface (the delay line's cost is per packet); a host
+reaches each peer DC at its link's packet size (runtime/htb.py link_mtu), which is 9000 from 200 Mbit/s up.
 `scale` k divides link rates and TCP window caps (transfer times stay real-world); latencies stay.
 """
 
@@ -21,12 +22,13 @@ from testbed.emu.names import AddressPlan, address_plan, host_name
 from testbed.emu.rungroup import run_gid, secure_dir
 from testbed.emu.sh import EmuError
 from testbed.emu.shaping import htb_commands, lan_commands
-from testbed.runtime.htb import PAYLOAD_BYTES
+from testbed.runtime.htb import GSO_SEGMENTS, link_mtu
 from testbed.spec.experiment import warm_windows as default_warm_windows
 from testbed.spec.topology import Topology
 
 MTU = 9000
-MSS = MTU - 52  # TCP payload per packet: IPv4 and TCP headers with the timestamp option
+TCP_HEADERS = 52  # IPv4 and TCP headers with the timestamp option
+MSS = MTU - TCP_HEADERS  # TCP payload per jumbo packet
 MIN_WINDOW = 64 * 1024  # below this one TCP connection no longer behaves like one (MSS is ~9 KB)
 # Linux advertises the share of a receive buffer that it measures per connection (scaling_ratio: a received
 # segment's length over its memory, since kernel 6.6; 1/2 before): 0.75 to 0.95 of the buffer here with MTU
@@ -45,12 +47,17 @@ def receive_buffer(window: int) -> int:
     return int(window / FOREIGN_SHARE)
 
 
-def emulated_window(window_bytes: float, scale: float) -> int:
+def link_mss(link_bps: float) -> int:
+    """TCP payload per packet on an emulated WAN path whose link carries `link_bps` (bits/s)."""
+    return link_mtu(link_bps) - TCP_HEADERS
+
+
+def emulated_window(window_bytes: float, scale: float, mss: int = MSS) -> int:
     """A real-world window as one emulated connection carries it: divided by k, at least 64 KiB, and a whole
-    number of segments (a receiver advertises, and a sender fills, a window in whole segments; bench
+    number of segments of `mss` (a receiver advertises, and a sender fills, a window in whole segments; bench
     tcp_fidelity.py measured a 128 KiB clamp carrying 14 segments' worth)."""
     w = max(window_bytes / scale, MIN_WINDOW)
-    return max(1, round(w / MSS)) * MSS
+    return max(1, round(w / mss)) * mss
 
 
 @dataclass
@@ -80,7 +87,16 @@ class Emulation:
 
     def window_bytes(self, a: str, b: str) -> int:
         link = self.topo.link(a, b)
-        return emulated_window(self.topo.window_mb(link) * 2**20, self.scale)  # type: ignore[arg-type]
+        return emulated_window(self.topo.window_mb(link) * 2**20, self.scale,  # type: ignore[arg-type]
+                               self.mss(a, b))
+
+    def link_bps(self, a: str, b: str) -> float:
+        """The emulated rate (bits/s) of the link between DCs a and b."""
+        return self.topo.link(a, b).gbps * 1e9 / self.scale  # type: ignore[union-attr]
+
+    def mss(self, a: str, b: str) -> int:
+        """TCP payload per packet between DCs a and b (the hosts' route to the peer DC: runtime/htb.py link_mtu)."""
+        return link_mss(self.link_bps(a, b))
 
     def lan_rate_bps(self, dc: str) -> float | None:
         """Shaped rate of a host's link into its DC (None: unshaped, when the scaled fabric exceeds
@@ -228,9 +244,25 @@ def initial_windows(emu: Emulation, dc: str) -> dict[str, int]:
         if dc not in link.between:
             continue
         peer = link.between[1] if link.between[0] == dc else link.between[0]
-        bdp = link.gbps * 1e9 / emu.scale / 8 * 2 * link.latency_ms / 1e3
+        bdp = emu.link_bps(dc, peer) / 8 * 2 * link.latency_ms / 1e3
         cwnd = min(emu.window_bytes(dc, peer), bdp)
-        out[peer] = max(LINUX_INITIAL_CWND, math.ceil(cwnd / PAYLOAD_BYTES))
+        out[peer] = max(LINUX_INITIAL_CWND, math.ceil(cwnd / emu.mss(dc, peer)))
+    return out
+
+
+def peer_routes(emu: Emulation, dc: str) -> dict[str, list[str]]:
+    """Peer DC -> the options of a `dc` host's route to it: the link's packet size (`mtu lock`, runtime/htb.py
+    link_mtu) and, with warm windows, the initial congestion window (`initial_windows`)."""
+    cwnds = initial_windows(emu, dc)
+    out = {}
+    for link in emu.topo.links:
+        if dc not in link.between:
+            continue
+        peer = link.between[1] if link.between[0] == dc else link.between[0]
+        route = ["mtu", "lock", str(link_mtu(emu.link_bps(dc, peer)))]
+        if peer in cwnds:
+            route += ["initcwnd", str(cwnds[peer])]
+        out[peer] = route
     return out
 
 
@@ -254,8 +286,10 @@ def _build(emu: Emulation) -> None:
         for h, node in zip(hosts, nodes, strict=True):
             be.run(node, ["ip", "addr", "add", f"{h.ip}/24", "dev", "eth0"])
             be.run(node, ["ip", "route", "add", "default", "via", gw_ip])
-            for peer, cwnd in initial_windows(emu, dc.name).items():
-                be.run(node, ["ip", "route", "add", addr.lan_subnet[peer], "via", gw_ip, "initcwnd", str(cwnd)])
+            # no TSO/GSO packet larger than HTB's quantum (runtime/htb.py link_quantum): turns stay byte-fair
+            be.run(node, ["ip", "link", "set", "dev", "eth0", "gso_max_segs", str(GSO_SEGMENTS)])
+            for peer, route in peer_routes(emu, dc.name).items():
+                be.run(node, ["ip", "route", "add", addr.lan_subnet[peer], "via", gw_ip, *route])
             for setting in host_sysctls(emu, dc.name):
                 be.run(node, ["sysctl", "-qw", setting])
             if lan_bps is not None:  # the host's NIC into the DC fabric: a TP group's NICs, scaled

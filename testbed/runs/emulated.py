@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from testbed.analysis.metrics import add_speedups, summary_row
-from testbed.emu.build import down, emulated_window, up
+from testbed.emu.build import down, emulated_window, link_mss, up
 from testbed.emu.scale import auto_scale, check_scale, check_transfer_bytes
 from testbed.emu.train import run_training
 from testbed.errors import NotYetError, SpecError
@@ -32,11 +32,12 @@ VALIDATION_HEADER = ("run_id", "scheduler", "metric", "sim", "emu", "rel_error",
 
 
 def as_emulated(topo: Topology, scale: float) -> Topology:
-    """The topology the emulator really builds: each window as one emulated connection carries it (at least
-    64 KiB after scaling, a whole number of segments: emu/build.py emulated_window), in real-world terms."""
+    """The topology the emulator really builds, in real-world terms: each window as one emulated connection carries
+    it (at least 64 KiB after scaling, a whole number of the path's segments: emu/build.py emulated_window)."""
     links = []
     for link in topo.links:
-        w = emulated_window(topo.window_mb(link) * 2**20, scale) * scale / 2**20
+        bps = link.gbps * 1e9 / scale
+        w = emulated_window(topo.window_mb(link) * 2**20, scale, link_mss(bps)) * scale / 2**20
         links.append(link.model_copy(update={"tcp_window_mb": w}))
     return topo.model_copy(update={"links": links})
 

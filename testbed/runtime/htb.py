@@ -22,10 +22,37 @@ PAYLOAD_BYTES = 8948  # the TCP payload it carries (IPv4 and TCP headers with ti
 # 20 MB within 0.5 % of bytes / C; bench/tcp_fidelity.py --only transfer within 0.1 % of before), and what is
 # left early is one GSO packet (two segments at these rates: 20 KB).
 BURST_BYTES = FRAME_BYTES
-# What a class sends per turn of HTB's round robin between classes of one priority: one jumbo frame, so
-# replicas sharing a link interleave packet by packet (64 KiB turns let the first of three 178 KB transfers
-# finish 12 ms before the last, where the simulator's fair share finishes them together)
-QUANTUM = FRAME_BYTES
+JUMBO_MTU = FRAME_BYTES - 14
+# An emulated WAN path's packets last on its link what a jumbo frame lasts at this rate (the emulator's target link
+# rate, testbed/emu/scale.py): at scale k a packet stands for k times its bytes, and a slow emulated link's jumbo
+# frames (5.7 ms each at 22.9 Mbit/s) made its round robin between replicas that coarse, a timing noise of several
+# milliseconds per shared transfer that a real link's frames (tens of microseconds) do not have (docs/fidelity.md,
+# "Packets at scale"). Hosts route each peer DC at `link_mtu` of its link.
+FULL_FRAME_BPS = 200e6
+MIN_MTU = 1500  # never smaller than Ethernet's: below 200 Mbit/s x 1500/9000 packets are longer than at the target
+# Hosts cap a TSO/GSO packet at two segments (emu/build.py), so no packet HTB sees exceeds two frames
+GSO_SEGMENTS = 2
+
+
+def link_mtu(link_bps: float) -> int:
+    """The MTU of an emulated WAN path whose link carries `link_bps` (bits/s): a packet lasts on it what a jumbo
+    frame lasts at FULL_FRAME_BPS, between MIN_MTU and the jumbo MTU."""
+    return int(min(JUMBO_MTU, max(MIN_MTU, round(JUMBO_MTU * link_bps / FULL_FRAME_BPS))))
+
+
+def link_quantum(link_bps: float) -> int:
+    """What a class sends per turn of HTB's round robin on a link of `link_bps` (bits/s): the largest packet it
+    carries, GSO_SEGMENTS frames of the path's MTU. HTB sends a whole packet per turn whatever its class's deficit,
+    so with a quantum below the packets (one frame against two-segment packets) classes shared a link by packet
+    count, not bytes: a replica's sub-quantum tails went one per turn behind its siblings' full packets, which held
+    leaders back to their followers (docs/fidelity.md, "HTB's quantum"). Small turns keep replicas interleaved packet
+    by packet (64 KiB turns let the first of three 178 KB transfers finish 12 ms before the last)."""
+    return GSO_SEGMENTS * (link_mtu(link_bps) + 14)
+
+
+def turn_bytes(link_bps: float, scale: float) -> float:
+    """A round-robin turn of an emulated link of `link_bps` (bits/s, emulated) in real-world bytes: k x its quantum."""
+    return scale * link_quantum(link_bps)
 IDLE_PRIO = 6  # a replica class with nothing in turn (fair sharing: every class, BubbleTea's KV caches' too)
 # HTB's last priority: BubbleTea's KV caches on a link with Atlas's turns, after every replica, idle ones included (as
 # the simulator's KV_RANK), so a transfer starting before the sidecar has ranked it still goes ahead of the caches
@@ -60,11 +87,12 @@ def kv_class(link_bps: float, temporal: bool) -> tuple[float, float, int]:
 
 def class_args(rate_bps: float, ceil_bps: float | None, prio: int) -> list[str]:
     """`tc class add|change ... htb` arguments of a class under 1:1 at payload rates (bits/s): what `set_class`
-    and `ClassChanger` set over netlink."""
+    and `ClassChanger` set over netlink. The quantum follows the ceiling, which is the link's rate on every class
+    under a WAN link (`link_quantum`)."""
     rate = max(int(wire_bps(rate_bps)), MIN_RATE_BPS)
     ceil = max(int(wire_bps(ceil_bps or rate_bps)), rate)
     return ["rate", f"{rate}bit", "ceil", f"{ceil}bit", "burst", str(BURST_BYTES), "cburst",
-            str(BURST_BYTES), "prio", str(prio), "quantum", str(QUANTUM)]
+            str(BURST_BYTES), "prio", str(prio), "quantum", str(link_quantum(ceil_bps or rate_bps))]
 
 
 def set_class(ipr, idx: int, minor: int, rate_bps: float, ceil_bps: float | None, prio: int) -> None:
@@ -73,7 +101,7 @@ def set_class(ipr, idx: int, minor: int, rate_bps: float, ceil_bps: float | None
     rate = max(int(wire_bps(rate_bps)), MIN_RATE_BPS)
     ceil = max(int(wire_bps(ceil_bps or rate_bps)), rate)
     ipr.tc("change-class", "htb", idx, handle=f"1:{minor:x}", parent="1:1", rate=f"{rate}bit", ceil=f"{ceil}bit",
-           burst=BURST_BYTES, cburst=BURST_BYTES, prio=prio, quantum=QUANTUM)
+           burst=BURST_BYTES, cburst=BURST_BYTES, prio=prio, quantum=link_quantum(ceil_bps or rate_bps))
 
 
 RTM_NEWTCLASS, NLM_F_REQUEST, NLM_F_ACK, NLMSG_ERROR = 40, 1, 4, 2
@@ -99,8 +127,9 @@ def change_message(ifindex: int, minor: int, rate_bps: float, ceil_bps: float, p
     ceil = max(int(wire_bps(ceil_bps or rate_bps)) // 8, rate)
     buffer = BURST_BYTES * 10**9 // rate // PSCHED_TICK_NS
     cbuffer = BURST_BYTES * 10**9 // ceil // PSCHED_TICK_NS
+    quantum = link_quantum(ceil_bps or rate_bps)
     parms = _ratespec(rate) + _ratespec(ceil) + struct.pack("=IIIII", min(buffer, 2**32 - 1),
-                                                             min(cbuffer, 2**32 - 1), QUANTUM, 0, prio)
+                                                             min(cbuffer, 2**32 - 1), quantum, 0, prio)
     opts = _attr(TCA_HTB_PARMS, parms)
     if rate >= 2**32:
         opts += _attr(TCA_HTB_RATE64, struct.pack("=Q", rate))

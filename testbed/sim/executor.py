@@ -50,7 +50,7 @@ from testbed.plan.lower import allreduce, lower_group, program_shape
 from testbed.plan.plan import Plan
 from testbed.plan.turns import TURN_KEYS
 from testbed.program import AllReduce, Backward, Forward, Recv, Send
-from testbed.runtime.htb import QUANTUM
+from testbed.runtime.htb import FRAME_BYTES
 from testbed.sim.linkchange import LiveLinks, WanSchedule
 from testbed.sim.network import Flow, LinkState
 from testbed.timeline import Timeline, group_name
@@ -129,7 +129,7 @@ ROUND_ROBIN_PHASES = 8
 def round_robin_lags(plan: Plan) -> list[float]:
     """[replica] -> how long after the first of the replicas symmetric to it its first WAN transfer gets the
     link, under fair sharing. The wire shares a link between replicas by round robin (an HTB class per replica,
-    one quantum, a jumbo frame, per turn: testbed/runtime/htb.py), not as a fluid: symmetric replicas' first
+    one jumbo frame or more per turn: testbed/runtime/htb.py), not as a fluid: symmetric replicas' first
     transfers reach their link at the same instant, and the first class in the round is then a frame ahead of
     the second, which is a frame ahead of the third. Exactly in step they would sit on an unstable equilibrium
     (docs/fidelity.md, "Replicas in lockstep"); this head start is where they leave it. The k-th replica of a
@@ -144,7 +144,7 @@ def round_robin_lags(plan: Plan) -> list[float]:
             continue
         n = len(rs)
         phases = min(n, ROUND_ROBIN_PHASES)
-        frame_s = QUANTUM / plan.links[first[1]].capacity_bytes_s
+        frame_s = FRAME_BYTES / plan.links[first[1]].capacity_bytes_s
         for k, r in enumerate(rs):
             lags[r] = (k * phases // n) * frame_s * n / phases
     return lags

@@ -46,14 +46,15 @@ def test_delay_method_is_reported(three_dc):
     assert emu.state()["delay"] == emu.delay
 
 
-def test_hosts_start_connections_with_their_window_open(three_dc):
-    """Each host has a route per peer DC that opens a connection's congestion window to the link's window (or its
-    bandwidth-delay product, if smaller; emu/build.py initial_windows), as the simulator's window-bound model has
-    it from the start."""
+def test_hosts_route_each_peer_dc_at_its_links_packet_size_with_the_window_open(three_dc):
+    """Each host has a route per peer DC at the link's packet size (runtime/htb.py link_mtu: a packet lasts on the
+    emulated link what a jumbo frame lasts at 200 Mbit/s) that opens a connection's congestion window to the link's
+    window (or its bandwidth-delay product, if smaller; emu/build.py initial_windows), as the simulator's
+    window-bound model has it from the start."""
     import math
 
     from testbed.emu.build import LINUX_INITIAL_CWND
-    from testbed.runtime.htb import PAYLOAD_BYTES
+    from testbed.runtime.htb import link_mtu
 
     emu, _ = three_dc
     for h in emu.addr.hosts:
@@ -63,9 +64,50 @@ def test_hosts_start_connections_with_their_window_open(three_dc):
                 continue
             peer = next(d for d in link.between if d != h.dc)
             bdp = link.gbps * 1e9 / emu.scale / 8 * 2 * link.latency_ms / 1e3
-            segments = max(LINUX_INITIAL_CWND, math.ceil(min(emu.window_bytes(h.dc, peer), bdp) / PAYLOAD_BYTES))
+            segments = max(LINUX_INITIAL_CWND, math.ceil(min(emu.window_bytes(h.dc, peer), bdp) / emu.mss(h.dc, peer)))
             line = next(ln for ln in routes.splitlines() if ln.startswith(emu.addr.lan_subnet[peer]))
             assert f"initcwnd {segments}" in line, (h.ns, routes)
+            assert f"mtu lock {link_mtu(link.gbps * 1e9 / emu.scale)}" in line, (h.ns, routes)
+
+
+MSS_PROBE = """
+import socket, sys, threading
+srv = socket.create_server(("0.0.0.0", 7501)) if sys.argv[1] == "listen" else None
+if srv:
+    c, _ = srv.accept(); c.recv(1); print(c.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG))
+else:
+    import time
+    for _ in range(100):
+        try:
+            c = socket.create_connection((sys.argv[2], 7501)); break
+        except OSError:
+            time.sleep(0.05)
+    c.sendall(b"x"); print(c.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG)); c.close()
+"""
+
+
+def test_connections_across_a_slow_link_carry_smaller_segments(tmp_path):
+    """Both ends of a real TCP connection across a 50 Mbit/s WAN link send segments of the link's MSS (a quarter of
+    a jumbo frame's: emu/build.py link_mss), and a connection inside a DC keeps the jumbo MSS."""
+    import sys
+
+    from testbed.emu.build import MSS
+
+    before = snapshot()
+    emu = up(load_topology(write_topology(tmp_path / "t.yaml", gbps=0.05, latency=2, hosts=2)), prefix="gdtbt4",
+             scale=1)
+    try:
+        assert emu.mss("east", "west") == 9000 // 4 - 52
+        for dst, want in (("west-h0", emu.mss("east", "west")), ("east-h1", MSS)):
+            rx = emu.backend.popen(emu.host_node(dst), [sys.executable, "-c", MSS_PROBE, "listen"], stdout=-1,
+                                   text=True)
+            sent = emu.backend.run(emu.host_node("east-h0"),
+                                   [sys.executable, "-c", MSS_PROBE, "connect", emu.addr.host(dst).ip], timeout=30)
+            got = rx.communicate(timeout=30)[0]
+            assert int(sent) == int(got) == want, (dst, sent, got, want)
+    finally:
+        down(emu)
+    assert snapshot() == before
 
 
 def test_teardown_leaves_nothing():
