@@ -28,10 +28,13 @@ def _first_arrivals(sim: Simulation) -> dict[int, float]:
     return out
 
 
-def test_each_replica_a_frame_behind_the_one_before_it():
-    plan = _fair(3)
+def test_each_replica_a_turn_behind_the_one_before_it():
+    plan = _fair(3)  # a real link: one jumbo frame per turn
     assert round_robin_lags(plan) == [0.0, FRAME_BYTES / C, 2 * FRAME_BYTES / C]
     assert len(replica_classes(plan)) == 3  # no longer run as one
+    turn = 40 * FRAME_BYTES  # an emulated link's turn in real-world bytes (k x its quantum)
+    coarse = replace(plan, links={k: replace(lp, turn_bytes=turn) for k, lp in plan.links.items()})
+    assert round_robin_lags(coarse) == [0.0, turn / C, 2 * turn / C]
 
 
 def test_symmetric_replicas_on_a_fair_link_no_longer_finish_in_lockstep():

@@ -14,6 +14,7 @@ from testbed.plan.mechanisms import Mechanisms, parse_scheduler
 from testbed.plan.placement import place
 from testbed.plan.plan import IntraDC, LinkPlan, Plan
 from testbed.plan.schedules import build_schedule
+from testbed.runtime.htb import FRAME_BYTES
 from testbed.spec.experiment import Experiment
 from testbed.spec.topology import Topology
 
@@ -135,8 +136,9 @@ def link_plans(exp: Experiment, mech: Mechanisms) -> dict[tuple[str, str], LinkP
         win = topo.window_mb(link) * 2**20
         n = transfer_connections(exp, mech, cap, win, 2 * lat)
         a, b = link.between
+        turn = link.round_robin_bytes or FRAME_BYTES
         for src, dst in ((a, b), (b, a)):
-            out[(src, dst)] = LinkPlan(src, dst, cap, lat, win, n, mech.temporal)
+            out[(src, dst)] = LinkPlan(src, dst, cap, lat, win, n, mech.temporal, turn)
     return out
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from testbed.plan.mechanisms import Mechanisms
 from testbed.plan.schedules import Action
+from testbed.runtime.htb import FRAME_BYTES
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,7 @@ class LinkPlan:
     window_bytes: float
     connections: int  # TCP connections per transfer
     temporal: bool  # take turns (True) or share max-min fairly (False)
+    turn_bytes: float = FRAME_BYTES  # fair sharing: bytes a replica's flow sends per round-robin turn
 
     @property
     def rtt_s(self) -> float:

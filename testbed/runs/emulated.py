@@ -15,6 +15,7 @@ from testbed.errors import NotYetError, SpecError
 from testbed.plan.build import build_plan, resolve_dp
 from testbed.results import fmt, write_csv
 from testbed.runs.simulated import RunResult, WanRecord, lower_bound_s, simulate_changing_run, stall_rows
+from testbed.runtime.htb import turn_bytes
 from testbed.sim.executor import simulate
 from testbed.sim.linkchange import WanSchedule, union_length
 from testbed.spec.experiment import Experiment
@@ -33,12 +34,13 @@ VALIDATION_HEADER = ("run_id", "scheduler", "metric", "sim", "emu", "rel_error",
 
 def as_emulated(topo: Topology, scale: float) -> Topology:
     """The topology the emulator really builds, in real-world terms: each window as one emulated connection carries
-    it (at least 64 KiB after scaling, a whole number of the path's segments: emu/build.py emulated_window)."""
+    it (at least 64 KiB after scaling, a whole number of the path's segments: emu/build.py emulated_window), and
+    the round robin's turn on each link, k x its HTB quantum (runtime/htb.py turn_bytes)."""
     links = []
     for link in topo.links:
         bps = link.gbps * 1e9 / scale
         w = emulated_window(topo.window_mb(link) * 2**20, scale, link_mss(bps)) * scale / 2**20
-        links.append(link.model_copy(update={"tcp_window_mb": w}))
+        links.append(link.model_copy(update={"tcp_window_mb": w, "round_robin_bytes": turn_bytes(bps, scale)}))
     return topo.model_copy(update={"links": links})
 
 

@@ -50,7 +50,6 @@ from testbed.plan.lower import allreduce, lower_group, program_shape
 from testbed.plan.plan import Plan
 from testbed.plan.turns import TURN_KEYS
 from testbed.program import AllReduce, Backward, Forward, Recv, Send
-from testbed.runtime.htb import FRAME_BYTES
 from testbed.sim.linkchange import LiveLinks, WanSchedule
 from testbed.sim.network import Flow, LinkState
 from testbed.timeline import Timeline, group_name
@@ -128,12 +127,13 @@ ROUND_ROBIN_PHASES = 8
 
 def round_robin_lags(plan: Plan) -> list[float]:
     """[replica] -> how long after the first of the replicas symmetric to it its first WAN transfer gets the
-    link, under fair sharing. The wire shares a link between replicas by round robin (an HTB class per replica,
-    one jumbo frame or more per turn: testbed/runtime/htb.py), not as a fluid: symmetric replicas' first
-    transfers reach their link at the same instant, and the first class in the round is then a frame ahead of
-    the second, which is a frame ahead of the third. Exactly in step they would sit on an unstable equilibrium
-    (docs/fidelity.md, "Replicas in lockstep"); this head start is where they leave it. The k-th replica of a
-    symmetric set waits k frames' time on its first WAN link (in blocks beyond ROUND_ROBIN_PHASES replicas);
+    link, under fair sharing. The wire shares a link between replicas by round robin (a real link frame by frame;
+    the emulator an HTB class per replica, one quantum per turn: testbed/runtime/htb.py), not as a fluid:
+    symmetric replicas' first transfers reach their link at the same instant, and the first in the round is then
+    a turn (the link's `turn_bytes`) ahead of the second, which is a turn ahead of the third. Exactly in step they
+    would sit on an unstable equilibrium (docs/fidelity.md, "Replicas in lockstep"); this head start is where they
+    leave it. The k-th replica of a
+    symmetric set waits k turns' time on its first WAN link (in blocks beyond ROUND_ROBIN_PHASES replicas);
     0 under temporal sharing (the sidecar orders the replicas) and in the lower-bound run (no WAN link)."""
     lags = [0.0] * plan.dp
     if plan.ideal_wan or plan.dp < 2:
@@ -144,9 +144,10 @@ def round_robin_lags(plan: Plan) -> list[float]:
             continue
         n = len(rs)
         phases = min(n, ROUND_ROBIN_PHASES)
-        frame_s = FRAME_BYTES / plan.links[first[1]].capacity_bytes_s
+        lp = plan.links[first[1]]
+        turn_s = lp.turn_bytes / lp.capacity_bytes_s
         for k, r in enumerate(rs):
-            lags[r] = (k * phases // n) * frame_s * n / phases
+            lags[r] = (k * phases // n) * turn_s * n / phases
     return lags
 
 

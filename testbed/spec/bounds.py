@@ -63,6 +63,8 @@ LATENCY_MS = real(0, 10_000, "ms", "one way; the longest fibre paths on Earth ta
 WINDOW_MB = real(4096 / 2**20, 1024, "MiB",
                  "from Linux's 4 KiB minimum tcp_rmem to TCP's largest window, 2^30 bytes with window scaling",
                  lo_text="4 KiB = 0.0039")
+TURN_BYTES = real(64, 2**30, "bytes", "what one flow sends per turn of a fair link's round robin: a frame or more",
+                  lo_open=False)
 DC_GPUS = whole(1, 10_000_000, "GPUs", "free GPUs in one DC")
 GPUS_PER_NODE = whole(1, 1024, "GPUs", "GPUs that share one node's NVLink domain")
 INTRA_GBPS = real(0.001, 100_000, "Gbit/s", "one GPU's share of the DC fabric")
