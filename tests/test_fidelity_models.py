@@ -39,7 +39,7 @@ def test_worker_buffers_cover_the_clamped_window_at_any_advertised_share_of_a_ha
 def test_wire_rate_carries_the_payload_rate_in_full_frames():
     assert htb.FRAME_BYTES == MTU + 14 and htb.PAYLOAD_BYTES == MSS  # the emulator's MTU, one definition each
     assert htb.wire_bps(1e8) == pytest.approx(1e8 * (MTU + 14) / (MTU - 52))
-    cmds = htb_commands("west", 1e8, 0.05, None)
+    cmds = htb_commands("west", 1e8, 0.05, None, htb.link_quantum(1e8))
     assert f"{int(htb.wire_bps(1e8))}bit" in cmds[1]
 
 
@@ -47,9 +47,9 @@ def test_htb_buckets_hold_one_frame_at_every_rate():
     """An idle class lets what its bucket holds through at the veth's speed: one frame, whatever the rate."""
     assert htb.BURST_BYTES == htb.FRAME_BYTES
     for rate in (1e6, 1e9):
-        args = htb.class_args(rate / 100, rate, htb.IDLE_PRIO)
+        args = htb.class_args(rate / 100, rate, htb.IDLE_PRIO, htb.link_quantum(rate))
         assert args[args.index("burst") + 1] == args[args.index("cburst") + 1] == str(htb.FRAME_BYTES)
-        link = htb_commands("west", rate, 0.05, None)[1]
+        link = htb_commands("west", rate, 0.05, None, htb.link_quantum(rate))[1]
         assert link[link.index("burst") + 1] == link[link.index("cburst") + 1] == str(htb.FRAME_BYTES)
 
 
@@ -57,11 +57,13 @@ def test_a_turn_holds_the_largest_packet_a_class_carries():
     """HTB sends a whole packet per turn whatever the deficit: a quantum below the packets shares by packet count.
     Every class's quantum is two frames of its path's MTU (hosts cap GSO at two segments), at every link rate."""
     for rate in (1e6, 2.3e7, 1e8, 2e8, 1e9):
-        mtu = htb.link_mtu(rate)
-        args = htb.class_args(rate / 100, rate, htb.IDLE_PRIO)
-        quantum = int(args[args.index("quantum") + 1])
-        assert quantum == htb.GSO_SEGMENTS * (mtu + 14) == htb.link_quantum(rate)
-        assert quantum < 2 * htb.GSO_SEGMENTS * (mtu + 14)  # and no more: the round robin stays packet by packet
+        quantum = htb.link_quantum(rate)
+        assert quantum == htb.GSO_SEGMENTS * (htb.link_mtu(rate) + 14)  # and no more: turns stay packet by packet
+        args = htb.class_args(rate / 100, rate, htb.IDLE_PRIO, quantum)
+        assert int(args[args.index("quantum") + 1]) == quantum
+        change = htb.change_message(3, 0x100, rate / 100, rate, htb.IDLE_PRIO, quantum)
+        assert quantum.to_bytes(4, "little") in change  # the sidecar's netlink change keeps the link's quantum
+    assert htb.LAN_QUANTUM == htb.GSO_SEGMENTS * htb.FRAME_BYTES  # a host's NIC: the LAN's jumbo frames
 
 
 def test_slow_links_send_smaller_packets_lasting_what_a_jumbo_frame_lasts_at_the_target_rate():

@@ -43,7 +43,8 @@ class FakeNetlink:
     def link_lookup(self, ifname):
         return [{"useast": 3, "uswest": 4}[ifname]]
 
-    def set(self, idx, minor, rate_bps, ceil_bps, prio):  # the sidecar's ClassChanger (rates in payload bits/s)
+    def set(self, idx, minor, rate_bps, ceil_bps, prio, quantum):  # the sidecar's ClassChanger (payload bits/s)
+        assert quantum == 18028  # the link's, as built, whatever its rate now
         self.calls.append((idx, f"1:{minor:x}", rate_bps, ceil_bps, prio))
 
 
@@ -52,7 +53,7 @@ def test_a_link_change_rerates_every_class_and_keeps_the_turns():
 
     nl = FakeNetlink()
     cfg = {"devs": {"useast": {"0": 0x100, "1": 0x101}, "uswest": {"0": 0x100, "1": 0x101}}, "turn_order": [0, 1],
-           "link_bps": 200e6, "min_rate_bps": 2e6}
+           "link_bps": 200e6, "min_rate_bps": 2e6, "quantum": 18028}
     side = Sidecar(cfg, nl, tc=nl)
     side.handle({"op": "start", "dev": "useast", "replica": 1, "mb": 0, "id": "x"})
     nl.calls.clear()

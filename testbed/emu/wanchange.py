@@ -121,7 +121,8 @@ class LiveWan:
             self._delayline(w.ns, {"hold": True})
         fair, kv = self.fair_classes.get(frozenset(pair), {}), self.kv_classes.get(frozenset(pair), {})
         batch = "".join(" ".join(cmd[1:]) + "\n" for dev in (w.a, w.b)
-                        for cmd in rate_change_commands(dev, rate, fair.get(dev, ()), kv.get(dev)))
+                        for cmd in rate_change_commands(dev, rate, self.emu.quantum(*pair), fair.get(dev, ()),
+                                                        kv.get(dev)))
         self.emu.backend.run(self.emu.node(w.ns), ["tc", "-batch", "-"], input=batch)
         self._notify_sidecar(pair, rate)
         if st.up and not self.up.get(pair, True):

@@ -50,6 +50,10 @@ def link_quantum(link_bps: float) -> int:
     return GSO_SEGMENTS * (link_mtu(link_bps) + 14)
 
 
+# A host NIC's classes into its DC carry the LAN's jumbo frames, two segments a packet
+LAN_QUANTUM = GSO_SEGMENTS * FRAME_BYTES
+
+
 def turn_bytes(link_bps: float, scale: float) -> float:
     """A round-robin turn of an emulated link of `link_bps` (bits/s, emulated) in real-world bytes: k x its quantum."""
     return scale * link_quantum(link_bps)
@@ -85,23 +89,23 @@ def kv_class(link_bps: float, temporal: bool) -> tuple[float, float, int]:
     return trickle_bps(link_bps), link_bps, KV_PRIO if temporal else IDLE_PRIO
 
 
-def class_args(rate_bps: float, ceil_bps: float | None, prio: int) -> list[str]:
+def class_args(rate_bps: float, ceil_bps: float | None, prio: int, quantum: int) -> list[str]:
     """`tc class add|change ... htb` arguments of a class under 1:1 at payload rates (bits/s): what `set_class`
-    and `ClassChanger` set over netlink. The quantum follows the ceiling, which is the link's rate on every class
-    under a WAN link (`link_quantum`)."""
+    and `ClassChanger` set over netlink. `quantum`: the link's (`link_quantum` of the rate it was built at, which
+    sets its hosts' packet size, whatever the rate is now)."""
     rate = max(int(wire_bps(rate_bps)), MIN_RATE_BPS)
     ceil = max(int(wire_bps(ceil_bps or rate_bps)), rate)
     return ["rate", f"{rate}bit", "ceil", f"{ceil}bit", "burst", str(BURST_BYTES), "cburst",
-            str(BURST_BYTES), "prio", str(prio), "quantum", str(link_quantum(ceil_bps or rate_bps))]
+            str(BURST_BYTES), "prio", str(prio), "quantum", str(quantum)]
 
 
-def set_class(ipr, idx: int, minor: int, rate_bps: float, ceil_bps: float | None, prio: int) -> None:
+def set_class(ipr, idx: int, minor: int, rate_bps: float, ceil_bps: float | None, prio: int, quantum: int) -> None:
     """One netlink change of an HTB class (pyroute2 replaces the whole class: pass everything); rates in
     payload bits/s."""
     rate = max(int(wire_bps(rate_bps)), MIN_RATE_BPS)
     ceil = max(int(wire_bps(ceil_bps or rate_bps)), rate)
     ipr.tc("change-class", "htb", idx, handle=f"1:{minor:x}", parent="1:1", rate=f"{rate}bit", ceil=f"{ceil}bit",
-           burst=BURST_BYTES, cburst=BURST_BYTES, prio=prio, quantum=link_quantum(ceil_bps or rate_bps))
+           burst=BURST_BYTES, cburst=BURST_BYTES, prio=prio, quantum=quantum)
 
 
 RTM_NEWTCLASS, NLM_F_REQUEST, NLM_F_ACK, NLMSG_ERROR = 40, 1, 4, 2
@@ -120,14 +124,14 @@ def _ratespec(bytes_per_s: int) -> bytes:
     return struct.pack("=BBHhHI", 0, TC_LINKLAYER_ETHERNET, 0, 0, 0, min(bytes_per_s, 2**32 - 1))
 
 
-def change_message(ifindex: int, minor: int, rate_bps: float, ceil_bps: float, prio: int, seq: int = 0) -> bytes:
+def change_message(ifindex: int, minor: int, rate_bps: float, ceil_bps: float, prio: int, quantum: int,
+                   seq: int = 0) -> bytes:
     """An RTM_NEWTCLASS request changing HTB class 1:<minor> under 1:1: the values `set_class` sets, encoded as
     `tc` would (rates in payload bits/s; no rate tables, as the kernel computes rates itself)."""
     rate = max(int(wire_bps(rate_bps)), MIN_RATE_BPS) // 8
     ceil = max(int(wire_bps(ceil_bps or rate_bps)) // 8, rate)
     buffer = BURST_BYTES * 10**9 // rate // PSCHED_TICK_NS
     cbuffer = BURST_BYTES * 10**9 // ceil // PSCHED_TICK_NS
-    quantum = link_quantum(ceil_bps or rate_bps)
     parms = _ratespec(rate) + _ratespec(ceil) + struct.pack("=IIIII", min(buffer, 2**32 - 1),
                                                              min(cbuffer, 2**32 - 1), quantum, 0, prio)
     opts = _attr(TCA_HTB_PARMS, parms)
@@ -150,11 +154,11 @@ class ClassChanger:
         self.sock.bind((0, 0))
         self.cache: dict[tuple, bytes] = {}
 
-    def set(self, ifindex: int, minor: int, rate_bps: float, ceil_bps: float, prio: int) -> None:
-        key = (ifindex, minor, rate_bps, ceil_bps, prio)
+    def set(self, ifindex: int, minor: int, rate_bps: float, ceil_bps: float, prio: int, quantum: int) -> None:
+        key = (ifindex, minor, rate_bps, ceil_bps, prio, quantum)
         msg = self.cache.get(key)
         if msg is None:
-            msg = self.cache[key] = change_message(ifindex, minor, rate_bps, ceil_bps, prio)
+            msg = self.cache[key] = change_message(ifindex, minor, rate_bps, ceil_bps, prio, quantum)
         self.sock.send(msg)
         reply = self.sock.recv(65536)
         if struct.unpack_from("=H", reply, 4)[0] == NLMSG_ERROR:

@@ -132,7 +132,7 @@ class Sidecar:
             if self.prio.get((dev, r)) != p:
                 rate = self.cfg["link_bps"] if p == 0 else self.cfg["min_rate_bps"]
                 t0 = time.monotonic()
-                self.tc.set(self.idx[dev], int(minor), rate, self.cfg["link_bps"], p)
+                self.tc.set(self.idx[dev], int(minor), rate, self.cfg["link_bps"], p, self.cfg["quantum"])
                 self.netlink_s.append(time.monotonic() - t0)
                 self.prio[(dev, r)] = p
                 self.changes += 1
