@@ -67,3 +67,30 @@ def test_a_link_change_rerates_every_class_and_keeps_the_turns():
 
     with pytest.raises(ProtocolError):
         side.handle({"op": "link", "link_bps": 0})
+
+
+def test_notices_wait_the_delay_before_the_shaper_and_keep_their_order():
+    """With the delay line ahead of HTB, a notice takes effect one latency after it came (`notice_delay_s`), as the
+    data reaches the shaper; a transfer's end right after its start never overtakes it (a stuck rank would keep a
+    replica's turn for good)."""
+    import time
+
+    from testbed.runtime.sidecar import Sidecar
+
+    nl = FakeNetlink()
+    cfg = {"devs": {"useast": {"0": 0x100, "1": 0x101}}, "turn_order": [0, 1], "link_bps": 200e6,
+           "min_rate_bps": 2e6, "quantum": 18028, "notice_delay_s": 0.05, "turn_policy": "microbatch"}
+    side = Sidecar(cfg, nl, tc=nl)
+    t0 = time.monotonic()
+    side.handle({"op": "start", "dev": "useast", "replica": 1, "mb": 0, "id": "x"})
+    side.handle({"op": "end", "id": "x"})
+    side.handle({"op": "start", "dev": "useast", "replica": 0, "mb": 1, "id": "y"})
+    assert nl.calls == []  # nothing yet: the data is still in the delay line
+    while len(nl.calls) < 4 and time.monotonic() - t0 < 5:
+        time.sleep(0.005)
+    assert time.monotonic() - t0 >= 0.05
+    firsts = [c for c in nl.calls if c[4] == 0]
+    assert [c[1] for c in firsts] == ["1:101", "1:100"]  # replica 1's turn, then, once it ended, replica 0's
+    assert side.active["useast"] == {"y": side.active["useast"]["y"]}  # x started and ended, in that order
+    side.handle({"op": "link", "link_bps": 1e8, "notice_delay_s": 0.0})
+    assert side.notice_delay_s == 0.0

@@ -179,6 +179,9 @@ def start_sidecars(plan: Plan, emu: Emulation, hops: dict) -> list[subprocess.Po
         cfg = {"devs": devs, "turn_order": plan.turn_order, "turn_policy": plan.turn_policy,
                "socket": sidecar_socket(emu, a, b),
                "drain_s": 0.0,  # the receiver sends the end, once the tail has crossed (sidecar.py)
+               # the delay line delays a link's packets before its HTB shapes them: notices wait one latency, as
+               # the data does before it reaches the shaper (runtime/sidecar.py); netem delays inside the class
+               "notice_delay_s": lp.latency_s if emu.delay == "nfqueue" else 0.0,
                "link_bps": lp.capacity_bytes_s * 8 / emu.scale,  # emulated bits/s, as HTB takes them
                "min_rate_bps": trickle_bps(lp.capacity_bytes_s * 8 / emu.scale),
                "quantum": emu.quantum(a, b),  # the link's HTB quantum (its hosts' packets), whatever its rate later

@@ -81,7 +81,7 @@ class LiveWan:
         self.started = False
 
     # --- control sockets ------------------------------------------------------------------------
-    def _notify_sidecar(self, pair: Pair, bps: float) -> None:
+    def _notify_sidecar(self, pair: Pair, bps: float, notice_delay_s: float | None = None) -> None:
         path = self.sidecar_paths.get(frozenset(pair))
         if path is None:
             return
@@ -90,7 +90,10 @@ class LiveWan:
                 s = socket.socket(socket.AF_UNIX)
                 s.connect(path)
                 self.sidecars[frozenset(pair)] = s
-            send_ctrl(self.sidecars[frozenset(pair)], {"op": "link", "link_bps": bps})
+            msg = {"op": "link", "link_bps": bps}
+            if notice_delay_s is not None:  # the delay line's latency, ahead of the shaper (runtime/sidecar.py)
+                msg["notice_delay_s"] = notice_delay_s
+            send_ctrl(self.sidecars[frozenset(pair)], msg)
         except OSError:
             self.sidecar_paths.pop(frozenset(pair), None)  # the run reports a lost sidecar itself
 
@@ -124,7 +127,7 @@ class LiveWan:
                         for cmd in rate_change_commands(dev, rate, self.emu.quantum(*pair), fair.get(dev, ()),
                                                         kv.get(dev)))
         self.emu.backend.run(self.emu.node(w.ns), ["tc", "-batch", "-"], input=batch)
-        self._notify_sidecar(pair, rate)
+        self._notify_sidecar(pair, rate, st.latency_s if self.emu.delay == "nfqueue" else None)
         if st.up and not self.up.get(pair, True):
             self._delayline(w.ns, {"hold": False})
         self.up[pair] = st.up

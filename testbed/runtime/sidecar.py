@@ -23,13 +23,21 @@ to the next replica while the tail was still queued, which a packet capture show
 each millisecond). An end may take effect `drain_s` later still (0 by default); a finished transfer that
 keeps its priority for a while costs nothing, as HTB only lends to classes with packets queued.
 
+Where the link's delay comes before its shaper (the NFQUEUE delay line sits on the forward path, ahead of the
+egress HTB), a transfer's bytes reach the shaper one one-way latency after its worker sent them and arrive as
+they leave it, so every notice would act one latency early against the data: a replica's end gave the link away
+one latency before a real sender's shaper would hear of it, and seed 149 topology 7 (Atlas, dp 3) ran 11-13 %
+faster emulated than simulated (docs/fidelity.md, "Delay before the shaper"). `notice_delay_s` (the link's
+one-way latency there) holds every notice, starts and ends alike, that long, in the order they came, so the
+shaper sees them as a shaper at the sender would.
+
 When the link changes (testbed/emu/wanchange.py), the orchestrator tells the sidecar its new rate: every class
 gets the new ceiling (and a guaranteed rate of 1/100 of it) at once, and keeps its turn; a link that is down
 has the smallest rate HTB allows. The turn order itself does not depend on the rate.
 
 Control protocol (a Unix socket, length-prefixed JSON, see wire.py), fire-and-forget:
   {"op": "start", "dev": DEV, "replica": R, "mb": I, "kind": "a"|"g", "id": ID}   {"op": "end", "id": ID}
-  {"op": "link", "link_bps": BITS_PER_S}
+  {"op": "link", "link_bps": BITS_PER_S[, "notice_delay_s": S]}
 A transfer's issue time is the order its start notice arrived in.
 A malformed message closes that client's connection; the sidecar keeps serving the others.
 
@@ -39,6 +47,7 @@ Usage: python -m testbed.runtime.sidecar CONFIG.json
 from __future__ import annotations
 
 import contextlib
+import heapq
 import json
 import os
 import sys
@@ -77,7 +86,28 @@ class Sidecar:
         self.delivery_s: list[float] = []  # notice sent -> read by this process
         self.netlink_s: list[float] = []  # one class change
         self.drain_s = float(cfg.get("drain_s", 0.0))
-        self.lock = threading.Lock()  # notices arrive on the server's loop, deferred ends on timers
+        self.notice_delay_s = float(cfg.get("notice_delay_s", 0.0))
+        self.lock = threading.Lock()  # notices arrive on the server's loop, deferred ones on the timer thread
+        self.deferred: list[tuple[float, int, object, tuple]] = []  # (due, order, fn, args): a heap
+        self.seq = 0
+        self.wake = threading.Condition()
+        threading.Thread(target=self._run_deferred, daemon=True).start()
+
+    def defer(self, delay_s: float, fn, *args) -> None:
+        """Call fn(*args) `delay_s` from now, after every deferred call due before it (and those due at the same
+        time that came first): a transfer's end never overtakes its start."""
+        with self.wake:
+            self.seq += 1
+            heapq.heappush(self.deferred, (time.monotonic() + delay_s, self.seq, fn, args))
+            self.wake.notify()
+
+    def _run_deferred(self) -> None:
+        while True:
+            with self.wake:
+                while not self.deferred or self.deferred[0][0] > time.monotonic():
+                    self.wake.wait(None if not self.deferred else self.deferred[0][0] - time.monotonic())
+                _due, _seq, fn, args = heapq.heappop(self.deferred)
+            fn(*args)
 
     def handle(self, msg: dict) -> None:
         """Apply one notice; a malformed one raises (the server closes that connection)."""
@@ -91,12 +121,17 @@ class Sidecar:
             kind = str(msg.get("kind", "a"))
             with self.lock:
                 self.issued += 1
-                self.active[dev][tid] = (self.key(mb, self.turn.get(r, r), kind, self.issued), r)
-                self.apply(dev, msg.get("t"))
+                key = (self.key(mb, self.turn.get(r, r), kind, self.issued), r)
+            if self.notice_delay_s > 0:
+                self.defer(self.notice_delay_s, self.start, dev, tid, key, self._later(msg.get("t")))
+            else:
+                self.start(dev, tid, key, msg.get("t"))
         elif op == "link":
             bps = float(msg["link_bps"])
             if not bps > 0:
                 raise ProtocolError(f"bad link rate {bps}")
+            if "notice_delay_s" in msg:  # the link's latency changed too
+                self.notice_delay_s = max(0.0, float(msg["notice_delay_s"]))
             with self.lock:
                 self.cfg["link_bps"] = max(bps, MIN_RATE_BPS)
                 self.cfg["min_rate_bps"] = trickle_bps(bps)
@@ -105,14 +140,22 @@ class Sidecar:
                     self.apply(dev)
         elif op == "end":
             tid = str(msg["id"])
-            if self.drain_s > 0:
-                t = threading.Timer(self.drain_s, self.end, args=(tid,))
-                t.daemon = True
-                t.start()
+            if self.drain_s > 0 or self.notice_delay_s > 0:
+                sent = self._later(msg.get("t")) if self.drain_s == 0 else None
+                self.defer(self.drain_s + self.notice_delay_s, self.end, tid, sent)
             else:
                 self.end(tid, msg.get("t"))
         else:
             raise ProtocolError(f"unknown op {op!r}")
+
+    def _later(self, sent: float | None) -> float | None:
+        """A notice's send time moved by the notice delay: the reaction it measures is this process's own."""
+        return None if sent is None else sent + self.notice_delay_s
+
+    def start(self, dev: str, tid: str, key: tuple, sent: float | None = None) -> None:
+        with self.lock:
+            self.active[dev][tid] = key
+            self.apply(dev, sent)
 
     def end(self, tid: str, sent: float | None = None) -> None:
         with self.lock:

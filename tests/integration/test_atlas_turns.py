@@ -9,14 +9,15 @@ latency) until its last byte reached the receiver (the workers' recv intervals).
 the link is busy (at least 80 % of its capacity that millisecond, so both had packets queued and
 priority, not supply, decided who sent), the *leader* is the replica that carried most of the stretch.
 
-Threshold: the leader's share of each such millisecond averages at least 0.75 with the sidecar and
-below 0.75 without, and the two differ by at least 0.1. Why these values: the turn holder gets
-everything but the waiting class's 1 % guarantee and its 18 KiB rate burst (about 0.7 ms of the
-link, once per transfer); HTB lends by 64 KiB rounds and a TSO aggregate of about 18 KB (0.7 ms)
-can straddle a bin edge, so single bins dip but the mean stays high (measured 0.83-0.84 over all
-four directions here). The FIFO alternates each replica's window bursts (3-5 ms), which gives the
-leader a little over half of each bin (measured 0.60-0.68). Iteration 0 (connection set-up, slow
-start) is left out.
+Threshold: the leader's share of each such millisecond averages at least 0.68 with the sidecar and
+below 0.65 without, and the two differ by at least 0.12. Why these values: the turn holder gets
+everything but the waiting class's 1 % guarantee; a TSO aggregate of about 18 KB (0.7 ms) can straddle a bin
+edge, and the sidecar applies a notice when the data it is about reaches the shaper (one latency after it was
+sent, `notice_delay_s`), so a new turn starts a reaction time (about 0.5 ms, as the simulator has it) after
+the turn holder's packets arrive: single bins dip but the mean stays high (measured 0.72-0.82 over all four
+directions here, three runs; 0.83-0.84 when notices acted a latency early). The round robin without the sidecar
+gives the leader a little over half of each bin (measured 0.52-0.53 with byte-fair turns; 0.60-0.68 with the
+FIFO of an earlier version). Iteration 0 (connection set-up, slow start) is left out.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def test_sidecar_makes_replicas_take_turns_and_fair_sharing_does_not():
     got = {}
     try:
         for temporal in (True, False):
-            sched = "pp-wan+mtcp+temporal" if temporal else "pp-wan+mtcp"  # without: no classes, no sidecar, FIFO
+            sched = "pp-wan+mtcp+temporal" if temporal else "pp-wan+mtcp"  # without: the replica classes' round robin, no sidecar
             plan = build_plan(same, sched, run_id="turns", dp=resolve_dp(same))
             plan.replica_offset_s = [0.0] * plan.dp  # the replicas' transfers collide
             run = run_training(plan, emu, exp.iterations, capture=True)
@@ -76,6 +77,6 @@ def test_sidecar_makes_replicas_take_turns_and_fair_sharing_does_not():
     mean = {t: sum(s) / len(s) for t, s in got.items()}
     print(f"leader share: temporal {mean[True]:.3f} ({len(got[True])} ms), "
           f"fair {mean[False]:.3f} ({len(got[False])} ms)")
-    assert mean[True] >= 0.75, mean
-    assert mean[False] < 0.75, mean
-    assert mean[True] - mean[False] >= 0.1, mean
+    assert mean[True] >= 0.68, mean
+    assert mean[False] < 0.65, mean
+    assert mean[True] - mean[False] >= 0.12, mean
