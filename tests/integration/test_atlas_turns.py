@@ -64,7 +64,8 @@ def test_sidecar_makes_replicas_take_turns_and_fair_sharing_does_not():
     got = {}
     try:
         for temporal in (True, False):
-            sched = "pp-wan+mtcp+temporal" if temporal else "pp-wan+mtcp"  # without: the replica classes' round robin, no sidecar
+            # without: the replica classes' round robin, no sidecar
+            sched = "pp-wan+mtcp+temporal" if temporal else "pp-wan+mtcp"
             plan = build_plan(same, sched, run_id="turns", dp=resolve_dp(same))
             plan.replica_offset_s = [0.0] * plan.dp  # the replicas' transfers collide
             run = run_training(plan, emu, exp.iterations, capture=True)
