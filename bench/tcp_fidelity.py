@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from testbed.costs.tcp import windowed_send_s
-from testbed.emu.build import MSS, down, emulated_window, receive_buffer, up
+from testbed.emu.build import MSS, down, emulated_window, link_mss, receive_buffer, up
 from testbed.emu.check import ping
 from testbed.spec.topology import Topology
 
@@ -182,11 +182,12 @@ def burst(prefix: str | None) -> None:
 
 
 def stripes(prefix: str | None) -> None:
-    print("\n-- stripes: 5 messages queued at once on a pipe of n connections, 40 Mbit/s, 40 ms one way, W = 48 MSS"
-          " each (n W above the bandwidth-delay product: link-bound); 6 rounds")
+    mss = link_mss(40e6)  # the path's segments at 40 Mbit/s (emu/build.py link_mss), not jumbo ones
+    print(f"\n-- stripes: 5 messages queued at once on a pipe of n connections, 40 Mbit/s, 40 ms one way, W = 48 x"
+          f" {mss} B each (n W above the bandwidth-delay product: link-bound); 6 rounds")
     print(f"{'connections':>12}{'bytes':>9}  {'late vs fluid: median':>22}{'p90':>9}{'max':>9}"
           f"{'  arrival k minus k-1 (fluid a/C)':>34}")
-    w = 48 * MSS
+    w = 48 * mss
     count, rounds = 5, 6
     with Link(prefix, 40, 40, w) as link:
         for n, a in ((2, 256 * 1024), (8, 1024 * 1024)):

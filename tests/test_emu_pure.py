@@ -75,12 +75,12 @@ def test_scale_and_window_notes():
 
 
 def test_htb_has_explicit_burst_and_leaf():
-    cmds = htb_commands("west", 1e8, 0.05, None, 18028)
+    cmds = htb_commands("west", 1e8, 0.05, None, 9000)
     assert any("burst" in c and str(BURST_BYTES) in c for c in cmds)
     leaves = [c for c in cmds if c[:3] == ["tc", "qdisc", "add"] and "parent" in c]
     assert [c[c.index("parent") + 1] for c in leaves] == ["1:10", "1:30"]  # the default class and the ACK class
     assert all(c[-3:-1] == ["bfifo", "limit"] for c in leaves)
-    netem = [c for c in htb_commands("west", 1e8, 0.05, 25, 18028) if "netem" in c]
+    netem = [c for c in htb_commands("west", 1e8, 0.05, 25, 9000) if "netem" in c]
     assert len(netem) == 2 and all(c[9:12] == ["netem", "delay", "25ms"] for c in netem)
 
 
@@ -90,7 +90,7 @@ def test_tcp_control_packets_go_to_the_ack_class_before_any_flow_class():
     from testbed.emu.flowctl import FILTER_PRIO
     from testbed.emu.shaping import ACK_FILTER_PRIO, ACK_MAX_IP_BYTES, ACK_MINOR
 
-    cmds = htb_commands("west", 1e8, 0.05, None, 18028)
+    cmds = htb_commands("west", 1e8, 0.05, None, 9000)
     flt = next(c for c in cmds if c[:3] == ["tc", "filter", "add"])
     assert int(flt[flt.index("prio") + 1]) == ACK_FILTER_PRIO < FILTER_PRIO
     assert flt[flt.index("protocol", flt.index("match")) + 1] == "6"  # TCP
@@ -120,7 +120,7 @@ def test_every_flow_class_leaf_delays_where_the_run_delays_with_netem(delay):
     assert cmd[:9] == ["tc", "qdisc", "add", "dev", "uswest", "parent", "1:101", "handle", "101:"]
     if delay == "netem":
         assert cmd[9:12] == ["netem", "delay", f"{latency:g}ms"]
-        link = htb_commands("uswest", 1e8, 2 * latency / 1e3, latency, 18028)
+        link = htb_commands("uswest", 1e8, 2 * latency / 1e3, latency, 9000)
         assert all(c[9:12] == cmd[9:12] for c in link if c[1] == "qdisc" and "parent" in c)  # as the default's
     else:
         assert cmd[9] == "bfifo"

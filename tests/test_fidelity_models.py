@@ -39,17 +39,17 @@ def test_worker_buffers_cover_the_clamped_window_at_any_advertised_share_of_a_ha
 def test_wire_rate_carries_the_payload_rate_in_full_frames():
     assert htb.FRAME_BYTES == MTU + 14 and htb.PAYLOAD_BYTES == MSS  # the emulator's MTU, one definition each
     assert htb.wire_bps(1e8) == pytest.approx(1e8 * (MTU + 14) / (MTU - 52))
-    cmds = htb_commands("west", 1e8, 0.05, None, htb.link_quantum(1e8))
-    assert f"{int(htb.wire_bps(1e8))}bit" in cmds[1]
+    cmds = htb_commands("west", 1e8, 0.05, None, htb.link_mtu(1e8))
+    assert f"{int(htb.wire_bps(1e8, htb.link_mtu(1e8)))}bit" in cmds[1]  # in the path's packets (4,500 bytes)
 
 
 def test_htb_buckets_hold_one_frame_at_every_rate():
     """An idle class lets what its bucket holds through at the veth's speed: one frame, whatever the rate."""
     assert htb.BURST_BYTES == htb.FRAME_BYTES
     for rate in (1e6, 1e9):
-        args = htb.class_args(rate / 100, rate, htb.IDLE_PRIO, htb.link_quantum(rate))
+        args = htb.class_args(rate / 100, rate, htb.IDLE_PRIO, htb.link_mtu(rate))
         assert args[args.index("burst") + 1] == args[args.index("cburst") + 1] == str(htb.FRAME_BYTES)
-        link = htb_commands("west", rate, 0.05, None, htb.link_quantum(rate))[1]
+        link = htb_commands("west", rate, 0.05, None, htb.link_mtu(rate))[1]
         assert link[link.index("burst") + 1] == link[link.index("cburst") + 1] == str(htb.FRAME_BYTES)
 
 
@@ -57,13 +57,24 @@ def test_a_turn_holds_the_largest_packet_a_class_carries():
     """HTB sends a whole packet per turn whatever the deficit: a quantum below the packets shares by packet count.
     Every class's quantum is two frames of its path's MTU (hosts cap GSO at two segments), at every link rate."""
     for rate in (1e6, 2.3e7, 1e8, 2e8, 1e9):
-        quantum = htb.link_quantum(rate)
-        assert quantum == htb.GSO_SEGMENTS * (htb.link_mtu(rate) + 14)  # and no more: turns stay packet by packet
-        args = htb.class_args(rate / 100, rate, htb.IDLE_PRIO, quantum)
+        mtu, quantum = htb.link_mtu(rate), htb.link_quantum(rate)
+        assert quantum == htb.GSO_SEGMENTS * (mtu + 14) == htb.mtu_quantum(mtu)  # and no more: packet by packet
+        args = htb.class_args(rate / 100, rate, htb.IDLE_PRIO, mtu)
         assert int(args[args.index("quantum") + 1]) == quantum
-        change = htb.change_message(3, 0x100, rate / 100, rate, htb.IDLE_PRIO, quantum)
+        change = htb.change_message(3, 0x100, rate / 100, rate, htb.IDLE_PRIO, mtu)
         assert quantum.to_bytes(4, "little") in change  # the sidecar's netlink change keeps the link's quantum
-    assert htb.LAN_QUANTUM == htb.GSO_SEGMENTS * htb.FRAME_BYTES  # a host's NIC: the LAN's jumbo frames
+        link = htb_commands("west", rate, 0.05, None, mtu)
+        default = next(c for c in link if "1:10" in c and "class" in c)
+        assert int(default[default.index("quantum") + 1]) == quantum  # the default class turns alike
+
+
+def test_wire_rate_counts_the_headers_of_the_paths_packets():
+    """The simulator's capacities are payload: HTB counts frames, 66 header bytes each whatever the MTU."""
+    for mtu in (1500, 2250, 9000):
+        assert htb.wire_bps(1e8, mtu) == pytest.approx(1e8 * (mtu + 14) / (mtu - 52))
+    assert htb.wire_bps(1e8, 1500) / htb.wire_bps(1e8) == pytest.approx(1.037, abs=1e-3)  # 3.7 % more wire
+    args = htb.class_args(1e6, 5e7, 0, 2250)
+    assert args[args.index("ceil") + 1] == f"{int(htb.wire_bps(5e7, 2250))}bit"
 
 
 def test_slow_links_send_smaller_packets_lasting_what_a_jumbo_frame_lasts_at_the_target_rate():

@@ -6,7 +6,7 @@ from testbed.emu.bubbletea import DECODE_PORT
 from testbed.emu.shaping import rate_change_commands
 from testbed.emu.train import KV_MINOR
 from testbed.plan.lower import BASE_PORT
-from testbed.runtime.htb import IDLE_PRIO, KV_PRIO, MIN_RATE_BPS, class_args, kv_class, link_quantum
+from testbed.runtime.htb import IDLE_PRIO, KV_PRIO, MIN_RATE_BPS, class_args, kv_class, link_mtu
 
 
 def test_kv_class_is_a_trickle_with_the_link_as_ceiling_last_under_turns():
@@ -21,9 +21,9 @@ def test_kv_class_is_a_trickle_with_the_link_as_ceiling_last_under_turns():
 def test_a_changing_wan_re_rates_the_kv_class_as_it_was_made():
     rate_bps = 40e6
     for temporal in (True, False):
-        cmds = rate_change_commands("west", rate_bps, link_quantum(rate_bps), (0x100,), (KV_MINOR, temporal))
+        cmds = rate_change_commands("west", rate_bps, link_mtu(rate_bps), (0x100,), (KV_MINOR, temporal))
         kv = next(c for c in cmds if f"1:{KV_MINOR:x}" in c)
-        assert kv[kv.index("htb") + 1:] == class_args(*kv_class(rate_bps, temporal), link_quantum(rate_bps))
+        assert kv[kv.index("htb") + 1:] == class_args(*kv_class(rate_bps, temporal), link_mtu(rate_bps))
 
 
 def test_kv_minor_and_port_stay_clear_of_the_link_replica_and_worker_classes():

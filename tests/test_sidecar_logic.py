@@ -43,8 +43,8 @@ class FakeNetlink:
     def link_lookup(self, ifname):
         return [{"useast": 3, "uswest": 4}[ifname]]
 
-    def set(self, idx, minor, rate_bps, ceil_bps, prio, quantum):  # the sidecar's ClassChanger (payload bits/s)
-        assert quantum == 18028  # the link's, as built, whatever its rate now
+    def set(self, idx, minor, rate_bps, ceil_bps, prio, mtu):  # the sidecar's ClassChanger (payload bits/s)
+        assert mtu == 9000  # the link's packet size, as built, whatever its rate now
         self.calls.append((idx, f"1:{minor:x}", rate_bps, ceil_bps, prio))
 
 
@@ -53,9 +53,10 @@ def test_a_link_change_rerates_every_class_and_keeps_the_turns():
 
     nl = FakeNetlink()
     cfg = {"devs": {"useast": {"0": 0x100, "1": 0x101}, "uswest": {"0": 0x100, "1": 0x101}}, "turn_order": [0, 1],
-           "link_bps": 200e6, "min_rate_bps": 2e6, "quantum": 18028}
+           "link_bps": 200e6, "min_rate_bps": 2e6, "mtu": 9000}
     side = Sidecar(cfg, nl, tc=nl)
     side.handle({"op": "start", "dev": "useast", "replica": 1, "mb": 0, "id": "x"})
+    assert side.drained()  # every notice goes through one ordered queue
     nl.calls.clear()
     side.handle({"op": "link", "link_bps": 80e6})
     assert len(nl.calls) == 4  # both replicas' classes on both directions
@@ -79,7 +80,7 @@ def test_notices_wait_the_delay_before_the_shaper_and_keep_their_order():
 
     nl = FakeNetlink()
     cfg = {"devs": {"useast": {"0": 0x100, "1": 0x101}}, "turn_order": [0, 1], "link_bps": 200e6,
-           "min_rate_bps": 2e6, "quantum": 18028, "notice_delay_s": 0.05, "turn_policy": "microbatch"}
+           "min_rate_bps": 2e6, "mtu": 9000, "notice_delay_s": 0.05, "turn_policy": "microbatch"}
     side = Sidecar(cfg, nl, tc=nl)
     t0 = time.monotonic()
     side.handle({"op": "start", "dev": "useast", "replica": 1, "mb": 0, "id": "x"})
@@ -94,3 +95,20 @@ def test_notices_wait_the_delay_before_the_shaper_and_keep_their_order():
     assert side.active["useast"] == {"y": side.active["useast"]["y"]}  # x started and ended, in that order
     side.handle({"op": "link", "link_bps": 1e8, "notice_delay_s": 0.0})
     assert side.notice_delay_s == 0.0
+
+
+def test_a_shorter_latency_never_lets_an_end_overtake_its_start():
+    """A link whose latency drops while a start still waits: the end that follows, due sooner by the new delay,
+    waits for it (else the late start would leave a finished transfer ranked for good)."""
+    from testbed.runtime.sidecar import Sidecar
+
+    nl = FakeNetlink()
+    cfg = {"devs": {"useast": {"0": 0x100, "1": 0x101}}, "turn_order": [0, 1], "link_bps": 200e6,
+           "min_rate_bps": 2e6, "mtu": 9000, "notice_delay_s": 0.1}
+    side = Sidecar(cfg, nl, tc=nl)
+    side.handle({"op": "start", "dev": "useast", "replica": 1, "mb": 0, "id": "x"})
+    side.handle({"op": "link", "link_bps": 200e6, "notice_delay_s": 0.0})
+    side.handle({"op": "end", "id": "x"})
+    assert side.drained()
+    assert side.active["useast"] == {}  # started, then ended: nothing left ranked
+    assert side.errors == []

@@ -22,7 +22,7 @@ from testbed.emu.names import AddressPlan, address_plan, host_name
 from testbed.emu.rungroup import run_gid, secure_dir
 from testbed.emu.sh import EmuError
 from testbed.emu.shaping import htb_commands, lan_commands
-from testbed.runtime.htb import GSO_SEGMENTS, link_mtu, link_quantum
+from testbed.runtime.htb import GSO_SEGMENTS, link_mtu
 from testbed.spec.experiment import warm_windows as default_warm_windows
 from testbed.spec.topology import Topology
 
@@ -94,14 +94,14 @@ class Emulation:
         """The emulated rate (bits/s) of the link between DCs a and b."""
         return self.topo.link(a, b).gbps * 1e9 / self.scale  # type: ignore[union-attr]
 
-    def quantum(self, a: str, b: str) -> int:
-        """HTB's quantum on the link between DCs a and b: two packets of its hosts' size (runtime/htb.py
-        link_quantum), at the rate it was built at (a link that changes keeps its hosts' routes)."""
-        return link_quantum(self.link_bps(a, b))
+    def mtu(self, a: str, b: str) -> int:
+        """The packet size between DCs a and b (the hosts' route to the peer DC: runtime/htb.py link_mtu), from the
+        rate the link was built at: a link that changes keeps its hosts' routes, and its HTB classes their quantum."""
+        return link_mtu(self.link_bps(a, b))
 
     def mss(self, a: str, b: str) -> int:
-        """TCP payload per packet between DCs a and b (the hosts' route to the peer DC: runtime/htb.py link_mtu)."""
-        return link_mss(self.link_bps(a, b))
+        """TCP payload per packet between DCs a and b."""
+        return self.mtu(a, b) - TCP_HEADERS
 
     def lan_rate_bps(self, dc: str) -> float | None:
         """Shaped rate of a host's link into its DC (None: unshaped, when the scaled fabric exceeds
@@ -264,7 +264,7 @@ def peer_routes(emu: Emulation, dc: str) -> dict[str, list[str]]:
         if dc not in link.between:
             continue
         peer = link.between[1] if link.between[0] == dc else link.between[0]
-        route = ["mtu", "lock", str(link_mtu(emu.link_bps(dc, peer)))]
+        route = ["mtu", "lock", str(emu.mtu(dc, peer))]
         if peer in cwnds:
             route += ["initcwnd", str(cwnds[peer])]
         out[peer] = route
@@ -315,7 +315,7 @@ def _build(emu: Emulation) -> None:
         rtt = 2 * link.latency_ms / 1e3
         netem = link.latency_ms if emu.delay == "netem" else None
         for dev in (w.a, w.b):  # egress towards that DC
-            for cmd in htb_commands(dev, rate, rtt, netem, emu.quantum(w.a, w.b)):
+            for cmd in htb_commands(dev, rate, rtt, netem, emu.mtu(w.a, w.b)):
                 be.run(wan, cmd)
         if emu.delay == "nfqueue" and max([link.latency_ms, *(p.latency_ms for p in link.trace or [])]) > 0:
             start_delayline(emu, wan, w.a, w.b, link.latency_ms)

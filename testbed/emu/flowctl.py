@@ -45,7 +45,7 @@ class FlowControl:
         self.emu, self.a, self.b = emu, a, b
         self.wan = emu.node(emu.addr.wan(a, b).ns)
         self.dev = towards
-        self.quantum = emu.quantum(a, b)  # the link's round-robin turn (runtime/htb.py link_quantum)
+        self.mtu = emu.mtu(a, b)  # its hosts' packet size: the wire rate's headers and the quantum (runtime/htb.py)
         self._ipr = None
         self.classes: dict[int, float] = {}
         self.prio = FILTER_PRIO
@@ -76,7 +76,7 @@ class FlowControl:
         if minor in (1, 0x10) or not 0 < minor < 0xFFFF:
             raise ValueError("minor 1 and 0x10 are the link and default classes; pick another")
         self.emu.backend.run(self.wan, ["tc", "class", "add", "dev", self.dev, "parent", "1:1", "classid",
-                                        f"1:{minor:x}", "htb", *class_args(rate_bps, ceil_bps, prio, self.quantum)])
+                                        f"1:{minor:x}", "htb", *class_args(rate_bps, ceil_bps, prio, self.mtu)])
         self.emu.backend.run(self.wan, self.leaf(minor, ceil_bps or rate_bps))
         self.add_filter(minor, ports=ports, sports=sports)
         if mark is not None:
@@ -114,7 +114,7 @@ class FlowControl:
     def set_rate(self, minor: int, rate_bps: float, ceil_bps: float | None = None, prio: int = 0) -> float:
         """Change a class's rate, ceiling and priority now; returns the seconds the netlink change took."""
         t0 = time.perf_counter()
-        set_class(self.ipr, self.idx, minor, rate_bps, ceil_bps, prio, self.quantum)
+        set_class(self.ipr, self.idx, minor, rate_bps, ceil_bps, prio, self.mtu)
         self.classes[minor] = max(int(rate_bps), MIN_RATE_BPS)
         return time.perf_counter() - t0
 

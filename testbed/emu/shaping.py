@@ -16,9 +16,10 @@ from testbed.runtime.htb import (
     ALLREDUCE_TOS,
     BURST_BYTES,
     IDLE_PRIO,
-    LAN_QUANTUM,
+    JUMBO_MTU,
     class_args,
     kv_class,
+    mtu_quantum,
     trickle_bps,
     wire_bps,
 )
@@ -35,24 +36,27 @@ def queue_bytes(rate_bps: float, rtt_s: float) -> int:
     return max(4 * int(rate_bps / 8 * max(rtt_s, 0.01)), MIN_QUEUE_BYTES)
 
 
-def rate_class(verb: str, dev: str, parent: str, classid: str, rate_bps: float) -> list[str]:
-    """`tc class add|change` of an HTB class guaranteed `rate_bps` of payload (HTB counts frames: wire_bps) with
-    that as its ceiling, and an explicit burst (tc's default, a jiffy's worth, loses 4-11 % of the rate on veth)."""
-    rate, burst = f"{int(wire_bps(rate_bps))}bit", str(BURST_BYTES)
+def rate_class(verb: str, dev: str, parent: str, classid: str, rate_bps: float, mtu: int) -> list[str]:
+    """`tc class add|change` of an HTB class guaranteed `rate_bps` of payload in packets of `mtu` (HTB counts
+    frames: wire_bps) with that as its ceiling, an explicit burst (tc's default, a jiffy's worth, loses 4-11 % of
+    the rate on veth) and the path's quantum (tc's default, rate / 10, is up to 200 KB a turn against the flow
+    classes' two packets where the default class shares a priority with them)."""
+    rate, burst = f"{int(wire_bps(rate_bps, mtu))}bit", str(BURST_BYTES)
     return ["tc", "class", verb, "dev", dev, "parent", parent, "classid", classid, "htb", "rate", rate, "ceil", rate,
-            "burst", burst, "cburst", burst]
+            "burst", burst, "cburst", burst, "quantum", str(mtu_quantum(mtu))]
 
 
-def htb_commands(dev: str, rate_bps: float, rtt_s: float, netem_delay_ms: float | None, quantum: int
+def htb_commands(dev: str, rate_bps: float, rtt_s: float, netem_delay_ms: float | None, mtu: int
                  ) -> list[list[str]]:
     """The link's classes at `rate_bps` of payload (`rate_class`) and a deep leaf queue, and the class that carries
-    the link's TCP control packets (`ack_class`) ahead of the data; `quantum`: the link's (runtime/htb.py)."""
+    the link's TCP control packets (`ack_class`) ahead of the data; `mtu`: its hosts' packet size (runtime/htb.py
+    link_mtu)."""
     return [
         ["tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10"],
-        rate_class("add", dev, "1:", "1:1", rate_bps),
-        rate_class("add", dev, "1:1", f"1:{DEFAULT_MINOR:x}", rate_bps),
+        rate_class("add", dev, "1:", "1:1", rate_bps, mtu),
+        rate_class("add", dev, "1:1", f"1:{DEFAULT_MINOR:x}", rate_bps, mtu),
         leaf_command(dev, DEFAULT_MINOR, rate_bps, rtt_s, netem_delay_ms),
-        ack_class("add", dev, rate_bps, quantum),
+        ack_class("add", dev, rate_bps, mtu),
         leaf_command(dev, ACK_MINOR, rate_bps, rtt_s, netem_delay_ms),
         ["tc", "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", str(ACK_FILTER_PRIO), "u32",
          "match", "ip", "protocol", "6", "0xff", "match", "u16", "0", hex(0x10000 - ACK_MAX_IP_BYTES), "at", "2",
@@ -68,7 +72,7 @@ ACK_MAX_IP_BYTES = 128  # a power of two: u32 matches the IP total length under 
 ACK_FILTER_PRIO = 1
 
 
-def ack_class(verb: str, dev: str, rate_bps: float, quantum: int) -> list[str]:
+def ack_class(verb: str, dev: str, rate_bps: float, mtu: int) -> list[str]:
     """`tc class add|change` of the class for a link's TCP control packets: a trickle of the link guaranteed (its
     ACKs are under 0.5 % of the other direction's data), the link as ceiling, HTB's first priority. In the class of
     the data they travel with (a replica's, or the default), the acknowledgements of one direction's transfers
@@ -77,7 +81,7 @@ def ack_class(verb: str, dev: str, rate_bps: float, quantum: int) -> list[str]:
     emulated iteration of seed 131 topology 8 (pp-wan, dp 1) ran 10.5 % slower than simulated
     (docs/fidelity.md, "Acknowledgements behind data"). The simulator's links carry acknowledgements for free."""
     return ["tc", "class", verb, "dev", dev, "parent", "1:1", "classid", f"1:{ACK_MINOR:x}", "htb",
-            *class_args(trickle_bps(rate_bps), rate_bps, 0, quantum)]
+            *class_args(trickle_bps(rate_bps), rate_bps, 0, mtu)]
 
 
 def leaf_command(dev: str, minor: int, rate_bps: float, rtt_s: float, netem_delay_ms: float | None,
@@ -92,20 +96,20 @@ def leaf_command(dev: str, minor: int, rate_bps: float, rtt_s: float, netem_dela
     return [*head, "bfifo", "limit", str(queue_bytes(rate_bps, rtt_s))]
 
 
-def rate_change_commands(dev: str, rate_bps: float, quantum: int, replica_minors: tuple[int, ...] = (),
+def rate_change_commands(dev: str, rate_bps: float, mtu: int, replica_minors: tuple[int, ...] = (),
                          kv: tuple[int, bool] | None = None) -> list[list[str]]:
     """Re-rate a link made by `htb_commands` (its class 1:1, default class 1:10, ACK class) as a running link changes,
     the replica classes that share it fairly (emu/train.py classify_replicas: a trickle guaranteed, the
     link's rate as ceiling; a temporal link's classes are the sidecar's to re-rate), and BubbleTea's KV class
     `kv` (minor, whether the link has Atlas's turns: runtime/htb.py kv_class), which keeps its priority."""
-    cmds = [rate_class("change", dev, parent, cid, rate_bps) for parent, cid in (("1:", "1:1"), ("1:1", "1:10"))]
-    cmds.append(ack_class("change", dev, rate_bps, quantum))
-    replica = class_args(trickle_bps(rate_bps), rate_bps, IDLE_PRIO, quantum)  # as classify_replicas made them
+    cmds = [rate_class("change", dev, parent, cid, rate_bps, mtu) for parent, cid in (("1:", "1:1"), ("1:1", "1:10"))]
+    cmds.append(ack_class("change", dev, rate_bps, mtu))
+    replica = class_args(trickle_bps(rate_bps), rate_bps, IDLE_PRIO, mtu)  # as classify_replicas made them
     cmds += [["tc", "class", "change", "dev", dev, "parent", "1:1", "classid", f"1:{minor:x}", "htb", *replica]
              for minor in replica_minors]
     if kv is not None:
         cmds.append(["tc", "class", "change", "dev", dev, "parent", "1:1", "classid", f"1:{kv[0]:x}", "htb",
-                     *class_args(*kv_class(rate_bps, kv[1]), quantum)])
+                     *class_args(*kv_class(rate_bps, kv[1]), mtu)])
     return cmds
 
 
@@ -118,9 +122,9 @@ def lan_commands(dev: str, rate_bps: float) -> list[list[str]]:
     stage, and so later up the pipeline (docs/fidelity.md, "The all-reduce on a host's NIC")."""
     cid = f"1:{ALLREDUCE_MINOR:x}"
     return [
-        *htb_commands(dev, rate_bps, 0.0, None, LAN_QUANTUM),
-        rate_class("add", dev, "1:", "1:2", rate_bps),
-        rate_class("add", dev, "1:2", cid, rate_bps),
+        *htb_commands(dev, rate_bps, 0.0, None, JUMBO_MTU),
+        rate_class("add", dev, "1:", "1:2", rate_bps, JUMBO_MTU),
+        rate_class("add", dev, "1:2", cid, rate_bps, JUMBO_MTU),
         leaf_command(dev, ALLREDUCE_MINOR, rate_bps, 0.0, None),
         ["tc", "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "5", "u32", "match", "ip", "tos",
          hex(ALLREDUCE_TOS), "0xfc", "flowid", cid],

@@ -27,7 +27,7 @@ from testbed.plan.plan import Plan
 from testbed.program import AllReduce, exchanges
 from testbed.runtime.access import grant, listen_unix, log, peer_cred
 from testbed.runtime.config import Endpoint, WorkerConfig
-from testbed.runtime.htb import IDLE_PRIO, LAN_QUANTUM, class_args, kv_class, trickle_bps
+from testbed.runtime.htb import IDLE_PRIO, JUMBO_MTU, class_args, kv_class, trickle_bps
 from testbed.runtime.prefill import KV_DRAIN_S
 from testbed.runtime.wire import ProtocolError, recv_ctrl, send_ctrl
 from testbed.timeline import Interval, Timeline, group_gaps, group_name, sort_intervals
@@ -150,7 +150,7 @@ def add_kv_classes(emu: Emulation, kv_hops: dict, port: int, temporal: set[froze
         kv_hops.setdefault(("lan", h.ns), {})["eth0"] = {"kv": KV_MINOR}
         node, cid = emu.node(h.ns), f"1:{KV_MINOR:x}"
         emu.backend.run(node, ["tc", "class", "add", "dev", "eth0", "parent", "1:1", "classid", cid, "htb",
-                               *class_args(*kv_class(lan_bps, True), LAN_QUANTUM)])  # behind the default class
+                               *class_args(*kv_class(lan_bps, True), JUMBO_MTU)])  # behind the default class
         emu.backend.run(node, ["tc", "qdisc", "add", "dev", "eth0", "parent", cid, "bfifo", "limit",
                                str(MIN_QUEUE_BYTES)])
         emu.backend.run(node, ["tc", "filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "prio", "10",
@@ -184,7 +184,7 @@ def start_sidecars(plan: Plan, emu: Emulation, hops: dict) -> list[subprocess.Po
                "notice_delay_s": lp.latency_s if emu.delay == "nfqueue" else 0.0,
                "link_bps": lp.capacity_bytes_s * 8 / emu.scale,  # emulated bits/s, as HTB takes them
                "min_rate_bps": trickle_bps(lp.capacity_bytes_s * 8 / emu.scale),
-               "quantum": emu.quantum(a, b),  # the link's HTB quantum (its hosts' packets), whatever its rate later
+               "mtu": emu.mtu(a, b),  # the link's packet size (its HTB quantum), whatever its rate later
                "gid": run_gid(emu.backend), "peer_uids": [worker_uid(emu.backend)]}
         path = rdir / f"sidecar-{w.ns}.json"
         path.write_text(json.dumps(cfg))

@@ -124,7 +124,7 @@ class LiveWan:
             self._delayline(w.ns, {"hold": True})
         fair, kv = self.fair_classes.get(frozenset(pair), {}), self.kv_classes.get(frozenset(pair), {})
         batch = "".join(" ".join(cmd[1:]) + "\n" for dev in (w.a, w.b)
-                        for cmd in rate_change_commands(dev, rate, self.emu.quantum(*pair), fair.get(dev, ()),
+                        for cmd in rate_change_commands(dev, rate, self.emu.mtu(*pair), fair.get(dev, ()),
                                                         kv.get(dev)))
         self.emu.backend.run(self.emu.node(w.ns), ["tc", "-batch", "-"], input=batch)
         self._notify_sidecar(pair, rate, st.latency_s if self.emu.delay == "nfqueue" else None)

@@ -20,7 +20,7 @@ PAYLOAD_BYTES = 8948  # the TCP payload it carries (IPv4 and TCP headers with ti
 # --only burst), and the simulator read 1-2 % slow on almost every fidelity case (docs/fidelity.md, "HTB's burst");
 # a 128 KiB bucket, before that, 5 ms early at 200 Mbit/s. With one frame the rate still holds (200-800 Mbit/s:
 # 20 MB within 0.5 % of bytes / C; bench/tcp_fidelity.py --only transfer within 0.1 % of before), and what is
-# left early is one GSO packet (two segments at these rates: 20 KB).
+# left early is one GSO packet (two segments of the path's MTU: 3-18 KB, `link_mtu`).
 BURST_BYTES = FRAME_BYTES
 JUMBO_MTU = FRAME_BYTES - 14
 # An emulated WAN path's packets last on its link what a jumbo frame lasts at this rate (the emulator's target link
@@ -40,6 +40,12 @@ def link_mtu(link_bps: float) -> int:
     return int(min(JUMBO_MTU, max(MIN_MTU, round(JUMBO_MTU * link_bps / FULL_FRAME_BPS))))
 
 
+def mtu_quantum(mtu: int) -> int:
+    """What a class sends per turn of HTB's round robin on a path of `mtu`: the largest packet it carries,
+    GSO_SEGMENTS frames (`link_quantum`)."""
+    return GSO_SEGMENTS * (mtu + 14)
+
+
 def link_quantum(link_bps: float) -> int:
     """What a class sends per turn of HTB's round robin on a link of `link_bps` (bits/s): the largest packet it
     carries, GSO_SEGMENTS frames of the path's MTU. HTB sends a whole packet per turn whatever its class's deficit,
@@ -47,11 +53,7 @@ def link_quantum(link_bps: float) -> int:
     count, not bytes: a replica's sub-quantum tails went one per turn behind its siblings' full packets, which held
     leaders back to their followers (docs/fidelity.md, "HTB's quantum"). Small turns keep replicas interleaved packet
     by packet (64 KiB turns let the first of three 178 KB transfers finish 12 ms before the last)."""
-    return GSO_SEGMENTS * (link_mtu(link_bps) + 14)
-
-
-# A host NIC's classes into its DC carry the LAN's jumbo frames, two segments a packet
-LAN_QUANTUM = GSO_SEGMENTS * FRAME_BYTES
+    return mtu_quantum(link_mtu(link_bps))
 
 
 def turn_bytes(link_bps: float, scale: float) -> float:
@@ -68,10 +70,11 @@ ALLREDUCE_MINOR = 0x20  # that class on a host's NIC
 MIN_RATE_BPS = 8_000  # HTB needs a positive rate; a "paused" class gets this trickle and borrows nothing
 
 
-def wire_bps(payload_bps: float) -> float:
-    """The HTB rate (bits/s on the wire) that carries `payload_bps` of TCP payload in full-size packets: the
-    simulator's capacities are what a transfer gets, and headers take 0.7 % of a jumbo frame."""
-    return payload_bps * FRAME_BYTES / PAYLOAD_BYTES
+def wire_bps(payload_bps: float, mtu: int = JUMBO_MTU) -> float:
+    """The HTB rate (bits/s on the wire) that carries `payload_bps` of TCP payload in full-size packets of `mtu`: the
+    simulator's capacities are what a transfer gets, and headers (66 bytes a frame with Ethernet's) take 0.7 % of
+    a jumbo frame, 4.4 % of a 1,500-byte one."""
+    return payload_bps * (mtu + 14) / (mtu - 52)
 
 
 def trickle_bps(link_bps: float) -> float:
@@ -89,23 +92,24 @@ def kv_class(link_bps: float, temporal: bool) -> tuple[float, float, int]:
     return trickle_bps(link_bps), link_bps, KV_PRIO if temporal else IDLE_PRIO
 
 
-def class_args(rate_bps: float, ceil_bps: float | None, prio: int, quantum: int) -> list[str]:
+def class_args(rate_bps: float, ceil_bps: float | None, prio: int, mtu: int) -> list[str]:
     """`tc class add|change ... htb` arguments of a class under 1:1 at payload rates (bits/s): what `set_class`
-    and `ClassChanger` set over netlink. `quantum`: the link's (`link_quantum` of the rate it was built at, which
-    sets its hosts' packet size, whatever the rate is now)."""
-    rate = max(int(wire_bps(rate_bps)), MIN_RATE_BPS)
-    ceil = max(int(wire_bps(ceil_bps or rate_bps)), rate)
+    and `ClassChanger` set over netlink. `mtu`: the path's (`link_mtu` of the rate the link was built at, its hosts'
+    packet size, whatever the rate is now), which sets the wire rate's headers and the quantum."""
+    rate = max(int(wire_bps(rate_bps, mtu)), MIN_RATE_BPS)
+    ceil = max(int(wire_bps(ceil_bps or rate_bps, mtu)), rate)
+    quantum = mtu_quantum(mtu)
     return ["rate", f"{rate}bit", "ceil", f"{ceil}bit", "burst", str(BURST_BYTES), "cburst",
             str(BURST_BYTES), "prio", str(prio), "quantum", str(quantum)]
 
 
-def set_class(ipr, idx: int, minor: int, rate_bps: float, ceil_bps: float | None, prio: int, quantum: int) -> None:
+def set_class(ipr, idx: int, minor: int, rate_bps: float, ceil_bps: float | None, prio: int, mtu: int) -> None:
     """One netlink change of an HTB class (pyroute2 replaces the whole class: pass everything); rates in
     payload bits/s."""
-    rate = max(int(wire_bps(rate_bps)), MIN_RATE_BPS)
-    ceil = max(int(wire_bps(ceil_bps or rate_bps)), rate)
+    rate = max(int(wire_bps(rate_bps, mtu)), MIN_RATE_BPS)
+    ceil = max(int(wire_bps(ceil_bps or rate_bps, mtu)), rate)
     ipr.tc("change-class", "htb", idx, handle=f"1:{minor:x}", parent="1:1", rate=f"{rate}bit", ceil=f"{ceil}bit",
-           burst=BURST_BYTES, cburst=BURST_BYTES, prio=prio, quantum=quantum)
+           burst=BURST_BYTES, cburst=BURST_BYTES, prio=prio, quantum=mtu_quantum(mtu))
 
 
 RTM_NEWTCLASS, NLM_F_REQUEST, NLM_F_ACK, NLMSG_ERROR = 40, 1, 4, 2
@@ -124,16 +128,16 @@ def _ratespec(bytes_per_s: int) -> bytes:
     return struct.pack("=BBHhHI", 0, TC_LINKLAYER_ETHERNET, 0, 0, 0, min(bytes_per_s, 2**32 - 1))
 
 
-def change_message(ifindex: int, minor: int, rate_bps: float, ceil_bps: float, prio: int, quantum: int,
+def change_message(ifindex: int, minor: int, rate_bps: float, ceil_bps: float, prio: int, mtu: int,
                    seq: int = 0) -> bytes:
     """An RTM_NEWTCLASS request changing HTB class 1:<minor> under 1:1: the values `set_class` sets, encoded as
     `tc` would (rates in payload bits/s; no rate tables, as the kernel computes rates itself)."""
-    rate = max(int(wire_bps(rate_bps)), MIN_RATE_BPS) // 8
-    ceil = max(int(wire_bps(ceil_bps or rate_bps)) // 8, rate)
+    rate = max(int(wire_bps(rate_bps, mtu)), MIN_RATE_BPS) // 8
+    ceil = max(int(wire_bps(ceil_bps or rate_bps, mtu)) // 8, rate)
     buffer = BURST_BYTES * 10**9 // rate // PSCHED_TICK_NS
     cbuffer = BURST_BYTES * 10**9 // ceil // PSCHED_TICK_NS
     parms = _ratespec(rate) + _ratespec(ceil) + struct.pack("=IIIII", min(buffer, 2**32 - 1),
-                                                             min(cbuffer, 2**32 - 1), quantum, 0, prio)
+                                                             min(cbuffer, 2**32 - 1), mtu_quantum(mtu), 0, prio)
     opts = _attr(TCA_HTB_PARMS, parms)
     if rate >= 2**32:
         opts += _attr(TCA_HTB_RATE64, struct.pack("=Q", rate))
@@ -154,11 +158,11 @@ class ClassChanger:
         self.sock.bind((0, 0))
         self.cache: dict[tuple, bytes] = {}
 
-    def set(self, ifindex: int, minor: int, rate_bps: float, ceil_bps: float, prio: int, quantum: int) -> None:
-        key = (ifindex, minor, rate_bps, ceil_bps, prio, quantum)
+    def set(self, ifindex: int, minor: int, rate_bps: float, ceil_bps: float, prio: int, mtu: int) -> None:
+        key = (ifindex, minor, rate_bps, ceil_bps, prio, mtu)
         msg = self.cache.get(key)
         if msg is None:
-            msg = self.cache[key] = change_message(ifindex, minor, rate_bps, ceil_bps, prio, quantum)
+            msg = self.cache[key] = change_message(ifindex, minor, rate_bps, ceil_bps, prio, mtu)
         self.sock.send(msg)
         reply = self.sock.recv(65536)
         if struct.unpack_from("=H", reply, 4)[0] == NLMSG_ERROR:

@@ -90,16 +90,31 @@ class Sidecar:
         self.lock = threading.Lock()  # notices arrive on the server's loop, deferred ones on the timer thread
         self.deferred: list[tuple[float, int, object, tuple]] = []  # (due, order, fn, args): a heap
         self.seq = 0
+        self.busy = False  # the timer thread is applying a notice
+        self.last_due = 0.0  # due times never decrease, even when the notice delay does
+        self.errors: list[str] = []  # deferred notices that failed (the thread goes on with the rest)
         self.wake = threading.Condition()
         threading.Thread(target=self._run_deferred, daemon=True).start()
 
     def defer(self, delay_s: float, fn, *args) -> None:
-        """Call fn(*args) `delay_s` from now, after every deferred call due before it (and those due at the same
-        time that came first): a transfer's end never overtakes its start."""
+        """Call fn(*args) `delay_s` from now, and never before a call deferred earlier: due times do not decrease
+        (a latency that drops holds later notices until the earlier ones are done), so a transfer's end never
+        overtakes its start."""
         with self.wake:
             self.seq += 1
-            heapq.heappush(self.deferred, (time.monotonic() + delay_s, self.seq, fn, args))
+            self.last_due = max(time.monotonic() + delay_s, self.last_due)
+            heapq.heappush(self.deferred, (self.last_due, self.seq, fn, args))
             self.wake.notify()
+
+    def drained(self, timeout_s: float = 5.0) -> bool:
+        """Wait until every deferred notice has been applied (tests; the process itself never waits)."""
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            with self.wake:
+                if not self.deferred and not self.busy:
+                    return True
+            time.sleep(0.001)
+        return False
 
     def _run_deferred(self) -> None:
         while True:
@@ -107,7 +122,15 @@ class Sidecar:
                 while not self.deferred or self.deferred[0][0] > time.monotonic():
                     self.wake.wait(None if not self.deferred else self.deferred[0][0] - time.monotonic())
                 _due, _seq, fn, args = heapq.heappop(self.deferred)
-            fn(*args)
+                self.busy = True
+            try:
+                fn(*args)
+            except Exception as e:  # one failed class change must not stop every later notice
+                self.errors.append(f"{getattr(fn, '__name__', fn)}: {e}")
+                print(f"sidecar: a deferred notice failed: {e}", file=sys.stderr)
+            finally:
+                with self.wake:
+                    self.busy = False
 
     def handle(self, msg: dict) -> None:
         """Apply one notice; a malformed one raises (the server closes that connection)."""
@@ -122,10 +145,8 @@ class Sidecar:
             with self.lock:
                 self.issued += 1
                 key = (self.key(mb, self.turn.get(r, r), kind, self.issued), r)
-            if self.notice_delay_s > 0:
-                self.defer(self.notice_delay_s, self.start, dev, tid, key, self._later(msg.get("t")))
-            else:
-                self.start(dev, tid, key, msg.get("t"))
+            # every notice through the one ordered queue (even with no delay), so none overtakes another
+            self.defer(self.notice_delay_s, self.start, dev, tid, key, self._later(msg.get("t")))
         elif op == "link":
             bps = float(msg["link_bps"])
             if not bps > 0:
@@ -140,11 +161,8 @@ class Sidecar:
                     self.apply(dev)
         elif op == "end":
             tid = str(msg["id"])
-            if self.drain_s > 0 or self.notice_delay_s > 0:
-                sent = self._later(msg.get("t")) if self.drain_s == 0 else None
-                self.defer(self.drain_s + self.notice_delay_s, self.end, tid, sent)
-            else:
-                self.end(tid, msg.get("t"))
+            sent = self._later(msg.get("t")) if self.drain_s == 0 else None
+            self.defer(self.drain_s + self.notice_delay_s, self.end, tid, sent)
         else:
             raise ProtocolError(f"unknown op {op!r}")
 
@@ -175,7 +193,7 @@ class Sidecar:
             if self.prio.get((dev, r)) != p:
                 rate = self.cfg["link_bps"] if p == 0 else self.cfg["min_rate_bps"]
                 t0 = time.monotonic()
-                self.tc.set(self.idx[dev], int(minor), rate, self.cfg["link_bps"], p, self.cfg["quantum"])
+                self.tc.set(self.idx[dev], int(minor), rate, self.cfg["link_bps"], p, self.cfg["mtu"])
                 self.netlink_s.append(time.monotonic() - t0)
                 self.prio[(dev, r)] = p
                 self.changes += 1

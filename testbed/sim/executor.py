@@ -19,8 +19,8 @@ backward on every replica its gradients are all-reduced (ring inside the DC; hie
 ring across DCs for dp-wan). The iteration ends when every all-reduce is done.
 
 Replicas that are provably symmetric (the same placement, costs and start time) would run identical
-timelines, but where their transfers meet on a fair-shared WAN link the round robin serves them one frame
-apart (`round_robin_lags`), and from there they drift: each head start is simulated (at most
+timelines, but where their transfers meet on a fair-shared WAN link the round robin serves them one turn of
+the link apart (`round_robin_lags`), and from there they drift: each head start is simulated (at most
 ROUND_ROBIN_PHASES per symmetric set, consecutive replicas sharing one), standing for its replicas, whose
 flows count once each in the link's sharing. Symmetric replicas with no WAN link are simulated once.
 Under temporal sharing replicas take turns, so every replica is simulated, except in the lower-bound run,

@@ -56,8 +56,8 @@ def test_sidecar_class_change_is_what_tc_reads_back():
         run("tc", "class", "add", "dev", "d0", "parent", "1:1", "classid", "1:100", "htb", "rate", "2mbit", "ceil",
             "200mbit")
         code = ("import sys, socket\nfrom testbed.runtime.htb import ClassChanger\n"
-                "c = ClassChanger()\nc.set(socket.if_nametoindex('d0'), 0x100, 2e8, 2e8, 0, 18028)\n"
-                "c.set(socket.if_nametoindex('d0'), 0x100, 3e6, 2e8, 5, 18028)\n")
+                "c = ClassChanger()\nc.set(socket.if_nametoindex('d0'), 0x100, 2e8, 2e8, 0, 9000)\n"
+                "c.set(socket.if_nametoindex('d0'), 0x100, 3e6, 2e8, 5, 9000)\n")
         run(sys.executable, "-c", code)
         out = run("tc", "-d", "class", "show", "dev", "d0", "classid", "1:100")
         got = dict(re.findall(r"\b(prio|rate|ceil|quantum) (\d+\w*)", out))

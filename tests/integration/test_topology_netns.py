@@ -58,6 +58,8 @@ def test_hosts_route_each_peer_dc_at_its_links_packet_size_with_the_window_open(
 
     emu, _ = three_dc
     for h in emu.addr.hosts:
+        dev = emu.backend.run(emu.node(h.ns), ["ip", "-d", "link", "show", "eth0"])
+        assert "gso_max_segs 2 " in dev, dev  # no TSO/GSO packet above HTB's quantum (runtime/htb.py)
         routes = emu.backend.run(emu.node(h.ns), ["ip", "route", "show"])
         for link in emu.topo.links:
             if h.dc not in link.between:
