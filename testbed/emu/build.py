@@ -101,7 +101,7 @@ class Emulation:
 
     def mss(self, a: str, b: str) -> int:
         """TCP payload per packet between DCs a and b."""
-        return self.mtu(a, b) - TCP_HEADERS
+        return link_mss(self.link_bps(a, b))
 
     def lan_rate_bps(self, dc: str) -> float | None:
         """Shaped rate of a host's link into its DC (None: unshaped, when the scaled fabric exceeds

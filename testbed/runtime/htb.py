@@ -77,6 +77,13 @@ def wire_bps(payload_bps: float, mtu: int = JUMBO_MTU) -> float:
     return payload_bps * (mtu + 14) / (mtu - 52)
 
 
+def wire_rates(rate_bps: float, ceil_bps: float | None, mtu: int) -> tuple[int, int]:
+    """A class's guaranteed rate and ceiling on the wire (bits/s) for payload rates in packets of `mtu`: HTB needs a
+    positive rate (MIN_RATE_BPS) and a ceiling no lower than the rate; no ceiling means the rate."""
+    rate = max(int(wire_bps(rate_bps, mtu)), MIN_RATE_BPS)
+    return rate, max(int(wire_bps(ceil_bps or rate_bps, mtu)), rate)
+
+
 def trickle_bps(link_bps: float) -> float:
     """The rate guaranteed to a class that waits its turn on a link of `link_bps` (payload bits/s): 1/100 of the
     link, never below MIN_RATE_BPS; it borrows the rest up to its ceiling, the link's rate."""
@@ -96,18 +103,15 @@ def class_args(rate_bps: float, ceil_bps: float | None, prio: int, mtu: int) -> 
     """`tc class add|change ... htb` arguments of a class under 1:1 at payload rates (bits/s): what `set_class`
     and `ClassChanger` set over netlink. `mtu`: the path's (`link_mtu` of the rate the link was built at, its hosts'
     packet size, whatever the rate is now), which sets the wire rate's headers and the quantum."""
-    rate = max(int(wire_bps(rate_bps, mtu)), MIN_RATE_BPS)
-    ceil = max(int(wire_bps(ceil_bps or rate_bps, mtu)), rate)
-    quantum = mtu_quantum(mtu)
+    rate, ceil = wire_rates(rate_bps, ceil_bps, mtu)
     return ["rate", f"{rate}bit", "ceil", f"{ceil}bit", "burst", str(BURST_BYTES), "cburst",
-            str(BURST_BYTES), "prio", str(prio), "quantum", str(quantum)]
+            str(BURST_BYTES), "prio", str(prio), "quantum", str(mtu_quantum(mtu))]
 
 
 def set_class(ipr, idx: int, minor: int, rate_bps: float, ceil_bps: float | None, prio: int, mtu: int) -> None:
     """One netlink change of an HTB class (pyroute2 replaces the whole class: pass everything); rates in
     payload bits/s."""
-    rate = max(int(wire_bps(rate_bps, mtu)), MIN_RATE_BPS)
-    ceil = max(int(wire_bps(ceil_bps or rate_bps, mtu)), rate)
+    rate, ceil = wire_rates(rate_bps, ceil_bps, mtu)
     ipr.tc("change-class", "htb", idx, handle=f"1:{minor:x}", parent="1:1", rate=f"{rate}bit", ceil=f"{ceil}bit",
            burst=BURST_BYTES, cburst=BURST_BYTES, prio=prio, quantum=mtu_quantum(mtu))
 
@@ -132,8 +136,7 @@ def change_message(ifindex: int, minor: int, rate_bps: float, ceil_bps: float, p
                    seq: int = 0) -> bytes:
     """An RTM_NEWTCLASS request changing HTB class 1:<minor> under 1:1: the values `set_class` sets, encoded as
     `tc` would (rates in payload bits/s; no rate tables, as the kernel computes rates itself)."""
-    rate = max(int(wire_bps(rate_bps, mtu)), MIN_RATE_BPS) // 8
-    ceil = max(int(wire_bps(ceil_bps or rate_bps, mtu)) // 8, rate)
+    rate, ceil = (bits // 8 for bits in wire_rates(rate_bps, ceil_bps, mtu))  # bytes/s, as the kernel takes them
     buffer = BURST_BYTES * 10**9 // rate // PSCHED_TICK_NS
     cbuffer = BURST_BYTES * 10**9 // ceil // PSCHED_TICK_NS
     parms = _ratespec(rate) + _ratespec(ceil) + struct.pack("=IIIII", min(buffer, 2**32 - 1),
