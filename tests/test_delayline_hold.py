@@ -55,3 +55,25 @@ def test_malformed_control_is_counted_not_fatal():
     d.control(b"not json")
     d.control(b'{"delays_ms": 3}')
     assert d.bad_control == 2
+
+
+def test_the_stats_file_is_written_off_the_packet_loop(tmp_path):
+    """A stats write that blocks (here: a FIFO nobody reads yet; on ext4, a rename that waits on the journal) must
+    not block the loop that releases packets; the newest snapshot is what lands, and close writes the last word."""
+    import os
+    import threading
+
+    fifo = tmp_path / "stats.json.tmp"  # the writer opens PATH.tmp first: that open blocks until a reader comes
+    os.mkfifo(fifo)
+    w = dl.StatsWriter(str(tmp_path / "stats.json"))
+    putter = threading.Thread(target=lambda: [w.put(json.dumps({"n": i})) for i in range(100)])
+    putter.start()
+    putter.join(5)
+    assert not putter.is_alive()  # put never waited for the blocked write (it would wait forever)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader.start()
+    reader.join(5)
+    w.close(json.dumps({"n": "final"}))
+    assert got and json.loads(got[0])["n"] in range(100)
+    assert json.loads((tmp_path / "stats.json").read_text()) == {"n": "final"}
