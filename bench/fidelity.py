@@ -141,7 +141,9 @@ def run_case(case: Case, timelines: Path | None = None) -> list[dict[str, object
     both engines' timelines go to timelines/<topology>.csv."""
     from testbed.runs.emulated import run_point
 
+    before = cpu_times()
     results, validation, _losses, _flows, _cpu = run_point(case.experiment, case.index, {})
+    steal = steal_share(before, cpu_times())
     if timelines is not None:
         from testbed.timeline import write_timelines
 
@@ -154,8 +156,23 @@ def run_case(case: Case, timelines: Path | None = None) -> list[dict[str, object
             continue
         its = emu[sched].timeline.iteration_s
         rows.append({**case.params, "scheduler": sched, "sim_s": round(sim, 6), "emu_s": round(emu_s, 6),
-                     "emu_min_s": round(min(its), 6), "emu_max_s": round(max(its), 6), "error": err})
+                     "emu_min_s": round(min(its), 6), "emu_max_s": round(max(its), 6), "error": err,
+                     "steal_share": steal})
     return rows
+
+
+def cpu_times() -> list[int]:
+    """The machine's CPU time counters (/proc/stat's `cpu` line, in clock ticks)."""
+    with open("/proc/stat") as f:
+        return [int(x) for x in f.readline().split()[1:]]
+
+
+def steal_share(before: list[int], after: list[int]) -> float:
+    """The share of the VM's CPU time its hypervisor gave to someone else between two `cpu_times` (the 8th field,
+    steal): an emulated run on a VM whose host is busy runs slow without anything in the testbed being slow."""
+    d = [a - b for a, b in zip(after, before, strict=True)]
+    total = sum(d[:8])  # guest time is counted in user time already
+    return round(d[7] / total, 4) if total > 0 and len(d) > 7 else 0.0
 
 
 def quantile(xs: list[float], q: float) -> float:
@@ -235,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {r['scheduler']:<12} sim {float(r['sim_s']):7.3f} s  emu {float(r['emu_s']):7.3f} s "
                       f"({float(r['emu_min_s']):.3f}-{float(r['emu_max_s']):.3f})  error {float(r['error']):+.1%}",
                       flush=True)
-            print(f"  ({time.monotonic() - t1:.0f} s)", flush=True)
+            steal = f", {new_rows[0]['steal_share']:.1%} of the CPU time stolen by the hypervisor" if new_rows else ""
+            print(f"  ({time.monotonic() - t1:.0f} s{steal})", flush=True)
             rows += new_rows
             write_csv(args.out / "fidelity.csv", HEADER, ([r[h] for h in HEADER] for r in rows))
     if not rows:

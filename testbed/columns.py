@@ -414,6 +414,8 @@ FIDELITY = CsvFile("fidelity.csv", "`bench/fidelity.py`", "one row per random to
     ("emu_min_s", "s", "fastest of those emulated iterations"),
     ("emu_max_s", "s", "slowest of them"),
     ("error", "share", "(sim_s - emu_s) / emu_s: above 0 the simulator predicts a slower iteration"),
+    ("steal_share", "share", "of the VM's CPU time its hypervisor took during the case's emulated runs (/proc/stat "
+     "steal): a busy host slows an emulated run"),
 ))
 
 FILES: tuple[CsvFile, ...] = (SUMMARY, MULTITCP, TIMELINE, REQUESTS, KNEE, BUBBLES, VALIDATION, LOSS, FLOWS,
