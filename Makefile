@@ -157,8 +157,8 @@ bench: venv
 	$(BIN)/python bench/turn_orders.py
 	$(BIN)/python bench/prefill_model_error.py
 	$(BIN)/python bench/paired_slowdown.py
-	@if [ "$$(id -u)" -eq 0 ]; then $(BIN)/python bench/link_fidelity.py && $(BIN)/python bench/gpipe_arrivals.py; \
-	 else echo "link_fidelity and gpipe_arrivals need root"; fi
+	@if [ "$$(id -u)" -eq 0 ]; then $(BIN)/python bench/link_fidelity.py && $(BIN)/python bench/gpipe_arrivals.py \
+	 && $(BIN)/python bench/lan_fidelity.py; else echo "link_fidelity, gpipe_arrivals and lan_fidelity need root"; fi
 
 # Removes leftovers of emulated runs (namespaces, links, rules, processes with our prefix), then caches.
 clean:
