@@ -61,13 +61,35 @@ def test_a_link_change_rerates_every_class_and_keeps_the_turns():
     side.handle({"op": "link", "link_bps": 80e6})
     assert len(nl.calls) == 4  # both replicas' classes on both directions
     assert {c[3] for c in nl.calls} == {80e6}
-    # replica 1 keeps its turn: first, with the link's rate guaranteed; every other class a trickle
-    assert (3, "1:101", 80e6, 80e6, 0) in nl.calls
+    # replica 1 keeps its turn: first, with the link's rate guaranteed; every other class a trickle. Under the
+    # replica policy a class's priority is its turn, fixed (HTB files a busy class under its old priority)
+    assert (3, "1:101", 80e6, 80e6, 1) in nl.calls and (3, "1:100", 0.8e6, 80e6, 0) in nl.calls
     assert {c[2] for c in nl.calls if c[:2] != (3, "1:101")} == {0.8e6}
     import pytest
 
     with pytest.raises(ProtocolError):
         side.handle({"op": "link", "link_bps": 0})
+
+
+def test_under_the_replica_policy_priorities_stay_the_turns_and_only_the_lead_moves():
+    from testbed.runtime.sidecar import Sidecar
+
+    nl = FakeNetlink()
+    cfg = {"devs": {"useast": {"0": 0x100, "1": 0x101, "2": 0x102}}, "turn_order": [2, 0, 1], "link_bps": 200e6,
+           "min_rate_bps": 2e6, "mtu": 9000}
+    side = Sidecar(cfg, nl, tc=nl)
+    for r in (1, 0, 2):  # the last in turn order starts first, then the others
+        side.handle({"op": "start", "dev": "useast", "replica": r, "mb": 0, "id": f"t{r}"})
+        assert side.drained()
+    prio = {c[1]: c[4] for c in nl.calls}
+    assert prio == {"1:102": 0, "1:100": 1, "1:101": 2}  # each class's priority is its turn, whoever leads
+    assert nl.calls[-1][2] == 200e6 and nl.calls[-1][1] == "1:102"  # replica 2 (first in turn) now leads
+    lead = {c[1] for c in nl.calls[-2:] if c[2] == 200e6}
+    assert lead == {"1:102"}
+    nl.calls.clear()
+    side.handle({"op": "end", "id": "t2"})
+    assert side.drained()
+    assert sorted(c[1:] for c in nl.calls) == [("1:100", 200e6, 200e6, 1), ("1:102", 2e6, 200e6, 0)]  # the next leads
 
 
 def test_notices_wait_the_delay_before_the_shaper_and_keep_their_order():

@@ -16,6 +16,11 @@ eight while the simulator let the other replica's earlier microbatch through (do
 first-ranked replica's class therefore also gets the link's rate as its guaranteed rate: HTB serves
 classes within their own rate before any class that borrows, whatever their filed priority, so the
 turn passes at once; the others keep a trickle and borrow in priority order.
+Under the `replica` policy the ranking is the turn order, so there each class's priority is its turn, fixed,
+and only the guaranteed rate moves: a rank that changed while a class stayed busy left it filed under its old
+priority, and with three replicas it borrowed ahead of one ranked before it (Atlas dp-3 cases read 1-4 points
+slower emulated, docs/fidelity.md "Fixed priorities"). Under `microbatch` and `fcfs` the order itself changes
+and priorities still follow the ranking.
 
 The receiving worker says "end" once a transfer's last byte has arrived: only then has its tail left the
 socket buffers, the delay line and the HTB queue (a sender's "end" at its last sendall handed the link
@@ -78,9 +83,14 @@ class Sidecar:
         self.idx = {dev: ipr.link_lookup(ifname=dev)[0] for dev in cfg["devs"]}
         self.turn = {int(r): i for i, r in enumerate(cfg["turn_order"])}
         self.key = TURN_KEYS[cfg.get("turn_policy", "replica")]
+        # Under the replica policy the ranking is the turn order itself, so a class's HTB priority can be its turn,
+        # fixed: only the guaranteed rate moves. HTB files an active class under the priority it had when it became
+        # active, so a rank that changed while a class stayed busy (a replica ahead of it starting) left it filed
+        # too high, and with three or more replicas it borrowed ahead of one ranked before it.
+        self.fixed_prio = cfg.get("turn_policy", "replica") == "replica"
         self.issued = 0  # start notices so far: the issue order first-come-first-served ranks by
         self.active: dict[str, dict[str, tuple[tuple, int]]] = defaultdict(dict)  # dev -> id -> (key, replica)
-        self.prio: dict[tuple[str, int], int] = {}
+        self.prio: dict[tuple[str, int], tuple[int, bool]] = {}  # (dev, replica) -> (HTB priority, leads)
         self.changes = 0
         self.reaction_s: list[float] = []  # notice sent -> its HTB change made, per notice that changed a class
         self.delivery_s: list[float] = []  # notice sent -> read by this process
@@ -189,13 +199,14 @@ class Sidecar:
         want = priorities(self.active[dev].values())
         for r_s, minor in self.cfg["devs"][dev].items():
             r = int(r_s)
-            p = want.get(r, IDLE_PRIO)
-            if self.prio.get((dev, r)) != p:
-                rate = self.cfg["link_bps"] if p == 0 else self.cfg["min_rate_bps"]
+            lead = want.get(r) == 0
+            p = min(self.turn.get(r, r), IDLE_PRIO - 1) if self.fixed_prio else want.get(r, IDLE_PRIO)
+            if self.prio.get((dev, r)) != (p, lead):
+                rate = self.cfg["link_bps"] if lead else self.cfg["min_rate_bps"]
                 t0 = time.monotonic()
                 self.tc.set(self.idx[dev], int(minor), rate, self.cfg["link_bps"], p, self.cfg["mtu"])
                 self.netlink_s.append(time.monotonic() - t0)
-                self.prio[(dev, r)] = p
+                self.prio[(dev, r)] = (p, lead)
                 self.changes += 1
         if sent is not None and self.changes > changed:
             self.reaction_s.append(time.monotonic() - float(sent))
