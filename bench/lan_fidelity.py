@@ -1,10 +1,11 @@
 """Transfers inside an emulated DC against the simulator's model (a message of B bytes takes B / NIC rate):
 1 to 6 concurrent host-to-host flows over one DC's bridge, each host's NIC shaped as the emulator shapes it.
 
-The simulator gives every transfer inside a DC its NIC's rate, alone; on this VM the emulated LAN falls short of
-that for long messages, and more so the more hosts send at once (docs/fidelity.md, "Transfers inside a DC"). The
-ratio printed is measured / modelled time per message (the median of the last 18 of 20), the round trip of a
-one-byte reply included.
+The simulator gives every transfer inside a DC its NIC's rate, alone. On a quiet VM the emulated LAN keeps that
+rate up to six flows at once; with CPU-bound work beside (`--busy`), long messages fall short, because a connection
+inside a DC autotunes its buffer only up to the host's WAN-sized tcp_rmem (`--rcvbuf` fixes it for the probe;
+docs/fidelity.md, "Transfers inside a DC"). The ratio printed is measured / modelled time per message (the median
+of the last 18 of 20), the round trip of a one-byte reply included.
 
 Flows go both ways between the hosts of a pair (h0 <-> h1, h2 <-> h3, ...), pair after pair, DC after DC.
 `--topology FILE` runs on that topology's DCs instead (its own scale: `--scale`).
