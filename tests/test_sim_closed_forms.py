@@ -9,7 +9,7 @@ import pytest
 from testbed.analysis.metrics import share
 from testbed.costs.tcp import windowed_send_s
 from testbed.runtime.htb import FRAME_BYTES
-from testbed.sim.executor import WindowRounds, simulate
+from testbed.sim.executor import SlidingWindow, simulate
 from tests.conftest import make_plan
 
 
@@ -51,16 +51,36 @@ def test_windowed_send_closed_form(A, W, C, rtt):
     assert t >= A / C
 
 
-def test_window_rounds_refill_after_a_round_trip():
-    r = WindowRounds(window=10.0, rtt_s=1.0)
-    assert r.budget(0.0) == 10.0
-    r.sent(6.0)
-    assert r.budget(0.5) == 4.0  # the same round: what is left of the window
-    r.sent(4.0)
-    assert r.budget(0.9) == 0.0 and r.next_round_s() == 1.0
-    assert r.budget(1.0) == 10.0  # the acknowledgements of the round's first bytes are back
-    r.sent(10.0)
-    assert r.budget(3.5) == 10.0 and r.next_round_s() == 4.5  # idle longer than a round trip: a fresh round
+def test_sliding_window_frees_each_piece_a_round_trip_after_it_started():
+    w = SlidingWindow(window=10.0, rtt_s=1.0)
+    assert w.budget(0.0) == 10.0
+    w.sent(0.0, 6.0)
+    assert w.budget(0.5) == 4.0  # what the first piece left free
+    w.sent(0.5, 4.0)
+    assert w.budget(0.9) == 0.0 and w.next_free_s() == 1.0
+    assert w.budget(1.0) == 6.0  # the first piece is acknowledged; the second is still in flight
+    assert w.next_free_s() == 1.5
+    assert w.budget(1.5) == 10.0
+    w.sent(3.5, 10.0)
+    assert w.budget(3.6) == 0.0 and w.next_free_s() == 4.5
+
+
+def test_a_transfer_late_in_a_round_waits_for_its_own_bytes():
+    """Two 1.5-window transfers on one pipe, the second issued late in the round of the first's tail: it gets
+    what that tail left free at once, the next half window when the tail is acknowledged, and its last half
+    window only a round trip after its own first bytes left (a window slides). A round-based window gave it a
+    whole window when the tail's round ended, and read such pipelines up to 9 % fast."""
+    C, W, rtt, f = 1e9, 1e8, 1.0, 1.8  # a window takes 0.1 s on the link: window-bound
+    plan = make_plan(pp=2, m=2, f=f, b=0.5, dcs=["a", "b"], act_bytes=1.5 * W, capacity=C, latency=rtt / 2,
+                     window=W, connections=1, schedule="gpipe")
+    tl, _ = simulate(plan)
+    ends = sorted(iv.end_s for iv in tl.intervals if iv.kind == "recv" and iv.stage == 1)
+    # the first, issued at f: W at C, its last 0.5 W a round trip later (2.8-2.85), arriving half a round trip on
+    assert ends[0] == pytest.approx(2.85 + 0.5, rel=1e-9)
+    # the second, issued at 2f = 3.6: 0.5 W at once, 0.5 W when the tail's acknowledgements are back (3.8), the
+    # last 0.5 W when its own first bytes' are (4.6-4.65); the round model sent W at 3.8 and arrived at 4.4
+    assert ends[1] == pytest.approx(4.65 + 0.5, rel=1e-9)
+    assert len(ends) == 2
 
 
 def _send_ends(temporal: bool) -> list[float]:
