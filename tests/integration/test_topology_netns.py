@@ -50,7 +50,7 @@ def test_hosts_route_each_peer_dc_at_its_links_packet_size_with_the_window_open(
     """Each host has a route per peer DC at the link's packet size (runtime/htb.py link_mtu: a packet lasts on the
     emulated link what a jumbo frame lasts at 200 Mbit/s) that opens a connection's congestion window to the link's
     window (or its bandwidth-delay product, if smaller; emu/build.py initial_windows), as the simulator's
-    window-bound model has it from the start."""
+    window-bound model has it from the start, and acknowledges every packet at once (emu/build.py peer_routes)."""
     import math
 
     from testbed.emu.build import LINUX_INITIAL_CWND
@@ -70,6 +70,7 @@ def test_hosts_route_each_peer_dc_at_its_links_packet_size_with_the_window_open(
             line = next(ln for ln in routes.splitlines() if ln.startswith(emu.addr.lan_subnet[peer]))
             assert f"initcwnd {segments}" in line, (h.ns, routes)
             assert f"mtu lock {link_mtu(link.gbps * 1e9 / emu.scale)}" in line, (h.ns, routes)
+            assert "quickack 1" in line, (h.ns, routes)  # no delayed ACK holding a window of a few segments
 
 
 MSS_PROBE = """
