@@ -13,6 +13,7 @@ Usage: python -m testbed.runtime.worker CONFIG.json CONTROL.sock
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import selectors
 import socket
@@ -244,28 +245,48 @@ def _send_all(sel: selectors.BaseSelector, parts: list[tuple[socket.socket, list
     """Write every socket's buffers, taking turns SLICE_BYTES at a time (as NCCL's socket threads do) so the
     connections' packets leave interleaved, not one connection's window after another's; each call takes what
     the socket accepts without blocking (MSG_DONTWAIT: the sockets stay blocking for their reader threads), and
-    when every socket is full, wait for room."""
+    when every socket is full, wait for room.
+
+    Each socket is corked (TCP_CORK) while its chunk is written and uncorked after its last byte, so only the
+    chunk's end may leave as a short segment: with TCP_NODELAY a slice that ended inside a segment went out short
+    whenever the window had room (MSG_MORE holds it only in the write, not when an acknowledgement sends the
+    queue), and the next full segment no longer fit the window. An emulated window is a few segments (64 KiB is
+    nine of a 7.4 KB path) and lost one for the round trip (docs/fidelity.md, "Short segments")."""
     left = {sock: bufs for sock, bufs in parts if bufs}
-    while left:
-        progress = True
-        while progress and left:
-            progress = False
-            for sock in list(left):
-                bufs = left[sock]
-                try:
-                    k = sock.sendmsg(_head(bufs, SLICE_BYTES), [], socket.MSG_DONTWAIT)
-                except BlockingIOError:
-                    continue
-                progress = True
-                _advance(bufs, k)
-                if not bufs:
-                    del left[sock]
-        if left:
-            for sock in left:
-                sel.register(sock, selectors.EVENT_WRITE)
-            sel.select()
-            for sock in left:
-                sel.unregister(sock)
+    for sock in left:
+        _cork(sock, True)
+    try:
+        while left:
+            progress = True
+            while progress and left:
+                progress = False
+                for sock in list(left):
+                    bufs = left[sock]
+                    try:
+                        k = sock.sendmsg(_head(bufs, SLICE_BYTES), [], socket.MSG_DONTWAIT)
+                    except BlockingIOError:
+                        continue
+                    progress = True
+                    _advance(bufs, k)
+                    if not bufs:
+                        del left[sock]
+                        _cork(sock, False)  # sends the short last segment
+            if left:
+                for sock in left:
+                    sel.register(sock, selectors.EVENT_WRITE)
+                sel.select()
+                for sock in left:
+                    sel.unregister(sock)
+    finally:
+        for sock in left:
+            with contextlib.suppress(OSError):
+                _cork(sock, False)
+
+
+def _cork(sock: socket.socket, on: bool) -> None:
+    """TCP_CORK on a TCP socket (a Unix socket has no segments to hold)."""
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, int(on))
 
 
 def _head(bufs: list[memoryview], limit: int) -> list[memoryview]:
