@@ -65,6 +65,20 @@ def test_sliding_window_frees_each_piece_a_round_trip_after_it_started():
     assert w.budget(3.6) == 0.0 and w.next_free_s() == 4.5
 
 
+def test_sliding_window_joins_a_piece_sent_straight_after_the_last():
+    """Pieces of one stream (the next starts as the last ends) are one piece: a pipe that sends each freed piece
+    again as its own would split its window into one piece per transfer."""
+    w = SlidingWindow(window=10.0, rtt_s=1.0)
+    w.sent(0.0, 6.0)
+    w.ended(0.6)
+    w.sent(0.6, 4.0)  # straight after: joins the first
+    assert len(w.pieces) == 1 and w.budget(0.9) == 0.0
+    assert w.budget(1.0) == 10.0
+    w.ended(1.5)
+    w.sent(1.7, 2.0)  # after a gap: a piece of its own
+    assert len(w.pieces) == 1 and w.next_free_s() == 2.7
+
+
 def test_a_transfer_late_in_a_round_waits_for_its_own_bytes():
     """Two 1.5-window transfers on one pipe, the second issued late in the round of the first's tail: it gets
     what that tail left free at once, the next half window when the tail is acknowledged, and its last half

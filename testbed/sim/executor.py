@@ -87,12 +87,13 @@ class SlidingWindow:
     transfer issued late in a round send a second window at that round's end: up to 9 % fast on pipelines
     whose window-bound transfers follow one another (docs/fidelity.md, "The window slides")."""
 
-    __slots__ = ("window", "rtt_s", "pieces", "held")
+    __slots__ = ("window", "rtt_s", "pieces", "held", "last_end")
 
     def __init__(self, window: float, rtt_s: float) -> None:
         self.window, self.rtt_s = window, rtt_s
         self.pieces: deque[tuple[float, float]] = deque()  # (when it started to leave, bytes), oldest first
         self.held = 0.0
+        self.last_end = -INF  # when the pipe's last piece finished leaving
 
     def budget(self, now: float) -> float:
         """Bytes the pipe may send now without waiting: the window less the pieces not yet acknowledged."""
@@ -104,9 +105,22 @@ class SlidingWindow:
         return self.window - self.held
 
     def sent(self, now: float, nbytes: float) -> None:
-        """A piece of `nbytes` starts to leave now."""
-        self.pieces.append((now, nbytes))
+        """A piece of `nbytes` starts to leave now. One that follows the last piece without a gap joins it: the
+        bytes of one stream come back at the rate they went, which freeing the joined piece at once stands for
+        as it does for one piece, and a pipe that sends each freed piece again as its own would split its
+        window into ever more pieces (one per transfer: 31 k events became 966 k on a GPipe job with 512
+        microbatches, the iteration time unchanged)."""
+        pieces = self.pieces
+        if pieces and now == self.last_end:
+            t, b = pieces[-1]
+            pieces[-1] = (t, b + nbytes)
+        else:
+            pieces.append((now, nbytes))
         self.held += nbytes
+
+    def ended(self, now: float) -> None:
+        """The piece on the link has finished leaving."""
+        self.last_end = now
 
     def next_free_s(self) -> float:
         """When the oldest unacknowledged piece comes free."""
@@ -445,7 +459,8 @@ class Simulation:
             ls.reprioritize(f, prio, self.now)
 
     def _send_head(self, src: int, dst: int, link: tuple[str, str]) -> None:
-        """Put as much of the pipe's head transfer on the link as its window allows now, or wait for the round."""
+        """Put as much of the pipe's head transfer on the link as its window allows now, or wait until the oldest
+        piece in flight comes free."""
         kind, i, _nbytes, t_issue, left, _key = self.pipes[(src, dst)][0]
         lp = self.lp[link]  # as the link is now (a changing WAN's latency changes the round trip)
         win = self.windows.get((src, dst))
@@ -479,8 +494,11 @@ class Simulation:
         pipe = self.pipes[(src, dst)]
         head = pipe[0]
         head[4] -= flow.nbytes
+        win = self.windows.get((src, dst))
+        if win is not None:
+            win.ended(now)
         if head[4] > head[2] * 1e-12:
-            self._send_head(src, dst, key)  # the window ran out: the rest goes in the next round
+            self._send_head(src, dst, key)  # the window ran out: the rest goes as pieces come free
             return
         arrive = now + self.lp[key].latency_s * self._delay(src, dst, kind, i)
         self.out.append((src, "send", i, t_issue, now, head[2]))
