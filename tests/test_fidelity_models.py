@@ -163,37 +163,73 @@ def test_striped_send_delivers_every_connection_whole():
         b.close()
 
 
-def test_striped_slices_leave_as_whole_segments():
-    """A slice that ends inside a segment waits for the next (TCP_CORK) instead of leaving short: over TCP with
-    TCP_NODELAY, 1 MiB in 16 KiB slices takes the fewest segments it can, where short segments at every slice's
-    end took 1/17 more (an emulated window of nine segments lost one to them, docs/fidelity.md)."""
+class _Recording(socket.socket):
+    """A real TCP socket that records its writes and its TCP_CORK changes, in order."""
+
+    events: list
+
+    def sendmsg(self, buffers, *args):
+        k = super().sendmsg(buffers, *args)
+        self.events.append(("send", k))
+        return k
+
+    def setsockopt(self, level, opt, value, *args):
+        if (level, opt) == (socket.IPPROTO_TCP, socket.TCP_CORK):
+            self.events.append(("cork", value))
+        return super().setsockopt(level, opt, value, *args)
+
+
+def test_striped_chunks_are_corked_until_their_last_byte():
+    """Each TCP connection is corked before its chunk's first write and uncorked once the kernel took its last
+    byte, so a 16 KiB slice that ends inside a segment waits for the next one instead of leaving short (an
+    emulated window of nine segments lost one to such short segments, docs/fidelity.md "Short segments")."""
     import selectors
 
     srv = socket.create_server(("127.0.0.1", 0))
-    cli = socket.socket()
-    cli.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, 1000)  # slices of 16 KiB end inside a segment
-    cli.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    cli.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * 2**20)  # never full: a full buffer pushes its tail
-    cli.connect(srv.getsockname())
-    peer, _ = srv.accept()
-    size = 2**20
-    got = bytearray()
+    conns = []
+    for _ in range(2):
+        c = _Recording(socket.AF_INET, socket.SOCK_STREAM)
+        c.events = []
+        c.connect(srv.getsockname())
+        conns.append(c)
+    peers = [srv.accept()[0] for _ in conns]
+    size = 3 * 2**20 + 123
+    got = [0, 0]
 
-    def drain() -> None:
-        while len(got) < size:
-            got.extend(peer.recv(65536))
+    def drain(i: int) -> None:
+        while got[i] < size:
+            got[i] += len(peers[i].recv(65536))
 
-    reader = threading.Thread(target=drain)
-    reader.start()
+    readers = [threading.Thread(target=drain, args=(i,)) for i in range(2)]
+    for t in readers:
+        t.start()
     with selectors.DefaultSelector() as sel:
-        _send_all(sel, [(cli, [memoryview(bytes(size))])])
-    reader.join(10)
-    info = cli.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 144)
-    mss, segs_out = struct.unpack_from("I", info, 16)[0], struct.unpack_from("I", info, 136)[0]
-    for s in (cli, peer, srv):
+        _send_all(sel, [(c, [memoryview(bytes(size))]) for c in conns])
+    for t in readers:
+        t.join(10)
+    assert got == [size, size]
+    for c in conns:
+        ev = c.events
+        assert ev[0] == ("cork", 1) and ev[-1] == ("cork", 0), ev[:3] + ev[-3:]
+        assert [e for e in ev if e[0] == "cork"] == [("cork", 1), ("cork", 0)]
+        assert sum(k for kind, k in ev if kind == "send") == size  # every byte written while corked
+        assert c.getsockopt(socket.IPPROTO_TCP, socket.TCP_CORK) == 0
+    for s in (*conns, *peers, srv):
         s.close()
-    assert len(got) == size
-    assert segs_out <= -(-size // mss) + 3, (segs_out, mss)  # + the handshake's and a few spare
+
+
+def test_a_striped_send_that_fails_leaves_no_socket_corked():
+    import selectors
+
+    srv = socket.create_server(("127.0.0.1", 0))
+    good, bad = socket.create_connection(srv.getsockname()), socket.create_connection(srv.getsockname())
+    peers = [srv.accept()[0], srv.accept()[0]]
+    bad.close()  # corking it fails
+    with selectors.DefaultSelector() as sel, pytest.raises(OSError):
+        _send_all(sel, [(good, [memoryview(b"x" * 100)]), (bad, [memoryview(b"y" * 100)])])
+    assert good.getsockopt(socket.IPPROTO_TCP, socket.TCP_CORK) == 0
+    for s in (good, srv, *peers):
+        s.close()
 
 
 def test_workers_mark_their_all_reduce_connections_for_the_nics_class():

@@ -253,9 +253,11 @@ def _send_all(sel: selectors.BaseSelector, parts: list[tuple[socket.socket, list
     queue), and the next full segment no longer fit the window. An emulated window is a few segments (64 KiB is
     nine of a 7.4 KB path) and lost one for the round trip (docs/fidelity.md, "Short segments")."""
     left = {sock: bufs for sock, bufs in parts if bufs}
-    for sock in left:
-        _cork(sock, True)
+    corked: set[socket.socket] = set()
     try:
+        for sock in left:
+            _cork(sock, True)
+            corked.add(sock)
         while left:
             progress = True
             while progress and left:
@@ -271,6 +273,7 @@ def _send_all(sel: selectors.BaseSelector, parts: list[tuple[socket.socket, list
                     if not bufs:
                         del left[sock]
                         _cork(sock, False)  # sends the short last segment
+                        corked.discard(sock)
             if left:
                 for sock in left:
                     sel.register(sock, selectors.EVENT_WRITE)
@@ -278,14 +281,14 @@ def _send_all(sel: selectors.BaseSelector, parts: list[tuple[socket.socket, list
                 for sock in left:
                     sel.unregister(sock)
     finally:
-        for sock in left:
+        for sock in corked:  # a send that failed part-way: leave no socket corked
             with contextlib.suppress(OSError):
                 _cork(sock, False)
 
 
 def _cork(sock: socket.socket, on: bool) -> None:
-    """TCP_CORK on a TCP socket (a Unix socket has no segments to hold)."""
-    if sock.family in (socket.AF_INET, socket.AF_INET6):
+    """TCP_CORK on a TCP socket (a Unix or UDP socket has no segments to hold)."""
+    if sock.family in (socket.AF_INET, socket.AF_INET6) and sock.type == socket.SOCK_STREAM:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, int(on))
 
 
