@@ -494,9 +494,7 @@ class Simulation:
         pipe = self.pipes[(src, dst)]
         head = pipe[0]
         head[4] -= flow.nbytes
-        win = self.windows.get((src, dst))
-        if win is not None:
-            win.ended(now)
+        self.windows[(src, dst)].ended(now)  # its flow came from _send_head, which made the window
         if head[4] > head[2] * 1e-12:
             self._send_head(src, dst, key)  # the window ran out: the rest goes as pieces come free
             return
