@@ -37,7 +37,9 @@ class Workload(Strict):
     pp: PP = 12
     dp: DP | Literal["auto"] = "auto"
     schedule: Literal["1f1b", "gpipe"] = "1f1b"
-    mfu: MFU = 0.5
+    # a typed fraction of peak for every layer, or `auto`: compute from operators at their shapes on the GPU
+    # (testbed/costs/operators.py), the MFU then derived and reported. Flipping the default is this one line.
+    mfu: MFU | Literal["auto"] = 0.5
     recompute: Literal["none", "selective", "full"] = "selective"
     distributed_optimizer: bool = True
     # Megatron sequence parallelism: the norms and dropouts outside the TP-sharded matmuls are split
