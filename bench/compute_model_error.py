@@ -22,6 +22,7 @@ from statistics import median
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from testbed.costs.operators import COMPUTE_OVERHEAD  # noqa: E402
 from testbed.costs.published import load_rows, predicted  # noqa: E402
 
 DEFAULT = ROOT / "bench" / "data" / "published_training.csv"
@@ -29,7 +30,7 @@ DEFAULT = ROOT / "bench" / "data" / "published_training.csv"
 
 def fit_overhead(rows: list) -> float:
     """The median of measured-over-predicted iteration time (throughputs: predicted over measured)."""
-    return median(predicted(r) / r.measured for r in rows)
+    return median(predicted(r, 1.0) / r.measured for r in rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = load_rows(a.csv)
     fitted = [r for r in rows if r.source == a.fit_on]
     overhead = fit_overhead(fitted) if fitted else 1.0
-    print(f"overhead fitted on {a.fit_on or 'nothing'} ({len(fitted)} rows): {overhead:.3f}")
+    print(f"overhead fitted on {a.fit_on or 'nothing'} ({len(fitted)} rows): {overhead:.3f} "
+          f"(testbed/costs/operators.py ships COMPUTE_OVERHEAD = {COMPUTE_OVERHEAD})")
     by: dict[str, list[float]] = {}
     for r in rows:
         err = predicted(r, overhead) / r.measured - 1

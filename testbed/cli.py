@@ -96,6 +96,8 @@ def sim(
     = "process",
     address: Annotated[str | None, typer.Option(help="An existing Ray cluster, e.g. 10.0.0.5:6379 (--engine ray)")]
     = None,
+    calibration: Annotated[Path | None, typer.Option(help="Operator calibration (bench/gpu_profile.py writes one); "
+                                                          "the same as --set costs.calibration=FILE")] = None,
 ) -> None:
     """Simulate every scheduler of an experiment (and every sweep point); write summary/timeline/trace."""
     from testbed.progress import Progress
@@ -107,6 +109,8 @@ def sim(
         raise SpecError("--engine", f"unknown engine {engine!r}", f"use one of {', '.join(ENGINES)}")
     if address and engine != "ray":
         raise SpecError("--address", "only Ray connects to a cluster", "add --engine ray")
+    if calibration is not None:
+        set_ = [*(set_ or []), f"costs.calibration={calibration.resolve()}"]
     points = load_experiment(experiment, set_, sweep)
     exp0 = points[0][0]
     what = f"{escape(exp0.name)}: simulating {len(points)} point(s) x {len(exp0.schedulers)} scheduler(s)"

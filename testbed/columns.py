@@ -53,6 +53,11 @@ SUMMARY = CsvFile("summary.csv", "`testbed sim`, `testbed experiment run`",
     ("iteration_s", "s", "time of one training iteration (mean over the steady iterations)"),
     ("tokens_per_s", "tokens/s", "training throughput: global batch x sequence length / iteration_s"),
     ("tokens_per_s_per_gpu", "tokens/s", "tokens_per_s / gpus"),
+    ("mfu", "share", "model FLOPs utilisation, derived: the iteration's model FLOPs (forward and backward, no "
+                     "recomputation: testbed/costs/operators.py model_flops_per_token) / iteration_s / gpus / the "
+                     "GPUs' mean dense bf16 peak; with a typed workload.mfu it is what that MFU gives after "
+                     "bubbles and communication"),
+    ("model_tflops_per_gpu", "TFLOP/s", "the iteration's model FLOPs / iteration_s / gpus"),
     ("gpu_util", "share", "share of GPU time computing: training forward/backward plus BubbleTea prefill"),
     ("train_util", "share", "share of GPU time in training forward/backward only"),
     ("prefill_util", "share", "share of GPU time in BubbleTea prefill"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from statistics import mean
 
+from testbed.costs.gpus import GPUS
 from testbed.plan.mechanisms import is_baseline
 from testbed.plan.plan import Plan
 from testbed.timeline import COMPUTE, Timeline
@@ -11,6 +12,7 @@ from testbed.timeline import COMPUTE, Timeline
 SUMMARY_HEADER = (
     "run_id", "source", "scheduler", "model", "dcs", "gpus", "tp", "pp", "dp", "microbatches",
     "wan_latency_ms", "wan_gbps", "tcp_connections", "iteration_s", "tokens_per_s", "tokens_per_s_per_gpu",
+    "mfu", "model_tflops_per_gpu",
     "gpu_util", "train_util", "prefill_util", "prefill_work_util", "useful_util", "prefill_mfu", "bubble_frac",
     "lower_bound_s", "wan_min_s", "best_baseline", "speedup_vs_best",
     "train_slowdown", "train_slowdown_p25", "train_slowdown_p75", "ttft_p50_ms", "ttft_p99_ms", "ttft_bubble_p50_ms",
@@ -63,6 +65,16 @@ def wan_min_s(plan: Plan) -> float:
     return plan.wan_busiest_s()
 
 
+def model_flops(plan: Plan, iteration_s: float) -> dict[str, object]:
+    """Derived MFU (model FLOPs of the iteration / its time / the peak of the GPUs that ran it) and model
+    TFLOP/s per GPU; empty where the plan has no FLOP count or no time."""
+    if not plan.model_flops_per_seq or iteration_s <= 0:
+        return {"mfu": "", "model_tflops_per_gpu": ""}
+    per_gpu = plan.global_batch * plan.model_flops_per_seq / iteration_s / plan.gpus
+    peaks = [GPUS[plan.gpu_types[d]].peak_tflops * 1e12 for row in plan.stage_dc for d in row]
+    return {"mfu": round(per_gpu / (sum(peaks) / len(peaks)), 6), "model_tflops_per_gpu": round(per_gpu / 1e12, 3)}
+
+
 def summary_row(plan: Plan, tl: Timeline, lower_bound_s: float, sweep: dict, bubbletea: dict[str, object] | None = None,
                 degraded: str = "", scale: float = 1.0) -> dict[str, object]:
     """One summary row; `scale`: the emulation's factor k for the rows of an emulated experiment (1 in the
@@ -92,6 +104,7 @@ def summary_row(plan: Plan, tl: Timeline, lower_bound_s: float, sweep: dict, bub
         "iteration_s": round(it, 6),
         "tokens_per_s": round(tokens, 3),
         "tokens_per_s_per_gpu": round(tokens / plan.gpus, 6),
+        **model_flops(plan, it),
         "gpu_util": round(share(tl, (*COMPUTE, "prefill")), 6),
         "train_util": round(share(tl, COMPUTE), 6),
         "prefill_util": round(share(tl, ("prefill",)), 6),

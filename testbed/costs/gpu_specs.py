@@ -58,14 +58,17 @@ def compute_spec(gpu: str) -> ComputeSpec:
 
 
 def register_gpu(name: str, fields: dict) -> None:
-    """Add a user's GPU (from YAML): datasheet numbers, plus any ComputeSpec field, the rest taken from
-    the GPU it names as `like` (default H100)."""
+    """Add a user's GPU, or recalibrate a known one (from YAML): datasheet numbers (`peak_tflops`,
+    `memory_gb`, `hbm_gbps`, `nvlink_gbps`; a known GPU keeps its own where not given) and any ComputeSpec
+    field, the rest taken from the GPU it names as `like` (default: itself if known, else H100)."""
     name = name.upper()
-    like = str(fields.get("like", "H100")).upper()
+    known = name in GPUS and name in COMPUTE_SPECS
+    like = str(fields.get("like", name if known else "H100")).upper()
     if like not in COMPUTE_SPECS:
         raise SpecError(f"costs.gpus.{name}.like", f"unknown GPU {like!r}", f"use one of {', '.join(COMPUTE_SPECS)}")
     need = ("peak_tflops", "memory_gb", "hbm_gbps", "nvlink_gbps")
-    missing = [k for k in need if k not in fields]
+    base = {k: getattr(GPUS[name], k) for k in need} if name in GPUS else {}
+    missing = [k for k in need if k not in fields and k not in base]
     if missing:
         raise SpecError(f"costs.gpus.{name}", f"missing {', '.join(missing)}", "give the datasheet's numbers")
     spec_fields = set(ComputeSpec.__dataclass_fields__)
@@ -74,12 +77,13 @@ def register_gpu(name: str, fields: dict) -> None:
         raise SpecError(f"costs.gpus.{name}", f"unknown keys {sorted(unknown)}",
                         f"use {', '.join(need)}, like, or {', '.join(sorted(spec_fields))}")
     try:
-        gpu = GPU(name, *(float(fields[k]) for k in need))
-        spec = replace(COMPUTE_SPECS[like], **{k: type(getattr(COMPUTE_SPECS[like], k))(v)
-                                                for k, v in fields.items() if k in spec_fields})
+        gpu = GPU(name, *(float(fields.get(k, base.get(k))) for k in need))
+        ref = COMPUTE_SPECS[like]
+        spec = replace(ref, **{k: type(getattr(ref, k))(v) for k, v in fields.items() if k in spec_fields})
     except (TypeError, ValueError):
         raise SpecError(f"costs.gpus.{name}", "a value is not a number", "write numbers") from None
-    if min(gpu.peak_tflops, gpu.memory_gb, gpu.hbm_gbps, gpu.nvlink_gbps) <= 0:
-        raise SpecError(f"costs.gpus.{name}", "a datasheet number is not positive", "write positive numbers")
+    if min(gpu.peak_tflops, gpu.memory_gb, gpu.hbm_gbps, gpu.nvlink_gbps) <= 0 or min(
+            getattr(spec, k) for k in spec_fields) <= 0:
+        raise SpecError(f"costs.gpus.{name}", "a number is not positive", "write positive numbers")
     GPUS[name] = gpu
     COMPUTE_SPECS[name] = spec

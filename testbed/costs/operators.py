@@ -26,6 +26,10 @@ from testbed.costs.gpus import GPU, GPUS
 from testbed.costs.models import ModelConfig
 
 BF16 = 2
+# what a training framework adds over the operators listed here (data loading, synchronisation, small
+# kernels): the one constant fitted on measurements, on Narayanan et al. 2021's A100 table only, by
+# `bench/compute_model_error.py` (held out: every other source in bench/data/published_training.csv)
+COMPUTE_OVERHEAD = 1.20
 
 
 def gemm_roofline_s(m: int, n: int, k: int, gpu: GPU) -> float:
@@ -143,8 +147,10 @@ def _memory_bytes(model: ModelConfig, tokens: int, tp: int, sequence_parallel: b
 
 
 def layer_times(model: ModelConfig, gpu_name: str, *, tp: int, microbatch: int, recompute: str,
-                sequence_parallel: bool = False, attention: str = "best") -> LayerTimes:
-    """Forward and backward of one layer per microbatch at the model's sequence length."""
+                sequence_parallel: bool = False, attention: str = "best",
+                overhead: float = COMPUTE_OVERHEAD) -> LayerTimes:
+    """Forward and backward of one layer per microbatch at the model's sequence length, every time
+    multiplied by `overhead`."""
     s, b = model.seq_len, microbatch
     tokens = s * b
     gemm_f = sum(gemm_s(m, n, k, gpu_name) for m, n, k in _gemms(model, tokens, tp))
@@ -165,8 +171,9 @@ def layer_times(model: ModelConfig, gpu_name: str, *, tp: int, microbatch: int, 
     head_f = gemm_s(tokens, logits, h, gpu_name) + memory_s(12 * tokens * v, gpu_name, 3)  # cross-entropy in fp32
     head_b = gemm_s(tokens, h, logits, gpu_name) + gemm_s(h, logits, tokens, gpu_name) + memory_s(8 * tokens * v,
                                                                                                   gpu_name, 2)
-    return LayerTimes(fwd, bwd, comm * (2 + (1 if recompute == "full" else 0)), head_f, head_b,
-                      {"gemm": gemm_f, "attention": attn_f, "memory": mem_f, "comm": comm})
+    o = overhead
+    return LayerTimes(o * fwd, o * bwd, o * comm * (2 + (1 if recompute == "full" else 0)), o * head_f, o * head_b,
+                      {"gemm": o * gemm_f, "attention": o * attn_f, "memory": o * mem_f, "comm": o * comm})
 
 
 def model_flops_per_token(model: ModelConfig, seq: int) -> float:

@@ -18,7 +18,7 @@ from pathlib import Path
 from testbed.costs.gpu_specs import compute_spec
 from testbed.costs.gpus import GPUS
 from testbed.costs.models import ModelConfig
-from testbed.costs.operators import layer_times, model_flops_per_token
+from testbed.costs.operators import COMPUTE_OVERHEAD, layer_times, model_flops_per_token
 from testbed.costs.stage import optimizer_step_s
 from testbed.errors import SpecError
 
@@ -75,11 +75,11 @@ def load_rows(path: str | Path) -> list[Row]:
     return out
 
 
-def iteration_s(row: Row, overhead: float = 1.0) -> float:
+def iteration_s(row: Row, overhead: float = COMPUTE_OVERHEAD) -> float:
     """Predicted time of one training iteration of `row`'s layout."""
     m_cfg = row.model
     lt = layer_times(m_cfg, row.gpu, tp=row.tp, microbatch=row.microbatch, recompute=row.recompute,
-                     sequence_parallel=row.sequence_parallel, attention=row.attention)
+                     sequence_parallel=row.sequence_parallel, attention=row.attention, overhead=1.0)
     m = row.global_batch / (row.dp * row.microbatch)
     stage = m_cfg.layers / row.pp * (lt.fwd_s + lt.bwd_s)
     last = stage + lt.head_fwd_s + lt.head_bwd_s
@@ -106,7 +106,7 @@ def narayanan_flops(row: Row) -> float:
     return 96.0 * row.global_batch * s * lay * h * h * (1 + s / (6 * h) + v / (16 * lay * h))
 
 
-def predicted(row: Row, overhead: float = 1.0) -> float:
+def predicted(row: Row, overhead: float = COMPUTE_OVERHEAD) -> float:
     """The prediction in the row's own unit."""
     t = iteration_s(row, overhead)
     tokens = row.global_batch * row.model.seq_len

@@ -6,6 +6,7 @@ import math
 
 from testbed.costs.gpus import GPUS
 from testbed.costs.models import ModelConfig, resolve_model
+from testbed.costs.operators import model_flops_per_token
 from testbed.costs.stage import in_flight, layer_costs
 from testbed.costs.tcp import connections_for
 from testbed.errors import SpecError
@@ -303,6 +304,7 @@ def build_plan(
         hosts={d.name: d.hosts for d in topo.dcs},
         layers=layers,
         optimizer_s=[[c.optimizer_s for c in row] for row in costs],
+        model_flops_per_seq=model.seq_len * model_flops_per_token(model, model.seq_len),
     )
     plan.turn_policy = turn_policy(exp.network.turn_order, plan)
     return plan

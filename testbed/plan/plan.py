@@ -78,6 +78,7 @@ class Plan:
     meta: dict[str, object] = field(default_factory=dict)
     layers: list[int] = field(default_factory=list)  # [stage] -> transformer layers it holds
     optimizer_s: list[list[float]] = field(default_factory=list)  # [replica][stage] AdamW step after the all-reduce
+    model_flops_per_seq: float = 0.0  # model FLOPs of training one sequence (no recomputation): MFU's numerator
 
     @property
     def gpus(self) -> int:

@@ -226,7 +226,7 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
                 from testbed.costs.prefill import inference_model, kv_bytes_per_token
 
                 res = run_bubbletea(plan, tl_sim.repeated(steady), exp.bubbletea, exp.seed,
-                                    train_mfu(exp.workload.mfu, plan.tp))
+                                    train_mfu(exp.workload.mfu, plan.tp, plan))
                 row_sim = summary_row(plan, res.timeline, lb, sweep, {**res.metrics, "train_slowdown": 0.0},
                                       scale=scale)
                 tl_pred = res.timeline

@@ -117,8 +117,19 @@ def lower_bound_s(plan) -> float:
     return tl.iteration_s[0]
 
 
+def apply_costs(exp: Experiment) -> None:
+    """Register the experiment's own GPUs and calibration in this process (idempotent)."""
+    from testbed.costs.calibration import load_calibration, register_gpus
+
+    if exp.costs.calibration:
+        load_calibration(exp.costs.calibration)
+    if exp.costs.gpus:
+        register_gpus(exp.costs.gpus, "costs.gpus")
+
+
 def run_point(exp: Experiment, index: int, sweep: dict, keep_timeline: bool) -> list[RunResult]:
     """Every scheduler at one sweep point; one that cannot run here gets an infeasible row, not an exception."""
+    apply_costs(exp)  # a worker process of a pool has not seen the spec's GPUs and calibration
     try:
         dp = resolve_dp(exp)
     except SpecError as e:
@@ -158,7 +169,7 @@ def _run_scheduler(exp: Experiment, index: int, sweep: dict, keep_timeline: bool
         tl = tl.repeated(exp.iterations)
     bt, reqs, bubbles = None, [], None
     if plan.mech.bubbletea:
-        res = run_bubbletea(plan, tl, exp.bubbletea, exp.seed, train_mfu(exp.workload.mfu, plan.tp))
+        res = run_bubbletea(plan, tl, exp.bubbletea, exp.seed, train_mfu(exp.workload.mfu, plan.tp, plan))
         train_end = max(iv.end_s for iv in res.timeline.intervals if iv.kind in COMPUTE)
         base_end = max(iv.end_s for iv in tl.intervals if iv.kind in COMPUTE)
         bt = {"train_slowdown": round(train_end / base_end - 1, 9), **res.metrics}  # realised runs measure theirs
