@@ -72,7 +72,7 @@ def model_flops(plan: Plan, iteration_s: float) -> dict[str, object]:
         return {"mfu": "", "model_tflops_per_gpu": ""}
     per_gpu = plan.global_batch * plan.model_flops_per_seq / iteration_s / plan.gpus
     peaks = [GPUS[plan.gpu_types[d]].peak_tflops * 1e12 for row in plan.stage_dc for d in row]
-    return {"mfu": round(per_gpu / (sum(peaks) / len(peaks)), 6), "model_tflops_per_gpu": round(per_gpu / 1e12, 3)}
+    return {"mfu": round(per_gpu / (sum(peaks) / len(peaks)), 6), "model_tflops_per_gpu": round(per_gpu / 1e12, 6)}
 
 
 def summary_row(plan: Plan, tl: Timeline, lower_bound_s: float, sweep: dict, bubbletea: dict[str, object] | None = None,

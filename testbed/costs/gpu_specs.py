@@ -82,8 +82,11 @@ def register_gpu(name: str, fields: dict) -> None:
         spec = replace(ref, **{k: type(getattr(ref, k))(v) for k, v in fields.items() if k in spec_fields})
     except (TypeError, ValueError):
         raise SpecError(f"costs.gpus.{name}", "a value is not a number", "write numbers") from None
-    if min(gpu.peak_tflops, gpu.memory_gb, gpu.hbm_gbps, gpu.nvlink_gbps) <= 0 or min(
-            getattr(spec, k) for k in spec_fields) <= 0:
-        raise SpecError(f"costs.gpus.{name}", "a number is not positive", "write positive numbers")
+    zero_ok = {"k_half", "attn_seq_half", "collective_latency_s", "launch_s"}
+    bad = [k for k in need if getattr(gpu, k) <= 0] + [k for k in sorted(spec_fields) if getattr(spec, k) < 0 or (
+        getattr(spec, k) == 0 and k not in zero_ok)] + [k for k in sorted(spec_fields) if k.endswith("_eff")
+                                                        and getattr(spec, k) > 1]
+    if bad:
+        raise SpecError(f"costs.gpus.{name}.{bad[0]}", "out of range", "counts and rates above 0, fractions in (0, 1]")
     GPUS[name] = gpu
     COMPUTE_SPECS[name] = spec
