@@ -129,3 +129,20 @@ def _row(pp: int, v: int) -> Row:
 
 def test_published_iteration_pays_the_bubble_of_its_schedule():
     assert iteration_s(_row(8, 1)) > iteration_s(_row(8, 2)) > iteration_s(_row(8, 4))
+
+
+def test_prefill_from_operators_grows_with_the_pass_and_writes_the_kv_cache():
+    from dataclasses import replace
+
+    from testbed.costs.prefill_ops import OpsCalibration, fit_ops, ops_time_s, pass_ops
+
+    m = MODELS["llama2-70b"]
+    works = [pass_ops(m, "H100", 4, t, b) for t, b in ((128, 1), (512, 1), (512, 4), (2048, 1), (8192, 1))]
+    assert [w.ops_s for w in works] == sorted(w.ops_s for w in works)
+    more_kv = replace(m, kv_heads=64)
+    assert pass_ops(more_kv, "H100", 4, 2048).ops_s > pass_ops(m, "H100", 4, 2048).ops_s
+    # a training forward at the same shape is the same operators minus the KV write and plus all logits
+    truth = OpsCalibration(2e-4, 1.3, 1.1, 1.8)
+    samples = [(w, ops_time_s(w, truth)) for w in works + [pass_ops(m, "H100", 8, t) for t in (256, 4096, 16384)]]
+    got = fit_ops(samples)
+    assert max(abs(ops_time_s(w, got) / t - 1) for w, t in samples) < 0.02
