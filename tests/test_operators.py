@@ -146,3 +146,36 @@ def test_prefill_from_operators_grows_with_the_pass_and_writes_the_kv_cache():
     samples = [(w, ops_time_s(w, truth)) for w in works + [pass_ops(m, "H100", 8, t) for t in (256, 4096, 16384)]]
     got = fit_ops(samples)
     assert max(abs(ops_time_s(w, got) / t - 1) for w, t in samples) < 0.02
+
+
+@pytest.fixture
+def zoo(monkeypatch):
+    """The GPU registries as they were, after the test."""
+    monkeypatch.setattr(gpu_specs, "COMPUTE_SPECS", dict(gpu_specs.COMPUTE_SPECS))
+    saved = dict(GPUS)
+    yield
+    GPUS.clear()
+    GPUS.update(saved)
+
+
+def test_a_spec_describes_its_own_gpu_and_its_dcs_run_on_it(tmp_path, zoo):
+    from testbed.plan.build import build_plan
+    from testbed.spec.load import load_experiment
+    from tests.conftest import ROOT
+
+    spec = tmp_path / "exp.yaml"
+    spec.write_text(f"""name: own-gpu
+costs:
+  gpus:
+    L40S: {{peak_tflops: 362, memory_gb: 48, hbm_gbps: 864, nvlink_gbps: 64, like: A100, sms: 142}}
+topology: {ROOT / "topologies" / "3dc.yaml"}
+workload: {{model: tiny, global_batch: 32, tp: 1, pp: 3, dp: 2, mfu: auto}}
+schedulers: [atlas]
+""")
+    (exp, _), = load_experiment(spec, ["topology.dcs.*.gpu=l40s"])
+    plan = build_plan(exp, "atlas")
+    assert set(plan.gpu_types.values()) == {"L40S"}
+    (a100, _), = load_experiment(spec, ["topology.dcs.*.gpu=a100"])
+    assert sum(build_plan(a100, "atlas").fwd_s[0]) < sum(plan.fwd_s[0])  # A100's HBM is faster than the L40S's
+    with pytest.raises(SpecError, match="costs.gpus.L40S.hbm_gbps: out of range"):
+        load_experiment(spec, ["costs.gpus.L40S.hbm_gbps=0"])
