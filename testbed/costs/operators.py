@@ -113,7 +113,7 @@ class LayerTimes:
     parts: dict[str, float]  # forward time by operator kind: gemm, attention, memory, comm
 
 
-def _gemms(model: ModelConfig, tokens: int, tp: int) -> list[tuple[int, int, int]]:
+def layer_gemms(model: ModelConfig, tokens: int, tp: int) -> list[tuple[int, int, int]]:
     """(m, n, k) of the forward GEMMs of one layer on one GPU: QKV (grouped-query), attention
     output, MLP up (and gate), MLP down. Megatron splits QKV and up by columns, output and down by rows."""
     h, d = model.hidden, model.head_dim
@@ -123,7 +123,7 @@ def _gemms(model: ModelConfig, tokens: int, tp: int) -> list[tuple[int, int, int
             (tokens, h, model.ffn_hidden // tp)]
 
 
-def _memory_bytes(model: ModelConfig, tokens: int, tp: int, sequence_parallel: bool) -> tuple[float, int]:
+def memory_bound_bytes(model: ModelConfig, tokens: int, tp: int, sequence_parallel: bool) -> tuple[float, int]:
     """Bytes the forward's memory-bound kernels move, and how many kernels: two norms (read, write),
     two residual adds (two reads, a write), dropout masks (models without a gated MLP, GPT-style),
     rotary on Q and K (gated, Llama-style), the MLP's activation. Norms, residuals and dropouts run on
@@ -153,13 +153,13 @@ def layer_times(model: ModelConfig, gpu_name: str, *, tp: int, microbatch: int, 
     multiplied by `overhead`."""
     s, b = model.seq_len, microbatch
     tokens = s * b
-    gemm_f = sum(gemm_s(m, n, k, gpu_name) for m, n, k in _gemms(model, tokens, tp))
+    gemm_f = sum(gemm_s(m, n, k, gpu_name) for m, n, k in layer_gemms(model, tokens, tp))
     # backward: the input gradient (m x n) @ (n x k) and the weight gradient (k x m) @ (m x n)
-    gemm_b = sum(gemm_s(m, k, n, gpu_name) + gemm_s(k, n, m, gpu_name) for m, n, k in _gemms(model, tokens, tp))
+    gemm_b = sum(gemm_s(m, k, n, gpu_name) + gemm_s(k, n, m, gpu_name) for m, n, k in layer_gemms(model, tokens, tp))
     heads = model.heads // tp if model.heads >= tp else 1
     attn_f = attention_s(b, s, heads, model.head_dim, gpu_name, kernel=attention)
     attn_b = attention_s(b, s, heads, model.head_dim, gpu_name, backward=True, kernel=attention)
-    mem_bytes, kernels = _memory_bytes(model, tokens, tp, sequence_parallel)
+    mem_bytes, kernels = memory_bound_bytes(model, tokens, tp, sequence_parallel)
     mem_f = memory_s(mem_bytes, gpu_name, kernels)
     mem_b = memory_s(2 * mem_bytes, gpu_name, kernels)
     comm = 2 * allreduce_s(tokens * model.hidden * BF16, tp, gpu_name)  # after attention, after the MLP

@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 
 from testbed.costs.models import ModelConfig
-from testbed.costs.operators import BF16, _gemms, _memory_bytes, allreduce_s, attention_s, gemm_s, memory_s
+from testbed.costs.operators import BF16, allreduce_s, attention_s, gemm_s, layer_gemms, memory_bound_bytes, memory_s
 from testbed.costs.prefill import LARGE_PASS_TOKENS, _nelder_mead
 
 
@@ -44,8 +44,8 @@ class OpsCalibration:
 def pass_ops(model: ModelConfig, gpu: str, tp: int, tokens: int, batch: int = 1, cached: int = 0) -> OpsWork:
     n = tokens * batch
     kv_bytes = n * 2 * model.kv_heads * model.head_dim / tp * BF16
-    mem_bytes, kernels = _memory_bytes(model, n, tp, sequence_parallel=False)
-    layer = (sum(gemm_s(m, k_out, k, gpu) for m, k_out, k in _gemms(model, n, tp))
+    mem_bytes, kernels = memory_bound_bytes(model, n, tp, sequence_parallel=False)
+    layer = (sum(gemm_s(m, k_out, k, gpu) for m, k_out, k in layer_gemms(model, n, tp))
              + attention_s(batch, tokens, max(1, model.heads // tp), model.head_dim, gpu, cached=cached)
              + memory_s(mem_bytes + kv_bytes, gpu, kernels + 1))
     head = gemm_s(batch, math.ceil(model.vocab / tp), model.hidden, gpu)
