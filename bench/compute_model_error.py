@@ -2,7 +2,7 @@
 
 Reads bench/data/published_training.csv (each row: model, GPUs, tp/pp/dp, sequence, batch, recompute,
 schedule, the measured throughput and its source). One constant is fitted, on one source only (default
-narayanan2021): `overhead`, the median ratio of measured to predicted iteration time there (what a
+llama3-2024): `overhead`, the median ratio of measured to predicted iteration time there (what a
 framework adds over its kernels: data loading, synchronisation, kernels the model does not list). The
 other sources are held out. Prints each row's error, the error per source, and the held-out median and
 worst |error|.
@@ -36,7 +36,7 @@ def fit_overhead(rows: list) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("csv", nargs="?", default=str(DEFAULT))
-    ap.add_argument("--fit-on", default="narayanan2021", help="the one source the overhead is fitted on ('' = none)")
+    ap.add_argument("--fit-on", default="llama3-2024", help="the one source the overhead is fitted on ('' = none)")
     ap.add_argument("--rows", action="store_true", help="print every row")
     a = ap.parse_args(argv)
     rows = load_rows(a.csv)

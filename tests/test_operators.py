@@ -179,3 +179,16 @@ schedulers: [atlas]
     assert sum(build_plan(a100, "atlas").fwd_s[0]) < sum(plan.fwd_s[0])  # A100's HBM is faster than the L40S's
     with pytest.raises(SpecError, match="costs.gpus.L40S.hbm_gbps: out of range"):
         load_experiment(spec, ["costs.gpus.L40S.hbm_gbps=0"])
+
+
+@pytest.mark.parametrize("gpu", ["A100", "H100"])
+def test_attention_without_flash_pays_for_the_scores_it_materialises(gpu):
+    from testbed.costs.operators import unfused_attention_s
+
+    g = GPUS[gpu]
+    for b, s, h, d in [(1, 512, 8, 64), (2, 2048, 28, 128), (1, 8192, 8, 128)]:
+        floor = 4 * b * h * s * s * d / (g.peak_tflops * 1e12) + 2 * 2 * b * h * s * s / g.hbm_bytes_per_s
+        assert unfused_attention_s(b, s, h, d, gpu, dropout=False) >= floor
+        assert unfused_attention_s(b, s, h, d, gpu) > unfused_attention_s(b, s, h, d, gpu, dropout=False)
+    # its share grows with the sequence: at 8K tokens it costs more than FlashAttention's causal kernel
+    assert unfused_attention_s(1, 8192, 8, 128, gpu) > attention_s(1, 8192, 8, 128, gpu)

@@ -27,9 +27,9 @@ from testbed.costs.models import ModelConfig
 
 BF16 = 2
 # what a training framework adds over the operators listed here (data loading, synchronisation, small
-# kernels): the one constant fitted on measurements, on Narayanan et al. 2021's A100 table only, by
+# kernels): the one constant fitted on measurements, on one source only, Llama 3's H100 runs, by
 # `bench/compute_model_error.py` (held out: every other source in bench/data/published_training.csv)
-COMPUTE_OVERHEAD = 1.20
+COMPUTE_OVERHEAD = 1.246
 
 
 def gemm_roofline_s(m: int, n: int, k: int, gpu: GPU) -> float:
@@ -83,6 +83,23 @@ def attention_s(batch: int, seq: int, heads: int, head_dim: int, gpu_name: str, 
     flops = attention_flops(batch, seq, heads, head_dim, cached) * (2.5 if backward else 1.0)
     eff = attention_eff(seq + cached, head_dim, spec, backward, kernel)
     return flops / (gpu.peak_tflops * 1e12 * eff) + spec.launch_s
+
+
+def unfused_attention_s(batch: int, seq: int, heads: int, head_dim: int, gpu_name: str, backward: bool = False,
+                        dropout: bool = True) -> float:
+    """Attention without FlashAttention (stacks before it): the scores (b heads s x s) are materialised.
+    Forward: scores GEMM, fused scale-mask-softmax (read and write s^2 bf16), the probabilities' dropout
+    (a 1-byte mask written, read and write), the weighted-sum GEMM; the whole s x s, no causal skipping.
+    Backward: each GEMM's two gradient GEMMs, softmax and dropout backward."""
+    if seq <= 0 or heads <= 0:
+        return 0.0
+    rows, elems = batch * heads * seq, batch * heads * seq * seq
+    if backward:
+        gemms = (gemm_s(rows, head_dim, seq, gpu_name) + gemm_s(rows, seq, head_dim, gpu_name)  # d scores
+                 + gemm_s(rows, seq, head_dim, gpu_name) + gemm_s(rows, head_dim, seq, gpu_name))  # d probs, d values
+        return gemms + memory_s(elems * (3 * BF16 + (5 if dropout else 0)), gpu_name, 2 if dropout else 1)
+    gemms = gemm_s(rows, seq, head_dim, gpu_name) + gemm_s(rows, head_dim, seq, gpu_name)
+    return gemms + memory_s(elems * (2 * BF16 + (5 if dropout else 0)), gpu_name, 2 if dropout else 1)
 
 
 def memory_s(nbytes: float, gpu_name: str, kernels: int = 1) -> float:
@@ -150,15 +167,21 @@ def layer_times(model: ModelConfig, gpu_name: str, *, tp: int, microbatch: int, 
                 sequence_parallel: bool = False, attention: str = "best",
                 overhead: float = COMPUTE_OVERHEAD) -> LayerTimes:
     """Forward and backward of one layer per microbatch at the model's sequence length, every time
-    multiplied by `overhead`."""
+    multiplied by `overhead`. `attention`: `best` (the GPU's FlashAttention), `fa2`, or `unfused` (the
+    scores materialised, as stacks before FlashAttention ran it)."""
     s, b = model.seq_len, microbatch
     tokens = s * b
     gemm_f = sum(gemm_s(m, n, k, gpu_name) for m, n, k in layer_gemms(model, tokens, tp))
     # backward: the input gradient (m x n) @ (n x k) and the weight gradient (k x m) @ (m x n)
     gemm_b = sum(gemm_s(m, k, n, gpu_name) + gemm_s(k, n, m, gpu_name) for m, n, k in layer_gemms(model, tokens, tp))
     heads = model.heads // tp if model.heads >= tp else 1
-    attn_f = attention_s(b, s, heads, model.head_dim, gpu_name, kernel=attention)
-    attn_b = attention_s(b, s, heads, model.head_dim, gpu_name, backward=True, kernel=attention)
+    if attention == "unfused":
+        drop = not model.gated_mlp  # GPT-style models keep Megatron's attention dropout
+        attn_f = unfused_attention_s(b, s, heads, model.head_dim, gpu_name, dropout=drop)
+        attn_b = unfused_attention_s(b, s, heads, model.head_dim, gpu_name, backward=True, dropout=drop)
+    else:
+        attn_f = attention_s(b, s, heads, model.head_dim, gpu_name, kernel=attention)
+        attn_b = attention_s(b, s, heads, model.head_dim, gpu_name, backward=True, kernel=attention)
     mem_bytes, kernels = memory_bound_bytes(model, tokens, tp, sequence_parallel)
     mem_f = memory_s(mem_bytes, gpu_name, kernels)
     mem_b = memory_s(2 * mem_bytes, gpu_name, kernels)

@@ -57,6 +57,7 @@ class Row:
     measured: float
     unit: str
     attention: str = "best"  # the FlashAttention kernel the stack ran (`fa2` where it predates FA3)
+    end_layers: int = 0  # layers on the first and on the last stage where the row gives them (0: L / pp everywhere)
 
 
 def load_rows(path: str | Path) -> list[Row]:
@@ -69,7 +70,8 @@ def load_rows(path: str | Path) -> list[Row]:
                 out.append(Row(r["source"], m, r["gpu"], int(r["gpus"]), int(r["tp"]), int(r["pp"]), int(r["dp"]),
                                int(r["global_batch"]), int(r["microbatch"]), r["recompute"],
                                int(r["virtual_stages"] or 1), r["sequence_parallel"] == "True", r["sharding"] == "fsdp",
-                               float(r["measured"]), r["unit"], r.get("attention") or "best"))
+                               float(r["measured"]), r["unit"], r.get("attention") or "best",
+                               int(r.get("end_layers") or 0)))
             except (KeyError, ValueError):
                 raise SpecError(f"{path}:{line}", "a missing or non-numeric field", "fix or remove the row") from None
     return out
@@ -81,8 +83,13 @@ def iteration_s(row: Row, overhead: float = COMPUTE_OVERHEAD) -> float:
     lt = layer_times(m_cfg, row.gpu, tp=row.tp, microbatch=row.microbatch, recompute=row.recompute,
                      sequence_parallel=row.sequence_parallel, attention=row.attention, overhead=1.0)
     m = row.global_batch / (row.dp * row.microbatch)
-    stage = m_cfg.layers / row.pp * (lt.fwd_s + lt.bwd_s)
-    last = stage + lt.head_fwd_s + lt.head_bwd_s
+    layer = lt.fwd_s + lt.bwd_s
+    stage = m_cfg.layers / row.pp * layer
+    if row.end_layers and row.pp > 2:  # the ends hold fewer layers (they hold the embedding and the head)
+        middle = (m_cfg.layers - 2 * row.end_layers) / (row.pp - 2) * layer
+        last = max(middle, row.end_layers * layer + lt.head_fwd_s + lt.head_bwd_s)
+    else:
+        last = stage + lt.head_fwd_s + lt.head_bwd_s
     compute = m * last + (row.pp - 1) / row.virtual_stages * stage
     params = m_cfg.total_params() / (row.tp * row.pp)
     bw = busbw_bytes_s(row.gpu, row.dp * row.tp)
