@@ -25,6 +25,54 @@ def auto_scale(topo: Topology) -> float:
     return max(1.0, fastest / TARGET_MBPS)
 
 
+# --scale auto (testbed launch): the share of the machine's measured ceiling of shaped, delayed traffic
+# (testbed.emu.headroom) the emulated WAN may use at once; the rest of the machine is left to the ranks.
+HEADROOM_SHARE = 0.5
+K_STEPS = (1.0, 2.0, 5.0)  # k is chosen on a 1-2-5 grid: readable, and a run can be repeated at the same k
+
+
+def k_grid(k_max: float = 1e7) -> list[float]:
+    out, decade = [], 1.0
+    while decade <= k_max:
+        out += [m * decade for m in K_STEPS]
+        decade *= 10
+    return out
+
+
+def wan_demand_bps(topo: Topology, scale: float, world: int, max_connections: int) -> float:
+    """Bits/s the emulated WAN carries at scale k when the job keeps its busiest links busy: the
+    min(2 x links, world) fastest link directions, each at its rate or what the launch's connections'
+    windows carry, whichever is less (testbed.costs.tcp)."""
+    from testbed.costs.tcp import connections_for, striped_rate
+    from testbed.emu.build import emulated_window
+
+    rates = []
+    for link in topo.links:
+        cap = link.gbps * 1e9 / 8 / scale
+        win, rtt = emulated_window(topo.window_mb(link) * 2**20, scale), 2 * link.latency_ms / 1e3
+        n = connections_for(cap, win, rtt, max_connections)
+        rates += [striped_rate(cap, n, win, rtt) * 8] * 2
+    rates.sort(reverse=True)
+    return sum(rates[:max(1, min(len(rates), world))])
+
+
+def choose_scale(topo: Topology, ceiling_bps: float, world: int, max_connections: int) -> float:
+    """The smallest k (1-2-5 grid) the machine carries: the WAN's demand at k within HEADROOM_SHARE of the
+    measured ceiling, and every link inside check_scale's range. One line naming the shortfall otherwise."""
+    if not math.isfinite(ceiling_bps) or ceiling_bps <= 0:
+        raise SpecError("--scale", f"a measured ceiling of {ceiling_bps} bit/s leaves no room for a WAN",
+                        "pass --scale K")
+    budget = ceiling_bps * HEADROOM_SHARE
+    for k in k_grid():
+        try:
+            check_scale(topo, k, field="--scale")
+        except SpecError:
+            continue
+        if wan_demand_bps(topo, k, world, max_connections) <= budget:
+            return k
+    raise SpecError("--scale", f"no k fits {topo.name}'s WAN in {budget / 1e6:,.0f} Mbit/s", "pass --scale K")
+
+
 def _k(x: float) -> str:
     return f"{x:,.6g}"
 
