@@ -95,7 +95,8 @@ def model_allreduce_s(real_bytes: float, dcs: list[str]) -> float:
         from testbed.launch.model import exchange_s
     except ImportError:
         return math.nan
-    table = json.load(open(path))
+    with open(path) as f:
+        table = json.load(f)
     names = list(dict.fromkeys(dcs))
     lan = table["lans"].get(names[0], {})
     lan_s = real_bytes * 8 / (lan["spec_gbps"] * 1e9) if lan and dcs.count(names[0]) > 1 else 0.0
@@ -132,9 +133,10 @@ def main() -> None:
     dist.barrier()
     if rank == 0:
         model = model_allreduce_s(real_bytes, dcs)
-        rows = [(i, round(s, 6), round(e, 6) if i < len(hook.exchange_s) else "", round(real_bytes), k,
+        ex = hook.exchange_s + [math.nan] * (len(hook.allreduce_s) - len(hook.exchange_s))
+        rows = [(i, round(s, 6), round(e, 6) if math.isfinite(e) else "", round(real_bytes), k,
                  round(model, 6) if math.isfinite(model) else "")
-                for i, (s, e) in enumerate(zip(hook.allreduce_s, hook.exchange_s + [math.nan] * a.steps))]
+                for i, (s, e) in enumerate(zip(hook.allreduce_s, ex, strict=True))]
         med = statistics.median(hook.allreduce_s[1:] or hook.allreduce_s)  # the first warms the connections
         line = f"all-reduce of {real_bytes / 2**20:.1f} MiB (real-world): median {med:.3f} s over {a.steps - 1} steps"
         if math.isfinite(model):
