@@ -129,7 +129,7 @@ def test_matching_joins_windows_a_round_trip_apart_and_splits_at_longer_silences
 def test_acknowledgements_small_transfers_and_extra_connections():
     rows = windowed_rows(100, 1e6)
     acks = [{**rows[0], "t_ms": 100 + 30 * i, "bytes": 66 * 3, "packets": 3} for i in range(1, 40)]
-    assert 66 <= HEADER_ONLY_BYTES
+    assert HEADER_ONLY_BYTES >= 66
     (x,) = match_transfers(rows + acks, {"a-b": RTT_S * 1e3})  # acks would have bridged and stretched it
     assert x.end_ms == rows[-1]["t_ms"] + 1
     two = windowed_rows(100, 5e5, sport="40000") + windowed_rows(100, 5e5, sport="40001")
