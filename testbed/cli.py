@@ -188,7 +188,7 @@ def report(
         raise SpecError("--figures", "one figures folder for several results folders", "give one FOLDER")
     for folder in folders:
         if not has_results(folder):
-            raise SpecError(str(folder), "no summary.csv, links.csv, plan.csv or backends.csv here",
+            raise SpecError(str(folder), "no summary.csv, links.csv, plan.csv, backends.csv or scale.csv here",
                             "give a folder a run wrote (--out)")
         notes: list[str] = []
         console.print(f"wrote {write_report(folder, figures, notes)}")
