@@ -707,10 +707,13 @@ def _launch(emu, built: bool, argv: list[str], nproc: int, master_port: int, con
                   f"{sharing} sharing; NCCL sockets {nt} x {ns} (plan: {conns} connection(s) per transfer)",
                   highlight=False)
     scales, links_path = _announce_scale(emu, conns, out)
+    from testbed.launch import windows
+
     classes: dict = {}
     cap = None
     try:
         ranges = atlas.pin_ports(emu)
+        windows.apply(emu)
         if sharing == "temporal":
             classes = atlas.temporal_classes(emu, ranges)
         if capture:
@@ -728,6 +731,8 @@ def _launch(emu, built: bool, argv: list[str], nproc: int, master_port: int, con
             cap.stop()
         if classes:
             atlas.remove_classes(emu, classes)
+        if not built:
+            windows.restore(emu)
     paths = [*_write_launch(res, scales, out, check), links_path, out / "scale.csv"]
     verdict = "[green]every rank exited 0[/green]" if res.code == 0 else f"[red]exit status {res.code}[/red]"
     console.print(f"{verdict} after {time.monotonic() - t0:.1f} s; wrote {', '.join(str(p) for p in paths)}")

@@ -157,3 +157,17 @@ def test_competing_transfers_share_the_link_in_the_replay():
     replay(both, CAP, math.inf, RTT_S)
     assert alone[0].model_s == pytest.approx(5e6 / CAP)
     assert both[0].model_s == pytest.approx(2 * alone[0].model_s) == pytest.approx(both[1].model_s)
+
+
+def test_launch_buffers_advertise_the_windows_whole_segments_and_not_one_more():
+    from types import SimpleNamespace
+
+    from testbed.emu.build import FOREIGN_SHARE
+    from testbed.launch.windows import launch_rmem
+
+    for k in (20, 50, 100):
+        win = emulated_window(W, k)
+        emu = SimpleNamespace(topo=TOPO, host_window=lambda dc, w=win: w, window_bytes=lambda a, b, w=win: w,
+                              mss=lambda a, b: MSS)
+        advertised = launch_rmem(emu, "east") * FOREIGN_SHARE
+        assert win < advertised < win + MSS  # the build's buffer advertised a few bytes either side of win
