@@ -675,8 +675,8 @@ def _announce_scale(emu, conns: int, out: Path) -> tuple[list, Path]:
     """Print, before the job starts, what k does to each WAN link; write the link table (TESTBED_LINKS)."""
     import json
 
+    from testbed.launch.dilation import SCALE_HEADER, emulation_lans, emulation_scales, floor_warnings, links_table
     from testbed.launch.dilation import describe as describe_link
-    from testbed.launch.dilation import emulation_lans, emulation_scales, floor_warnings, links_table
     from testbed.results import write_csv
 
     scales = emulation_scales(emu, conns)
@@ -689,9 +689,7 @@ def _announce_scale(emu, conns: int, out: Path) -> tuple[list, Path]:
         err_console.print(f"[yellow]window floor:[/yellow] {line}", highlight=False, soft_wrap=True)
     links_path = out / "links.json"
     links_path.write_text(json.dumps(links_table(scales, emu.scale, emulation_lans(emu)), indent=1) + "\n")
-    rows = [ls.row() for ls in scales]
-    if rows:
-        write_csv(out / "scale.csv", tuple(rows[0]), [tuple(r.values()) for r in rows])
+    write_csv(out / "scale.csv", SCALE_HEADER, [tuple(ls.row()[c] for c in SCALE_HEADER) for ls in scales])
     return scales, links_path
 
 
@@ -742,12 +740,13 @@ def _launch(emu, built: bool, argv: list[str], nproc: int, master_port: int, con
 def _write_launch(res, scales: list, out: Path, check: bool) -> list[Path]:
     """ranks.csv and flows.csv with k and each link's dilation; with `check`, check.csv and its table."""
     from testbed.analysis.flows import FLOWS_HEADER
+    from testbed.launch.dilation import FLOWS_SCALE_COLUMNS
+    from testbed.launch.run import RANKS_HEADER
     from testbed.results import write_csv
 
     k = scales[0].scale if scales else 1.0
     worst = max((ls.dilation_1 for ls in scales), default=1.0)
-    write_csv(out / "ranks.csv", ("rank", "host", "dc", "replica", "exit_code", "wall_s", "stopped_by_launch",
-                                  "scale", "wan_dilation_max"),
+    write_csv(out / "ranks.csv", RANKS_HEADER,
               [(e.slot.rank, e.slot.host, e.slot.dc, e.slot.replica, e.code, round(e.wall_s, 3), int(e.stopped),
                 k, round(worst, 4)) for e in res.exits])
     paths = [out / "ranks.csv", out / "launch.log"]
@@ -755,7 +754,7 @@ def _write_launch(res, scales: list, out: Path, check: bool) -> list[Path]:
         return paths
     by_link = {ls.link: ls for ls in scales}
     link_col = FLOWS_HEADER.index("link")
-    write_csv(out / "flows.csv", (*FLOWS_HEADER, "scale", "dilation", "window_distortion"),
+    write_csv(out / "flows.csv", (*FLOWS_HEADER, *FLOWS_SCALE_COLUMNS),
               [(*r, k, round(by_link[r[link_col]].dilation_1, 4), round(by_link[r[link_col]].window_distortion, 4))
                for r in res.flows])
     paths.append(out / "flows.csv")

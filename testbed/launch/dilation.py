@@ -15,6 +15,9 @@ from dataclasses import asdict, dataclass
 from testbed.costs.tcp import striped_rate, windowed_send_s
 
 DISTORTION_WARN = 2.0  # a link whose window floor distorts a connection's rate by more than this is named
+SCALE_HEADER = ("link", "a", "b", "latency_ms", "scale", "spec_gbps", "emulated_mbps", "spec_window_bytes",
+                "emulated_window_bytes", "connections", "dilation_1", "dilation_n", "window_distortion", "k_faithful")
+FLOWS_SCALE_COLUMNS = ("scale", "dilation", "window_distortion")  # appended to a launch's flows.csv rows
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,8 @@ from testbed.emu.build import Emulation
 from testbed.launch.ranks import Slot, layout, omp_threads, rank_env
 
 GRACE_S = 3.0
+RANKS_HEADER = ("rank", "host", "dc", "replica", "exit_code", "wall_s", "stopped_by_launch", "scale",
+                "wan_dilation_max")
 PYTHONS = ("python", "python3")
 
 
