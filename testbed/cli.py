@@ -731,13 +731,14 @@ def _launch(emu, built: bool, argv: list[str], nproc: int, master_port: int, con
             atlas.remove_classes(emu, classes)
         if not built:
             windows.restore(emu)
-    paths = [*_write_launch(res, scales, out, check), links_path, out / "scale.csv"]
+    prio = atlas.turn_priorities(emu) if sharing == "temporal" else None
+    paths = [*_write_launch(res, scales, out, check, prio), links_path, out / "scale.csv"]
     verdict = "[green]every rank exited 0[/green]" if res.code == 0 else f"[red]exit status {res.code}[/red]"
     console.print(f"{verdict} after {time.monotonic() - t0:.1f} s; wrote {', '.join(str(p) for p in paths)}")
     return res.code
 
 
-def _write_launch(res, scales: list, out: Path, check: bool) -> list[Path]:
+def _write_launch(res, scales: list, out: Path, check: bool, prio: dict[str, int] | None = None) -> list[Path]:
     """ranks.csv and flows.csv with k and each link's dilation; with `check`, check.csv and its table."""
     from testbed.analysis.flows import FLOWS_HEADER
     from testbed.launch.dilation import FLOWS_SCALE_COLUMNS
@@ -760,18 +761,18 @@ def _write_launch(res, scales: list, out: Path, check: bool) -> list[Path]:
     paths.append(out / "flows.csv")
     console.print(res.capture_summary, highlight=False)
     if check:
-        paths.append(_check_transfers(res.flows, scales, out))
+        paths.append(_check_transfers(res.flows, scales, out, prio))
     return paths
 
 
-def _check_transfers(flows: list[tuple], scales: list, out: Path) -> Path:
+def _check_transfers(flows: list[tuple], scales: list, out: Path, prio: dict[str, int] | None) -> Path:
     from testbed.analysis.flows import FLOWS_HEADER
     from testbed.launch.check import CHECK_HEADER, check
     from testbed.results import write_csv
 
     rows = [dict(zip(FLOWS_HEADER, r, strict=True)) for r in flows]
     links = {ls.link: (ls.emulated_mbps * 1e6 / 8, ls.emulated_window_bytes, ls.rtt_s) for ls in scales}
-    per_link, _ = check(rows, links)
+    per_link, _ = check(rows, links, prio=prio)
     console.print("WAN transfers against the simulator's model (measured / modelled - 1):", highlight=False)
     for c in per_link:
         console.print(f"  {c.link} towards {c.towards}: {c.transfers} transfers, {c.mbytes:,.2f} MB, median "

@@ -171,3 +171,17 @@ def test_launch_buffers_advertise_the_windows_whole_segments_and_not_one_more():
                               mss=lambda a, b: MSS)
         advertised = launch_rmem(emu, "east") * FOREIGN_SHARE
         assert win < advertised < win + MSS  # the build's buffer advertised a few bytes either side of win
+
+
+def test_temporal_replay_serves_the_first_receivers_transfer_first():
+    from testbed.launch.check import Transfer
+
+    def pair():
+        return [Transfer("a-b", "b", "s", "d0", 0.0, 0.0, 5e6, 1), Transfer("a-b", "b", "s", "d1", 0.0, 0.0, 5e6, 1)]
+
+    turns = pair()
+    replay(turns, CAP, math.inf, RTT_S, prio={"d0": 0, "d1": 1})
+    assert turns[0].model_s == pytest.approx(5e6 / CAP) and turns[1].model_s == pytest.approx(2 * 5e6 / CAP)
+    turns = pair()
+    replay(turns, CAP, math.inf, RTT_S, prio={"d0": 1, "d1": 0})
+    assert turns[1].model_s == pytest.approx(5e6 / CAP) and turns[0].model_s == pytest.approx(2 * 5e6 / CAP)

@@ -13,7 +13,8 @@ the same connection).
 Model: the transfers of one link direction are replayed in start order on the simulator's network model:
 each transfer is a pipe whose connections keep at most n x W unacknowledged (testbed.sim.executor.
 SlidingWindow, W the emulated window), its pieces are flows on the link (testbed.sim.network.LinkState,
-fair sharing at the emulated rate) alongside the direction's other transfers. Its modelled duration is from
+fair sharing at the emulated rate, or with `--sharing temporal` the launch's fixed turns: the receiving host's
+index in its DC first) alongside the direction's other transfers. Its modelled duration is from
 its start until its last byte leaves; the captured one is from its first to its last millisecond at the
 far end of the link (latency cancels). error = captured / modelled - 1.
 """
@@ -86,9 +87,11 @@ def match_transfers(rows: list[dict], rtt_ms: dict[str, float], min_bytes: float
     return out
 
 
-def replay(transfers: list[Transfer], capacity_bytes_s: float, window_bytes: float, rtt_s: float) -> None:
+def replay(transfers: list[Transfer], capacity_bytes_s: float, window_bytes: float, rtt_s: float,
+           prio: dict[str, int] | None = None) -> None:
     """Set each transfer's `model_s`: the transfers of ONE link direction, replayed together on the simulator's
-    network model from their captured starts."""
+    network model from their captured starts. `prio` (receiving host address -> priority, lower first) replays
+    temporal sharing (`--sharing temporal`: one HTB class per receiving host); without it the link is fair."""
     events: list[tuple] = []  # (t, seq, fn, args)
     seq = [0]
 
@@ -113,12 +116,12 @@ def replay(transfers: list[Transfer], capacity_bytes_s: float, window_bytes: flo
         if budget <= left[i] * 1e-12:
             push(wins[i].next_free_s(), send, i)
             return
-        flow = Flow(min(left[i], budget), math.inf, (), i)
+        flow = Flow(min(left[i], budget), math.inf, (prio.get(transfers[i].dst, 0),) if prio else (), i)
         wins[i].sent(now[0], flow.nbytes)
         link.add(flow, now[0])
 
     now = [0.0]
-    link = LinkState(capacity_bytes_s, False, lambda t, f, v: push(t, done, f, v))
+    link = LinkState(capacity_bytes_s, bool(prio), lambda t, f, v: push(t, done, f, v))
     wins = [SlidingWindow(x.connections * window_bytes, rtt_s) for x in transfers]
     left = [x.nbytes for x in transfers]
     for i, x in enumerate(transfers):
@@ -146,10 +149,10 @@ class LinkCheck:
 CHECK_HEADER = ("link", "towards", "transfers", "mbytes", "median_error", "worst_error")
 
 
-def check(rows: list[dict], links: dict[str, tuple[float, float, float]], min_bytes: float = MIN_BYTES
-          ) -> tuple[list[LinkCheck], list[Transfer]]:
+def check(rows: list[dict], links: dict[str, tuple[float, float, float]], min_bytes: float = MIN_BYTES,
+          prio: dict[str, int] | None = None) -> tuple[list[LinkCheck], list[Transfer]]:
     """Per link direction, the captured transfers' errors against the model. `links`: flows.csv's link name ->
-    (emulated capacity bytes/s, emulated window bytes per connection, round trip s)."""
+    (emulated capacity bytes/s, emulated window bytes per connection, round trip s); `prio` as for `replay`."""
     transfers = match_transfers(rows, {k: v[2] * 1e3 for k, v in links.items()}, min_bytes)
     by_dir: dict[tuple[str, str], list[Transfer]] = defaultdict(list)
     for x in transfers:
@@ -157,7 +160,7 @@ def check(rows: list[dict], links: dict[str, tuple[float, float, float]], min_by
     out = []
     for (name, towards), xs in sorted(by_dir.items()):
         cap, win, rtt = links[name]
-        replay(xs, cap, win, rtt)
+        replay(xs, cap, win, rtt, prio)
         errs = [x.error for x in xs if math.isfinite(x.error)]
         if errs:
             out.append(LinkCheck(name, towards, len(errs), statistics.median(errs), max(errs, key=abs),
