@@ -659,7 +659,8 @@ def launch_cmd(
         emu, built = bring_up(sp, [cwd, str(out)], world, lambda m: console.print(m, highlight=False))
     try:
         code = _launch(emu, built, ctx.args, nproc_per_host, master_port, connections(emu, sp.max_connections), sharing,
-                       capture or check, capture_seconds, out, cwd, check)
+                       capture or check, capture_seconds, out, cwd, check,
+                       machine_k=emu.scale if built and not sp.scale else None)
     except KeyboardInterrupt:
         err_console.print("interrupted: every rank stopped", highlight=False)
         code = 130
@@ -671,7 +672,7 @@ def launch_cmd(
     raise typer.Exit(code)
 
 
-def _announce_scale(emu, conns: int, out: Path) -> tuple[list, Path]:
+def _announce_scale(emu, conns: int, out: Path, machine_k: float | None) -> tuple[list, Path]:
     """Print, before the job starts, what k does to each WAN link; write the link table (TESTBED_LINKS)."""
     import json
 
@@ -685,7 +686,7 @@ def _announce_scale(emu, conns: int, out: Path) -> tuple[list, Path]:
                   f"its real bytes gets them stretched:", highlight=False)
     for ls in scales:
         console.print("  " + describe_link(ls), highlight=False)
-    for line in floor_warnings(scales):
+    for line in floor_warnings(scales, machine_k):
         err_console.print(f"[yellow]window floor:[/yellow] {line}", highlight=False, soft_wrap=True)
     links_path = out / "links.json"
     links_path.write_text(json.dumps(links_table(scales, emu.scale, emulation_lans(emu)), indent=1) + "\n")
@@ -694,7 +695,7 @@ def _announce_scale(emu, conns: int, out: Path) -> tuple[list, Path]:
 
 
 def _launch(emu, built: bool, argv: list[str], nproc: int, master_port: int, conns: int, sharing: str, capture: bool,
-            capture_s: float, out: Path, cwd: str, check: bool = False) -> int:
+            capture_s: float, out: Path, cwd: str, check: bool = False, machine_k: float | None = None) -> int:
     from testbed.launch import sharing as atlas
     from testbed.launch.ranks import nccl_striping
     from testbed.launch.run import run_job
@@ -704,7 +705,7 @@ def _launch(emu, built: bool, argv: list[str], nproc: int, master_port: int, con
                   f"{', built for this launch' if built else ', already up'}): {len(emu.addr.hosts) * nproc} ranks, "
                   f"{sharing} sharing; NCCL sockets {nt} x {ns} (plan: {conns} connection(s) per transfer)",
                   highlight=False)
-    scales, links_path = _announce_scale(emu, conns, out)
+    scales, links_path = _announce_scale(emu, conns, out, machine_k)
     from testbed.launch import windows
 
     classes: dict = {}

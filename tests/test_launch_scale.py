@@ -49,6 +49,9 @@ def test_the_window_floor_is_named_past_2x_with_the_k_that_avoids_it():
     assert ls.window_distortion > 2 and ls.k_faithful == W / MIN_WINDOW
     (line,) = floor_warnings([ls_at(50), ls])
     assert "a-b" in line and "k <= 96" in line and f"{ls.window_distortion:.1f}x" in line
+    (out_of_reach,) = floor_warnings([ls], machine_k=2000)
+    assert out_of_reach.startswith(line) and "k >= 2,000 only" in out_of_reach
+    assert floor_warnings([ls], machine_k=50) == [line]  # the machine could carry k = 96
     # the k it names really has no floor: its window is W / k, rounded to whole segments
     at = ls_at(ls.k_faithful)
     assert abs(at.window_distortion - 1) <= MSS / (W / ls.k_faithful)

@@ -89,12 +89,21 @@ def describe(ls: LinkScale) -> str:
             f"a transfer of real bytes takes {dil} as long (latency {ls.latency_ms:g} ms unchanged)")
 
 
-def floor_warnings(links: list[LinkScale]) -> list[str]:
-    """One line per link whose window floor distorts a scale model by more than DISTORTION_WARN."""
-    return [f"{ls.link}: at k={ls.scale:,.6g} the {_kib(ls.emulated_window_bytes)} window floor makes one emulated "
-            f"connection {ls.window_distortion:,.1f}x faster than the scaled real-world one (a scale model's "
-            f"transfers come out too fast); k <= {ls.k_faithful:,.4g} avoids it"
-            for ls in links if ls.window_distortion > DISTORTION_WARN]
+def floor_warnings(links: list[LinkScale], machine_k: float | None = None) -> list[str]:
+    """One line per link whose window floor distorts a scale model by more than DISTORTION_WARN. `machine_k`: the
+    smallest k the machine carries (--scale auto), when known: a k that avoids the floor below it is out of reach."""
+    out = []
+    for ls in links:
+        if ls.window_distortion <= DISTORTION_WARN:
+            continue
+        fix = f"k <= {ls.k_faithful:,.4g} avoids it"
+        if machine_k is not None and ls.k_faithful < machine_k:
+            fix += (f", but this machine carries this WAN at k >= {machine_k:,.6g} only: emulate slower links "
+                    f"(--set) or read the WAN times of a scale model as lower bounds")
+        out.append(f"{ls.link}: at k={ls.scale:,.6g} the {_kib(ls.emulated_window_bytes)} window floor makes one "
+                   f"emulated connection {ls.window_distortion:,.1f}x faster than the scaled real-world one (a scale "
+                   f"model's transfers come out too fast); {fix}")
+    return out
 
 
 def links_table(links: list[LinkScale], scale: float, lans: dict[str, dict] | None = None) -> dict:
