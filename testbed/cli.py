@@ -697,6 +697,7 @@ def _announce_scale(emu, conns: int, out: Path, machine_k: float | None) -> tupl
 def _launch(emu, built: bool, argv: list[str], nproc: int, master_port: int, conns: int, sharing: str, capture: bool,
             capture_s: float, out: Path, cwd: str, check: bool = False, machine_k: float | None = None) -> int:
     from testbed.launch import sharing as atlas
+    from testbed.launch import windows
     from testbed.launch.ranks import nccl_striping
     from testbed.launch.run import run_job
 
@@ -706,8 +707,6 @@ def _launch(emu, built: bool, argv: list[str], nproc: int, master_port: int, con
                   f"{sharing} sharing; NCCL sockets {nt} x {ns} (plan: {conns} connection(s) per transfer)",
                   highlight=False)
     scales, links_path = _announce_scale(emu, conns, out, machine_k)
-    from testbed.launch import windows
-
     classes: dict = {}
     cap = None
     try:
