@@ -639,7 +639,6 @@ def launch_cmd(
     import signal
 
     from testbed.emu.kernel import require_root
-    from testbed.emu.names import address_plan
     from testbed.launch.wan import bring_up, connections, load_spec, parse_scale
 
     if not ctx.args:
@@ -649,14 +648,13 @@ def launch_cmd(
     if nproc_per_host < 1:
         raise SpecError("--nproc-per-host", f"{nproc_per_host} is not a process count", "use 1 or more")
     sp = load_spec(spec, set_, backend, prefix, parse_scale(scale))
-    world = len(address_plan(sp.topology, sp.prefix).hosts) * nproc_per_host
     require_root()
     signal.signal(signal.SIGTERM, _raise_interrupt)
     cwd, out = os.getcwd(), out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     code = 0
     with console.status(f"bringing up {escape(sp.topology.name)} ({sp.backend}, prefix {sp.prefix})"):
-        emu, built = bring_up(sp, [cwd, str(out)], world, lambda m: console.print(m, highlight=False))
+        emu, built = bring_up(sp, [cwd, str(out)], nproc_per_host, lambda m: console.print(m, highlight=False))
     try:
         code = _launch(emu, built, ctx.args, nproc_per_host, master_port, connections(emu, sp.max_connections), sharing,
                        capture or check, capture_seconds, out, cwd, check,

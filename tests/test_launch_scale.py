@@ -71,26 +71,41 @@ TOPO = Topology.model_validate({
               {"between": ["east", "west"], "gbps": 10, "latency_ms": 33}]})
 
 
+RANKS = {"east": 2, "mid": 2, "west": 2}
+
+
 def test_k_is_the_smallest_grid_value_whose_demand_fits_the_headroom():
-    ceiling = 2.4e9
-    k = choose_scale(TOPO, ceiling, 6, 32)
+    ceiling = 1.2e9
+    k = choose_scale(TOPO, ceiling, RANKS, None)
     grid = k_grid()
-    assert k in grid and wan_demand_bps(TOPO, k, 6, 32) <= ceiling * HEADROOM_SHARE
-    assert wan_demand_bps(TOPO, grid[grid.index(k) - 1], 6, 32) > ceiling * HEADROOM_SHARE
+    assert k in grid and wan_demand_bps(TOPO, k, RANKS, None) <= ceiling * HEADROOM_SHARE
+    assert wan_demand_bps(TOPO, grid[grid.index(k) - 1], RANKS, None) > ceiling * HEADROOM_SHARE
 
 
-def test_more_headroom_or_fewer_ranks_never_needs_a_larger_k():
-    ks = [choose_scale(TOPO, c, 6, 32) for c in (0.5e9, 1e9, 4e9, 16e9)]
+def test_gloos_demand_is_the_rank_pairs_windows_up_to_the_link_rate():
+    k = 100
+    win = emulated_window(W, k)
+    # one link direction east -> mid: 2 x 2 rank pairs, one connection each, a window per 28 ms round trip
+    one = Topology.model_validate({**TOPO.model_dump(), "links": [TOPO.links[0].model_dump()]})
+    assert wan_demand_bps(one, k, RANKS, None) == pytest.approx(2 * 4 * win / 0.028 * 8)
+    assert wan_demand_bps(one, k, {"east": 1, "mid": 1}, None) == pytest.approx(2 * win / 0.028 * 8)
+    # NCCL's sockets cover the bandwidth-delay product: the link's rate
+    assert wan_demand_bps(one, k, RANKS, 32) == pytest.approx(2 * 10e9 / k)
+
+
+def test_more_headroom_fewer_ranks_or_fewer_connections_never_need_a_larger_k():
+    ks = [choose_scale(TOPO, c, RANKS, None) for c in (0.2e9, 1e9, 4e9, 16e9)]
     assert ks == sorted(ks, reverse=True) and ks[0] > ks[-1]
-    assert choose_scale(TOPO, 1e9, 2, 32) <= choose_scale(TOPO, 1e9, 6, 32)
+    assert choose_scale(TOPO, 1e9, {"east": 1, "mid": 1, "west": 1}, None) <= choose_scale(TOPO, 1e9, RANKS, None)
+    assert choose_scale(TOPO, 1e9, RANKS, None) <= choose_scale(TOPO, 1e9, RANKS, 32)
     # with room for anything, k stops where check_scale's range starts (the 100 Gbit/s a veth can carry)
     fast = TOPO.model_copy(update={"links": [lk.model_copy(update={"gbps": 400}) for lk in TOPO.links]})
-    assert choose_scale(fast, 1e15, 6, 32) == 5
+    assert choose_scale(fast, 1e15, RANKS, 32) == 5
 
 
 def test_no_headroom_is_a_clear_error():
     with pytest.raises(SpecError, match="--scale"):
-        choose_scale(TOPO, 0, 6, 32)
+        choose_scale(TOPO, 0, RANKS, None)
     assert parse_scale("auto") == 0 and parse_scale("50") == 50 and parse_scale(None) is None
     for bad in ("fast", "0", "-3"):
         with pytest.raises(SpecError, match="--scale"):

@@ -39,26 +39,32 @@ def k_grid(k_max: float = 1e7) -> list[float]:
     return out
 
 
-def wan_demand_bps(topo: Topology, scale: float, world: int, max_connections: int) -> float:
-    """Bits/s the emulated WAN carries at scale k when the job keeps its busiest links busy: the
-    min(2 x links, world) fastest link directions, each at its rate or what the launch's connections'
-    windows carry, whichever is less (testbed.costs.tcp)."""
+def wan_demand_bps(topo: Topology, scale: float, ranks_per_dc: dict[str, int], max_connections: int | None) -> float:
+    """Bits/s the emulated WAN carries at scale k when every rank talks to every rank of the other DCs at
+    once (an all-to-all exchange: the most a job's traffic asks of the WAN). Each link direction carries its
+    rate, or what the rank pairs across it keep in flight if less: ranks(a) x ranks(b) pairs, each over one
+    connection (gloo), or over the launch's multi-TCP count when `max_connections` is given (NCCL's sockets,
+    as many as cover the link's bandwidth-delay product), each connection a window per round trip
+    (testbed.costs.tcp)."""
     from testbed.costs.tcp import connections_for, striped_rate
     from testbed.emu.build import emulated_window
 
-    rates = []
+    total = 0.0
     for link in topo.links:
+        a, b = link.between
         cap = link.gbps * 1e9 / 8 / scale
         win, rtt = emulated_window(topo.window_mb(link) * 2**20, scale), 2 * link.latency_ms / 1e3
-        n = connections_for(cap, win, rtt, max_connections)
-        rates += [striped_rate(cap, n, win, rtt) * 8] * 2
-    rates.sort(reverse=True)
-    return sum(rates[:max(1, min(len(rates), world))])
+        per_pair = connections_for(cap, win, rtt, max_connections) if max_connections else 1
+        pairs = ranks_per_dc.get(a, 0) * ranks_per_dc.get(b, 0)
+        total += 2 * striped_rate(cap, pairs * per_pair, win, rtt) * 8 if pairs else 0.0
+    return total
 
 
-def choose_scale(topo: Topology, ceiling_bps: float, world: int, max_connections: int) -> float:
-    """The smallest k (1-2-5 grid) the machine carries: the WAN's demand at k within HEADROOM_SHARE of the
-    measured ceiling, and every link inside check_scale's range. One line naming the shortfall otherwise."""
+def choose_scale(topo: Topology, ceiling_bps: float, ranks_per_dc: dict[str, int],
+                 max_connections: int | None) -> float:
+    """The smallest k (1-2-5 grid) the machine carries: the WAN's demand at k (`wan_demand_bps`) within
+    HEADROOM_SHARE of the measured ceiling, and every link inside check_scale's range. One line naming the
+    shortfall otherwise."""
     if not math.isfinite(ceiling_bps) or ceiling_bps <= 0:
         raise SpecError("--scale", f"a measured ceiling of {ceiling_bps} bit/s leaves no room for a WAN",
                         "pass --scale K")
@@ -68,7 +74,7 @@ def choose_scale(topo: Topology, ceiling_bps: float, world: int, max_connections
             check_scale(topo, k, field="--scale")
         except SpecError:
             continue
-        if wan_demand_bps(topo, k, world, max_connections) <= budget:
+        if wan_demand_bps(topo, k, ranks_per_dc, max_connections) <= budget:
             return k
     raise SpecError("--scale", f"no k fits {topo.name}'s WAN in {budget / 1e6:,.0f} Mbit/s", "pass --scale K")
 

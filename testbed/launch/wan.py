@@ -64,25 +64,30 @@ def parse_scale(text: str | None) -> float | None:
     return k
 
 
-def auto_scale(spec: LaunchSpec, world: int, say) -> float:
-    """The smallest k this machine carries for the topology and rank count, from a probe of its headroom."""
+def auto_scale(spec: LaunchSpec, nproc: int, say) -> float:
+    """The smallest k this machine carries for the topology and rank count, from a probe of its headroom. Without
+    GPUs the job's backend is gloo (one connection per rank pair); with them NCCL's sockets may stripe."""
+    from testbed.emu.containers import gpu_ids
     from testbed.emu.headroom import probe
     from testbed.emu.scale import HEADROOM_SHARE, choose_scale
 
+    ranks = {d.name: d.hosts * nproc for d in spec.topology.dcs}
     room = probe(spec.prefix, spec.delay)
-    k = choose_scale(spec.topology, room.ceiling_bps, world, spec.max_connections)
-    say(f"--scale auto: {room.describe()}; k={k:g} keeps the WAN within {HEADROOM_SHARE:.0%} of it for {world} ranks")
+    nccl = bool(gpu_ids())
+    k = choose_scale(spec.topology, room.ceiling_bps, ranks, spec.max_connections if nccl else None)
+    say(f"--scale auto: {room.describe()}; k={k:g} keeps the WAN within {HEADROOM_SHARE:.0%} of it with "
+        f"{sum(ranks.values())} ranks all talking at once ({'NCCL sockets' if nccl else 'gloo'})")
     return k
 
 
-def bring_up(spec: LaunchSpec, mounts: list[str], world: int = 1, say=print) -> tuple[Emulation, bool]:
+def bring_up(spec: LaunchSpec, mounts: list[str], nproc: int = 1, say=print) -> tuple[Emulation, bool]:
     """(the WAN, whether this launch built it). A WAN already up under the prefix is used as it is, if it
     is the same topology on the same backend."""
     from testbed.emu.build import up
 
     st = state.load(spec.prefix)
     if st is None:
-        k = spec.scale or auto_scale(spec, world, say)
+        k = spec.scale or auto_scale(spec, nproc, say)
         return up(spec.topology, backend=spec.backend, prefix=spec.prefix, scale=k, delay=spec.delay,
                   mounts=mounts), True
     from testbed.emu.attach import attach
