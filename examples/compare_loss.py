@@ -28,6 +28,9 @@ def main() -> None:
             runs[rows[0]["method"]] = rows
     if not runs:
         raise SystemExit(f"{a.folder}: no run CSVs (method, step, wall_s, loss, eval_loss)")
+    ks = {rows[0].get("scale") or "1" for rows in runs.values()}
+    if ks != {"1"}:  # diloco.py records TESTBED_SCALE: its tensors are real-sized, its times the emulated WAN's
+        print(f"runs on an emulated WAN at k={', '.join(sorted(ks))}: times are that WAN's, not the spec's")
     table = [convergence_row(m, rows, a.target) for m, rows in runs.items()]
     write_csv(a.folder / "convergence.csv", CONVERGENCE_HEADER, table)
     png = loss_vs_wall(runs, a.target, a.folder / "loss_vs_wall.png")

@@ -16,7 +16,8 @@ of synchronising. Plain torch: runs under `testbed launch` or torchrun alike.
 
 Ranks come in contiguous blocks per DC (testbed launch does this). Rank 0 evaluates the synchronised
 model on held-out batches every H steps (no communication) and writes OUT/<method>.csv
-(method, step, wall_s, loss, eval_loss), OUT being --out or $TESTBED_OUT.
+(method, step, wall_s, loss, eval_loss, scale), OUT being --out or $TESTBED_OUT; scale is the WAN's k
+(TESTBED_SCALE, see wan_scale).
 """
 
 from __future__ import annotations
@@ -30,6 +31,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def wan_scale() -> float:
+    """The emulated WAN's scale k: testbed launch divides every WAN link's rate and window by k and sets
+    TESTBED_SCALE (1 when unset, as under torchrun). This script sends its tensors at their real size, so its
+    WAN transfers take up to k times as long as on the spec's WAN (testbed launch prints each link's factor);
+    it says so and records k next to its times. examples/ddp_scale.py shows a scale model (bytes / k)."""
+    return float(os.environ.get("TESTBED_SCALE", "1"))
+
+
+def say_scale(k: float) -> None:
+    if k != 1:
+        print(f"TESTBED_SCALE={k:g}: tensors are sent at their real size, so WAN transfers take up to {k:g}x as "
+              f"long as on the spec's WAN; times below are this emulated WAN's, not the real one's", flush=True)
 
 
 class Block(nn.Module):
@@ -131,6 +146,9 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr)
     held_out = [batch(a, 10**9 + i) for i in range(4)]
     rows: list[tuple] = []
+    k = wan_scale()
+    if rank == 0:
+        say_scale(k)
     dist.barrier()  # the clock starts when every rank is ready
     t0 = time.perf_counter()
     for step in range(1, a.steps + 1):
@@ -147,7 +165,7 @@ def main() -> None:
             if synced and step % a.inner_steps == 0:  # the synchronised model on held-out data
                 with torch.no_grad():
                     ev = round(sum(loss_of(model, hx, hy, a.vocab).item() for hx, hy in held_out) / len(held_out), 6)
-            rows.append((a.method, step, round(time.perf_counter() - t0, 6), round(loss.item(), 6), ev))
+            rows.append((a.method, step, round(time.perf_counter() - t0, 6), round(loss.item(), 6), ev, k))
             if ev != "":
                 print(f"{a.method} step {step} wall {rows[-1][2]:.2f} s held-out loss {ev:.4f}", flush=True)
     if rank == 0:
@@ -155,7 +173,7 @@ def main() -> None:
         path = os.path.join(a.out, f"{a.method}.csv")
         with open(path + ".tmp", "w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["method", "step", "wall_s", "loss", "eval_loss"])
+            w.writerow(["method", "step", "wall_s", "loss", "eval_loss", "scale"])
             w.writerows(rows)
         os.replace(path + ".tmp", path)
         print(f"{a.method}: {a.steps} steps in {rows[-1][2]:.1f} s; wrote {path}", flush=True)

@@ -279,6 +279,11 @@ CAPTURE = CsvFile("flows.csv (capture)", "`experiment run --capture`, `testbed l
     ("rank", "", "worker `s<stage>r<replica>` or torch ranks (`2|3` for a shared host)"),
     ("bytes", "bytes", "emulated bytes on the wire in the bin, each packet spread over its serialisation time"),
     ("packets", "", "packets whose timestamp falls in the bin"),
+    ("scale", "", "`testbed launch`: the WAN's scale k"),
+    ("dilation", "x", "`testbed launch`: how many times longer a bulk transfer of real bytes over one connection "
+     "takes on this emulated link than on the spec's"),
+    ("window_distortion", "x", "`testbed launch`: one emulated connection's rate over the scaled real-world one's "
+     "(1: faithful; above 1 where the 64 KiB window floor applies)"),
 ))
 
 RANKS = CsvFile("ranks.csv", "`testbed launch`", "one row per launched rank", _cols(
@@ -289,6 +294,37 @@ RANKS = CsvFile("ranks.csv", "`testbed launch`", "one row per launched rank", _c
     ("exit_code", "", "the rank's exit status"),
     ("wall_s", "s", "wall-clock time from start to exit"),
     ("stopped_by_launch", "", "1 if the launch stopped it because another rank failed"),
+    ("scale", "", "the WAN's scale k (the rank's TESTBED_SCALE)"),
+    ("wan_dilation_max", "x", "the largest factor by which a bulk transfer of real bytes over one connection takes "
+     "longer on the emulated WAN than on the spec's (scale.csv has each link's)"),
+))
+
+SCALE = CsvFile("scale.csv", "`testbed launch`", "one row per WAN link: the spec's and the emulated rate and window, "
+                "and what the scale k does to a job's transfers (docs/launch.md)", _cols(
+    ("link", "", "`<dc>-<dc>`"),
+    ("a", "", "its first DC"),
+    ("b", "", "its second DC"),
+    ("latency_ms", "ms", "one-way latency, the spec's and the emulated one"),
+    ("scale", "", "the WAN's scale k"),
+    ("spec_gbps", "Gbit/s", "the spec's capacity"),
+    ("emulated_mbps", "Mbit/s", "the emulated capacity: spec / k"),
+    ("spec_window_bytes", "bytes", "one connection's window in the spec"),
+    ("emulated_window_bytes", "bytes", "one emulated connection's: window / k in whole segments, 64 KiB at least"),
+    ("connections", "", "the launch's multi-TCP count (NCCL sockets; gloo uses 1)"),
+    ("dilation_1", "x", "a bulk transfer of real bytes over 1 connection: emulated time / the spec's"),
+    ("dilation_n", "x", "the same over `connections` connections"),
+    ("window_distortion", "x", "one emulated connection's rate / the scaled real-world one's (1: faithful)"),
+    ("k_faithful", "", "the largest k whose scaled window needs no 64 KiB floor"),
+))
+
+CHECK = CsvFile("check.csv", "`testbed launch --check`", "one row per WAN link direction: the job's captured "
+                "transfers against the simulator's model of them on the emulated link (docs/launch.md)", _cols(
+    ("link", "", "`<dc>-<dc>`"),
+    ("towards", "", "the direction: traffic towards this DC"),
+    ("transfers", "", "transfers of 256 KiB or more matched in the capture"),
+    ("mbytes", "MB", "their bytes on the wire"),
+    ("median_error", "share", "median of captured / modelled duration - 1: above 0 the emulated WAN was slower"),
+    ("worst_error", "share", "the largest error in magnitude, signed"),
 ))
 
 LINKS = CsvFile("links.csv", "`testbed topology check`, `topology up --check`, `experiment run --check`",
@@ -424,8 +460,8 @@ FIDELITY = CsvFile("fidelity.csv", "`bench/fidelity.py`", "one row per random to
 ))
 
 FILES: tuple[CsvFile, ...] = (SUMMARY, MULTITCP, TIMELINE, REQUESTS, KNEE, BUBBLES, VALIDATION, LOSS, FLOWS,
-                              CAPTURE, CPU_PREFILL, LINKS, PLAN, RANKS, BACKENDS, CLAIMS, CLAIM_POINTS, ITERATIONS,
-                              LINKCHANGES, LINKRATES, FIDELITY)
+                              CAPTURE, CPU_PREFILL, LINKS, PLAN, RANKS, SCALE, CHECK, BACKENDS, CLAIMS, CLAIM_POINTS,
+                              ITERATIONS, LINKCHANGES, LINKRATES, FIDELITY)
 _BY_NAME = {c.name: c for f in FILES for c in f.columns}
 _BY_NAME.update({c.name: c for c in SUMMARY.columns})  # summary.csv's meaning wins for shared names
 

@@ -30,7 +30,9 @@ figcaption{font-size:.85em;color:#555}pre{background:#f7f7f7;padding:.6em;overfl
 # Tables shown, in order: (file, title, html id)
 TABLES = (("summary.csv", "Summary", "summary"), ("validation.csv", "Simulator vs emulator", "validation"),
           ("links.csv", "The emulated WAN: configured vs measured", "links"),
-          ("backends.csv", "Backends compared", "backends"), ("plan.csv", "DC selection candidates", "plan"))
+          ("backends.csv", "Backends compared", "backends"), ("plan.csv", "DC selection candidates", "plan"),
+          ("scale.csv", "The WAN at scale k: what it does to a launched job's transfers", "scale"),
+          ("check.csv", "A launched job's WAN transfers against the simulator's model", "check"))
 
 
 def _png(path: Path) -> str:

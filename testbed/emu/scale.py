@@ -25,6 +25,60 @@ def auto_scale(topo: Topology) -> float:
     return max(1.0, fastest / TARGET_MBPS)
 
 
+# --scale auto (testbed launch): the share of the machine's measured ceiling of shaped, delayed traffic
+# (testbed.emu.headroom) the emulated WAN may use at once; the rest of the machine is left to the ranks.
+HEADROOM_SHARE = 0.5
+K_STEPS = (1.0, 2.0, 5.0)  # k is chosen on a 1-2-5 grid: readable, and a run can be repeated at the same k
+
+
+def k_grid(k_max: float = 1e7) -> list[float]:
+    out, decade = [], 1.0
+    while decade <= k_max:
+        out += [m * decade for m in K_STEPS]
+        decade *= 10
+    return out
+
+
+def wan_demand_bps(topo: Topology, scale: float, ranks_per_dc: dict[str, int], max_connections: int | None) -> float:
+    """Bits/s the emulated WAN carries at scale k when every rank talks to every rank of the other DCs at
+    once (an all-to-all exchange: the most a job's traffic asks of the WAN). Each link direction carries its
+    rate, or what the rank pairs across it keep in flight if less: ranks(a) x ranks(b) pairs, each over one
+    connection (gloo), or over the launch's multi-TCP count when `max_connections` is given (NCCL's sockets,
+    as many as cover the link's bandwidth-delay product), each connection a window per round trip
+    (testbed.costs.tcp)."""
+    from testbed.costs.tcp import connections_for, striped_rate
+    from testbed.emu.build import emulated_window
+
+    total = 0.0
+    for link in topo.links:
+        a, b = link.between
+        cap = link.gbps * 1e9 / 8 / scale
+        win, rtt = emulated_window(topo.window_mb(link) * 2**20, scale), 2 * link.latency_ms / 1e3
+        per_pair = connections_for(cap, win, rtt, max_connections) if max_connections else 1
+        pairs = ranks_per_dc.get(a, 0) * ranks_per_dc.get(b, 0)
+        total += 2 * striped_rate(cap, pairs * per_pair, win, rtt) * 8 if pairs else 0.0
+    return total
+
+
+def choose_scale(topo: Topology, ceiling_bps: float, ranks_per_dc: dict[str, int],
+                 max_connections: int | None) -> float:
+    """The smallest k (1-2-5 grid) the machine carries: the WAN's demand at k (`wan_demand_bps`) within
+    HEADROOM_SHARE of the measured ceiling, and every link inside check_scale's range. One line naming the
+    shortfall otherwise."""
+    if not math.isfinite(ceiling_bps) or ceiling_bps <= 0:
+        raise SpecError("--scale", f"a measured ceiling of {ceiling_bps} bit/s leaves no room for a WAN",
+                        "pass --scale K")
+    budget = ceiling_bps * HEADROOM_SHARE
+    for k in k_grid():
+        try:
+            check_scale(topo, k, field="--scale")
+        except SpecError:
+            continue
+        if wan_demand_bps(topo, k, ranks_per_dc, max_connections) <= budget:
+            return k
+    raise SpecError("--scale", f"no k fits {topo.name}'s WAN in {budget / 1e6:,.0f} Mbit/s", "pass --scale K")
+
+
 def _k(x: float) -> str:
     return f"{x:,.6g}"
 
