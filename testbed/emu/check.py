@@ -1,4 +1,6 @@
-"""`topology check`: measure every WAN pair (RTT by ping, TCP throughput by iperf3) against its spec."""
+"""`topology check`: measure every WAN pair against its spec: RTT by ping, TCP throughput by iperf3 and by the
+training workers' own transport (window-clamped connections, striped and corked sends: `bulk`), the latter
+against the window model min(C, n W / RTT)."""
 
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ from testbed.emu.build import Emulation
 from testbed.emu.measure import ping_stats
 from testbed.emu.sh import EmuError
 
-LINKS_HEADER = ("link", "configured_mbps", "measured_mbps_1", "measured_mbps_n", "streams", "model_mbps_1",
-                "configured_rtt_ms", "rtt_min_ms", "rtt_avg_ms", "rtt_p99_ms", "delay_method", "scale", "window_kib")
+LINKS_HEADER = ("link", "configured_mbps", "measured_mbps_1", "measured_mbps_n", "workers_mbps_1", "workers_mbps_n",
+                "streams", "model_mbps_1", "model_mbps_n", "configured_rtt_ms", "rtt_min_ms", "rtt_avg_ms",
+                "rtt_p99_ms", "delay_method", "scale", "window_kib")
 
 
 def ping(emu: Emulation, src: str, dst_ip: str, count: int) -> dict:
@@ -67,7 +70,12 @@ def bulk(emu: Emulation, src: str, dst: str, port: int, seconds: float, connecti
     return {**res, "tcp_rtt_ms": json.loads(sent.strip().splitlines()[-1])["tcp_rtt_ms"]}
 
 
+MODEL_SHARE = 0.9  # a link whose workers' throughput reads under this share of its model gets a warning
+WORKERS_WARMUP_S = 1.0  # left out of the workers' measurement: their connections' slow start
+
+
 def check_links(emu: Emulation, streams: int = 8, seconds: float = 3.0, pings: int = 40) -> list[dict]:
+    """One links.csv row per WAN link: ping, iperf3 and the workers' transport with 1 and `streams` connections."""
     rows = []
     for k, link in enumerate(emu.topo.links):
         a, b = link.between
@@ -78,12 +86,29 @@ def check_links(emu: Emulation, streams: int = 8, seconds: float = 3.0, pings: i
         cap = link.gbps * 1e3 / emu.scale
         win = emu.window_bytes(a, b)
         rtt_s = 2 * link.latency_ms / 1e3
+        ours = {n: bulk(emu, src, dst, 5301 + k, seconds, n, win, WORKERS_WARMUP_S)["received_mbps"]
+                for n in (1, streams)}
+        model = {n: striped_rate(cap * 1e6 / 8, n, win, rtt_s) * 8 / 1e6 for n in (1, streams)}
         rows.append({
             "link": f"{a}-{b}", "configured_mbps": round(cap, 3),
             "measured_mbps_1": round(one["received_mbps"], 3), "measured_mbps_n": round(many["received_mbps"], 3),
-            "streams": streams, "model_mbps_1": round(striped_rate(cap * 1e6 / 8, 1, win, rtt_s) * 8 / 1e6, 3),
+            "workers_mbps_1": round(ours[1], 3), "workers_mbps_n": round(ours[streams], 3),
+            "streams": streams, "model_mbps_1": round(model[1], 3), "model_mbps_n": round(model[streams], 3),
             "configured_rtt_ms": 2 * link.latency_ms, **{k2: (round(v, 3) if v is not None else "") for k2, v in
                                                         rtt.items() if k2 != "samples"},
             "delay_method": emu.delay, "scale": emu.scale, "window_kib": round(win / 1024, 1),
         })
     return rows
+
+
+def below_model(rows: list[dict], share: float = MODEL_SHARE) -> list[str]:
+    """One line per link whose workers' throughput (1 or n connections) is under `share` of its model."""
+    lines = []
+    for r in rows:
+        for n, col in ((1, "1"), (r["streams"], "n")):
+            got, model = float(r[f"workers_mbps_{col}"]), float(r[f"model_mbps_{col}"])
+            if got < share * model:
+                lines.append(f"{r['link']}: the workers' transport gets {got:.1f} Mbit/s on {n} connection(s), "
+                             f"{got / model:.1%} of the model's {model:.1f}: this link is slower than the simulator "
+                             f"assumes (a loaded machine, or a delay line that cannot keep up)")
+    return lines
