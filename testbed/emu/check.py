@@ -103,13 +103,15 @@ def check_links(emu: Emulation, streams: int = 8, seconds: float = 3.0, pings: i
 
 
 def below_model(rows: list[dict], share: float = MODEL_SHARE) -> list[str]:
-    """One line per link whose workers' throughput (1 or n connections) is under `share` of its model."""
+    """One line per link whose workers' throughput, on 1 or on n connections, is under `share` of its model."""
     lines = []
     for r in rows:
+        misses = []
         for n, col in ((1, "1"), (r["streams"], "n")):
             got, model = float(r[f"workers_mbps_{col}"]), float(r[f"model_mbps_{col}"])
             if got < share * model:
-                lines.append(f"{r['link']}: the workers' transport gets {got:.1f} Mbit/s on {n} connection(s), "
-                             f"{got / model:.1%} of the model's {model:.1f}: this link is slower than the simulator "
-                             f"assumes (a loaded machine, or a delay line that cannot keep up)")
+                misses.append(f"{got:.1f} Mbit/s on {n} connection(s), {got / model:.1%} of the model's {model:.1f}")
+        if misses:
+            lines.append(f"{r['link']}: the workers' transport gets {' and '.join(misses)}: this link is slower than "
+                         f"the simulator assumes (a loaded machine, or a delay line that cannot keep up)")
     return lines
