@@ -324,13 +324,15 @@ PrefixOpt = Annotated[str, typer.Option(help="Name prefix of everything this top
 
 
 def _run_check(emu, streams: int, seconds: float, out: Path) -> None:
-    from testbed.emu.check import LINKS_HEADER, check_links
+    from testbed.emu.check import LINKS_HEADER, below_model, check_links
     from testbed.results import write_csv
 
-    with console.status("measuring every WAN pair (ping, iperf3 with 1 and n streams)"):
+    with console.status("measuring every WAN pair (ping; iperf3 and the workers' transport, 1 and n streams)"):
         rows = check_links(emu, streams=streams, seconds=seconds)
     write_csv(out, LINKS_HEADER, ([r[c] for c in LINKS_HEADER] for r in rows))
     print_table(out, f"{emu.prefix}: configured vs measured")
+    for line in below_model(rows):
+        console.print(f"[yellow]warning:[/yellow] {escape(line)}")
     console.print(f"wrote {out}")
 
 

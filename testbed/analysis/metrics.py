@@ -5,6 +5,7 @@ from __future__ import annotations
 from statistics import mean
 
 from testbed.costs.gpus import GPUS
+from testbed.net.units import bytes_s_to_gbps, s_to_ms
 from testbed.plan.mechanisms import is_baseline
 from testbed.plan.plan import Plan
 from testbed.timeline import COMPUTE, Timeline
@@ -83,8 +84,8 @@ def summary_row(plan: Plan, tl: Timeline, lower_bound_s: float, sweep: dict, bub
     prefill FLOPs at the training's MFU. BubbleTea columns are empty without it."""
     it = mean(tl.iteration_s)
     hops = wan_links_used(plan)
-    lat = mean(plan.links[h].latency_s for h in hops) * 1e3 if hops else 0.0
-    gbps = min(plan.links[h].capacity_bytes_s for h in hops) * 8 / 1e9 if hops else 0.0
+    lat = s_to_ms(mean(plan.links[h].latency_s for h in hops)) if hops else 0.0
+    gbps = bytes_s_to_gbps(min(plan.links[h].capacity_bytes_s for h in hops)) if hops else 0.0
     conns = max((plan.links[h].connections for h in hops), default=0)
     tokens = plan.global_batch * plan.seq_len / it if it > 0 else 0.0
     return {

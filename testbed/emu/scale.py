@@ -9,6 +9,24 @@ import math
 from testbed.errors import SpecError
 from testbed.spec.topology import Topology
 
+MIN_WINDOW = 64 * 1024  # below this one TCP connection no longer behaves like one (MSS is ~9 KB)
+# Linux advertises the share of a receive buffer that it measures per connection (scaling_ratio: a received
+# segment's length over its memory, since kernel 6.6; 1/2 before): 0.75 to 0.95 of the buffer here with MTU
+# 9000, varying with the buffer's size, between connections and with how promptly the reader reads
+# (docs/fidelity.md). Neither a buffer sized from one share nor a route's `window` metric (the kernel's window
+# clamp follows the buffer) gives a connection the spec's window. So the training workers give each WAN
+# connection a fixed buffer of twice its window and clamp its window to the plan's (runtime/worker.py); the
+# hosts' autotuned buffer, for processes that do not clamp (iperf3, testbed launch), is sized from a share of
+# 0.9, which gives them 0.83-1.05 of the window here.
+FOREIGN_SHARE = 0.9
+MAX_LAN_BPS = 2e9
+
+
+def receive_buffer(window: int) -> int:
+    """A host's largest autotuned TCP receive buffer for a window (what unclamped connections get)."""
+    return int(window / FOREIGN_SHARE)
+
+
 TARGET_MBPS = 200.0
 # The Atlas sidecar parks a paused replica's class at 1/100 of the link, and never below flowctl's
 # 8 kbit/s floor (MIN_RATE_BPS): below 100 x 8 kbit/s a paused class would get as much as a running one.
@@ -86,8 +104,6 @@ def _k(x: float) -> str:
 def check_scale(topo: Topology, scale: float, *, field: str = "emulation.scale", lan_gpus_per_host: int = 1) -> None:
     """Every WAN link divided by k must carry at least MIN_EMULATED_BPS and at most MAX_EMULATED_BPS, and every
     scaled window must fit a receive buffer; one line naming the field and the usable range otherwise."""
-    from testbed.emu.build import MAX_LAN_BPS, MIN_WINDOW, receive_buffer
-
     if not math.isfinite(scale) or scale <= 0:
         raise SpecError(field, f"{scale} is not a positive finite scale factor", "use e.g. 2000, or 0 for auto")
     if not topo.links:

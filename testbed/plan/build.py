@@ -10,12 +10,12 @@ from testbed.costs.operators import model_flops_per_token
 from testbed.costs.stage import in_flight, layer_costs
 from testbed.costs.tcp import connections_for
 from testbed.errors import SpecError
+from testbed.net.wire import FRAME_BYTES
 from testbed.plan.layers import stage_layers
 from testbed.plan.mechanisms import Mechanisms, parse_scheduler
 from testbed.plan.placement import place
 from testbed.plan.plan import IntraDC, LinkPlan, Plan
 from testbed.plan.schedules import build_schedule
-from testbed.runtime.htb import FRAME_BYTES
 from testbed.spec.experiment import Experiment
 from testbed.spec.topology import Topology
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from testbed.net.wire import FRAME_BYTES
 from testbed.plan.mechanisms import Mechanisms
 from testbed.plan.schedules import Action
-from testbed.runtime.htb import FRAME_BYTES
 
 
 @dataclass(frozen=True)
