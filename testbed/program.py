@@ -23,12 +23,14 @@ Kind = Literal["a", "g"]  # an activation (towards the next stage) or its gradie
 class Forward:
     microbatch: int
     seconds: float  # the cost model's time (modeled compute)
+    chunk: int = 0  # which of the group's model chunks (virtual stages; 0 without interleaving)
 
 
 @dataclass(frozen=True)
 class Backward:
     microbatch: int
     seconds: float
+    chunk: int = 0
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class Send:
     microbatch: int
     peer: str  # group name, s<stage>r<replica>
     bytes: float  # real-world bytes (an emulation divides them by its scale)
+    chunk: int = 0  # the receiving group's model chunk that consumes it (virtual stages)
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class Recv:
     microbatch: int
     peer: str
     bytes: float
+    chunk: int = 0  # this group's model chunk that consumes it
 
 
 @dataclass(frozen=True)
