@@ -155,3 +155,16 @@ def test_interleaving_holds_more_in_flight_than_1f1b_and_full_recompute_fits_it(
     # a chunk's time is its layers' (the head's on the last stage's last chunk): the stage's time over its chunks
     assert sum(plan.chunk_fwd_s[0][5]) == pytest.approx(plan.fwd_s[0][5])
     assert sum(plan.chunk_bwd_s[0][15]) == pytest.approx(plan.bwd_s[0][15])
+
+
+def test_the_realised_engine_runs_interleaved_programs_as_the_simulator_does():
+    """BubbleTea's realised iterations (testbed/sim/realised.py) execute the same compiled steps: without noise
+    they end when the simulator's do, across DCs too; with noise they move, seeded."""
+    from testbed.sim.realised import Jitter, realise
+
+    plan = make_plan(pp=4, dp=2, m=8, f=0.01, b=0.02, dcs=["a", "a", "b", "b"], act_bytes=2e6, capacity=1e9,
+                     latency=0.01, window=2**20, intra_bw=1e10, virtual_stages=2)
+    exact = simulate(plan)[0].iteration_s[0]
+    assert realise(plan, Jitter(3, 0.0, 0.0)).timeline.iteration_s[0] == pytest.approx(exact)
+    a, b = (realise(plan, Jitter(3, 0.1, 0.1)).timeline.iteration_s[0] for _ in range(2))
+    assert a == b != exact
