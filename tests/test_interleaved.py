@@ -168,3 +168,28 @@ def test_the_realised_engine_runs_interleaved_programs_as_the_simulator_does():
     assert realise(plan, Jitter(3, 0.0, 0.0)).timeline.iteration_s[0] == pytest.approx(exact)
     a, b = (realise(plan, Jitter(3, 0.1, 0.1)).timeline.iteration_s[0] for _ in range(2))
     assert a == b != exact
+
+
+def test_what_the_workers_cannot_run_yet_is_refused_before_anything_starts():
+    from testbed.errors import NotYetError
+    from testbed.runs.emulated import check_programs
+
+    (exp, _), = load_experiment(ROOT / "experiments" / "emu-3dc.yaml",
+                                sets=["workload.virtual_stages=2", "workload.global_batch=12"])
+    plan = build_plan(exp, "pp-wan")
+    check_programs(plan, "modeled")  # the modeled workers run it (tests/integration/test_interleaved_emulation.py)
+    with pytest.raises(NotYetError, match="torch compute with virtual_stages=2"):
+        check_programs(plan, "torch")
+    with pytest.raises(NotYetError, match="BubbleTea with virtual_stages=2"):
+        check_programs(build_plan(exp, "pp-wan+bubbletea"), "modeled")
+
+
+def test_the_planner_estimate_says_not_yet():
+    from testbed.costs.models import resolve_model
+    from testbed.errors import NotYetError
+    from testbed.plan.estimate import Estimator
+    from testbed.plan.mechanisms import parse_scheduler
+
+    (exp, _), = load_experiment(LLAMA)
+    with pytest.raises(NotYetError, match="virtual_stages > 1 is not yet"):
+        Estimator(exp, resolve_model("llama3-405b"), parse_scheduler("atlas"))

@@ -129,6 +129,10 @@ def check_programs(plan, compute: str) -> None:
                                   for p in programs.values() for st in p.steps):
         raise NotYetError(f"{plan.scheduler}: torch compute with a stage's replicas in several DCs (a hierarchical "
                           "all-reduce); use modeled compute, or a placement that keeps each stage in one DC")
+    if plan.mech.bubbletea and plan.virtual_stages > 1:
+        raise NotYetError(f"{plan.scheduler}: emulated BubbleTea with virtual_stages={plan.virtual_stages} (its replay "
+                          "without prefill matches a worker's intervals by microbatch, not yet by chunk); simulate it, "
+                          "or set virtual_stages: 1")
     if compute == "torch" and plan.virtual_stages > 1:
         raise NotYetError(f"{plan.scheduler}: torch compute with virtual_stages={plan.virtual_stages} (a worker "
                           "builds one model chunk); use modeled compute, or virtual_stages: 1")
