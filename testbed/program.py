@@ -34,6 +34,16 @@ class Backward:
 
 
 @dataclass(frozen=True)
+class BackwardWeight:
+    """The weight-gradient half of a backward, which the zero-bubble schedule runs apart from (after) its
+    Backward (then the input-gradient half): nothing waits for it but the all-reduce."""
+
+    microbatch: int
+    seconds: float
+    chunk: int = 0
+
+
+@dataclass(frozen=True)
 class Send:
     """Queue a message on the pipe to `peer`; the program goes on while it leaves."""
 
@@ -98,8 +108,8 @@ def exchanges(ar: AllReduce, group: str) -> list[Exchange]:
     return inside + across + inside
 
 
-Step = Forward | Backward | Send | Recv | AllReduce
-STEPS: dict[str, type] = {t.__name__: t for t in (Forward, Backward, Send, Recv, AllReduce)}
+Step = Forward | Backward | BackwardWeight | Send | Recv | AllReduce
+STEPS: dict[str, type] = {t.__name__: t for t in (Forward, Backward, BackwardWeight, Send, Recv, AllReduce)}
 
 
 @dataclass(frozen=True)

@@ -192,5 +192,5 @@ def test_the_planner_estimate_says_not_yet():
     from testbed.plan.mechanisms import parse_scheduler
 
     (exp, _), = load_experiment(LLAMA)
-    with pytest.raises(NotYetError, match="virtual_stages > 1 is not yet"):
+    with pytest.raises(NotYetError, match="virtual_stages > 1 and the zero-bubble schedule are not yet"):
         Estimator(exp, resolve_model("llama3-405b"), parse_scheduler("atlas"))

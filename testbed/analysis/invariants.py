@@ -23,8 +23,8 @@ def check_timeline(tl: Timeline, plan: Plan, tol: float = 1e-9) -> list[str]:
         key = (iv.iteration, iv.replica, iv.stage)
         if iv.kind in EXCLUSIVE:
             by_group[key].append(iv)
-        if iv.kind in ("fwd", "bwd"):
-            compute[(*key, iv.kind, iv.microbatch)] = (iv.start_s, iv.end_s)
+        if iv.kind in ("fwd", "bwd"):  # a split backward's first interval (zero-bubble's B; W follows it)
+            compute.setdefault((*key, iv.kind, iv.microbatch), (iv.start_s, iv.end_s))
         elif iv.kind == "send":
             sends[(iv.iteration, iv.replica, iv.microbatch)].append(iv)
         elif iv.kind == "recv":

@@ -302,7 +302,7 @@ def build_plan(
         act_bytes=[c.act_bytes for c in ref],
         grad_bytes=[c.grad_bytes for c in ref],
         mem_gb=mem,
-        actions=build_schedule(w.schedule, w.pp, m, extra, V),
+        actions=build_schedule(w.schedule, w.pp, m, extra if w.schedule == "1f1b" else None, V),
         links=links,
         # one NIC per GPU; a TP group's transfers and all-reduces are split across its tp NICs
         intra={d.name: IntraDC(w.tp * d.intra_gbps * 1e9 / 8, d.intra_latency_us / 1e6) for d in topo.dcs},
@@ -317,6 +317,9 @@ def build_plan(
     )
     if V > 1:
         plan.chunk_fwd_s, plan.chunk_bwd_s = chunk_times(stage_dc, per_gpu, chunks, gpu_of)
+    if w.schedule == "zb":
+        plan.wgrad_s = [[weight_grad_s(per_gpu[gpu_of[d]], layers[s], s == w.pp - 1, w.recompute)
+                         for s, d in enumerate(row)] for row in stage_dc]
     plan.turn_policy = turn_policy(exp.network.turn_order, plan)
     return plan
 
@@ -337,6 +340,14 @@ def chunk_times(stage_dc: list[list[str]], per_gpu: dict, chunks: list[list[int]
         fwd.append(f_row)
         bwd.append(b_row)
     return fwd, bwd
+
+
+def weight_grad_s(c, layers: int, last: bool, recompute: str) -> float:
+    """The weight-gradient part of a stage's backward (zero-bubble's W): per layer one GEMM pass as long as the
+    forward's compute (the forward less its two tensor-parallel all-reduces), and the output head's forward on
+    the last stage. The rest of the backward (the input gradient, its all-reduces, any recomputation) is B."""
+    ar = c.tp_comm_s / (6 if recompute == "full" else 4)  # costs/stage.py: 4 all-reduces, 6 with full recompute
+    return layers * (c.fwd_s - 2 * ar) + (c.head_fwd_s if last else 0.0)
 
 
 def turn_policy(order: str, plan: Plan) -> str:

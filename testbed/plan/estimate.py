@@ -74,9 +74,9 @@ class Estimator:
     costs by the GPUs along the pipeline."""
 
     def __init__(self, exp: Experiment, model: ModelConfig, mech: Mechanisms):
-        if exp.workload.virtual_stages > 1:
-            raise NotYetError("the planner's estimate models plain 1F1B and GPipe only; virtual_stages > 1 is not yet "
-                              "searched (simulate the layout with testbed sim instead)")
+        if exp.workload.virtual_stages > 1 or exp.workload.schedule == "zb":
+            raise NotYetError("the planner's estimate models plain 1F1B and GPipe only; virtual_stages > 1 and the "
+                              "zero-bubble schedule are not yet searched (simulate the layout with testbed sim)")
         self.exp, self.model, self.mech = exp, model, mech
         self.dc = {d.name: d for d in exp.topology.dcs}
         self._costs: dict[tuple, LayerCosts] = {}

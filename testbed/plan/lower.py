@@ -10,7 +10,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from testbed.plan.plan import Plan
-from testbed.program import AllReduce, Backward, Forward, Pipe, Program, Recv, Send, Step
+from testbed.program import AllReduce, Backward, BackwardWeight, Forward, Pipe, Program, Recv, Send, Step
 from testbed.timeline import group_name
 
 BASE_PORT = 7000  # group (stage s, replica r) listens on BASE_PORT + r * pp + s
@@ -61,7 +61,13 @@ def host_index(plan: Plan, s: int, r: int) -> int:
 
 
 def _compute_s(plan: Plan, r: int, s: int, op: str, c: int) -> float:
-    """One microbatch's forward or backward through chunk c of group (s, r) (the whole stage with one chunk)."""
+    """One microbatch's forward or backward through chunk c of group (s, r) (the whole stage with one chunk); with
+    the zero-bubble schedule B is the backward less its weight gradient, W that weight gradient."""
+    if plan.wgrad_s:
+        if op == "W":
+            return plan.wgrad_s[r][s]
+        if op == "B":
+            return plan.bwd_s[r][s] - plan.wgrad_s[r][s]
     if plan.virtual_stages > 1:
         return (plan.chunk_fwd_s if op == "F" else plan.chunk_bwd_s)[r][s][c]
     return (plan.fwd_s if op == "F" else plan.bwd_s)[r][s]
@@ -76,6 +82,8 @@ def action_steps(plan: Plan, s: int, r: int, op: str, i: int, c: int) -> list[St
     prev, nxt = group_name((s - 1) % P, r), group_name((s + 1) % P, r)
     to_prev_bytes, to_next_bytes = plan.act_bytes[(s - 1) % P], plan.act_bytes[s]
     out: list[Step] = []
+    if op == "W":
+        return [BackwardWeight(i, _compute_s(plan, r, s, op, c), c)]
     if op == "F":
         if q > 0:
             out.append(Recv("a", i, prev, to_prev_bytes, c))
@@ -119,6 +127,8 @@ def program_shape(plan: Plan, s: int, r: int) -> tuple:
     simulator lowers one group per shape and shares its steps (tests/test_lower.py checks this)."""
     if plan.virtual_stages > 1:
         return (s, tuple(plan.chunk_fwd_s[r][s]), tuple(plan.chunk_bwd_s[r][s]))
+    if plan.wgrad_s:
+        return (s, plan.fwd_s[r][s], plan.bwd_s[r][s], plan.wgrad_s[r][s])
     return (s, plan.fwd_s[r][s], plan.bwd_s[r][s])
 
 

@@ -50,6 +50,8 @@ def make_plan(
         intra={n: IntraDC(intra_bw, 0.0) for n in names}, replica_offset_s=offsets or [0.0] * dp,
         turn_order=list(range(dp)), turn_policy=turn_policy, virtual_stages=V,
     )
+    if schedule == "zb":  # the weight gradient: half the backward
+        plan.wgrad_s = [[b / 2] * pp for _ in range(dp)]
     if V > 1:
         plan.chunk_fwd_s = [[[f / V] * V for _ in range(pp)] for _ in range(dp)]
         plan.chunk_bwd_s = [[[b / V] * V for _ in range(pp)] for _ in range(dp)]

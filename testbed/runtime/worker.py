@@ -21,7 +21,17 @@ import sys
 import threading
 import time
 
-from testbed.program import AllReduce, Backward, Exchange, Forward, Recv, Send, exchanges, program_from_dict
+from testbed.program import (
+    AllReduce,
+    Backward,
+    BackwardWeight,
+    Exchange,
+    Forward,
+    Recv,
+    Send,
+    exchanges,
+    program_from_dict,
+)
 from testbed.runtime.config import WorkerConfig
 from testbed.runtime.htb import ALLREDUCE_TOS
 from testbed.runtime.prefill import KV_DRAIN_S, PrefillClient
@@ -691,6 +701,10 @@ def main(cfg_path: str, ctl_path: str) -> None:
                 out_data = (comp.forward if t is Forward else comp.backward)(it, st, data)
                 rec("fwd" if t is Forward else "bwd", st.microbatch, t0, time.monotonic())
                 data = None
+            elif t is BackwardWeight:  # zero-bubble's W: the modeled time (torch compute refuses the schedule)
+                t0 = time.monotonic()
+                comp.wait(st.seconds)
+                rec("bwd", st.microbatch, t0, time.monotonic())
             elif t is Send:
                 nbytes = max(1, round(st.bytes / cfg.scale))
                 pipes[st.peer].send(st.kind.encode(), it, st.microbatch, nbytes, sent(st.bytes, st.microbatch, pending),

@@ -51,7 +51,7 @@ from contextlib import contextmanager
 from testbed.plan.lower import allreduce, lower_group, program_shape
 from testbed.plan.plan import Plan
 from testbed.plan.turns import TURN_KEYS
-from testbed.program import AllReduce, Backward, Forward, Recv, Send
+from testbed.program import AllReduce, Backward, BackwardWeight, Forward, Recv, Send
 from testbed.sim.linkchange import LiveLinks, WanSchedule
 from testbed.sim.network import Flow, LinkState
 from testbed.timeline import Timeline, group_name
@@ -226,7 +226,7 @@ def compile_steps(steps: tuple, s: int, r: int, m: int, pp: int = 0, wrap: bool 
             off, d = peers[st.peer]
             idx = message_index(st.kind, st.microbatch, st.chunk, m)
             out.append((SEND, off, st.kind, st.microbatch, st.bytes, idx, d))
-        elif t is Forward or t is Backward:
+        elif t is Forward or t is Backward or t is BackwardWeight:  # W is backward work on the timeline
             out.append((COMPUTE, st.seconds, "fwd" if t is Forward else "bwd", st.microbatch))
         elif t is AllReduce:
             out.append((ALLREDUCE, st))

@@ -36,7 +36,8 @@ class Workload(Strict):
     tp: TP = 8
     pp: PP = 12
     dp: DP | Literal["auto"] = "auto"
-    schedule: Literal["1f1b", "gpipe"] = "1f1b"
+    # zb: zero-bubble (the backward's weight gradient deferred into the bubbles; docs/schedules.md)
+    schedule: Literal["1f1b", "gpipe", "zb"] = "1f1b"
     # Megatron's virtual pipeline stages: model chunks per stage, run in its interleaved 1F1B (1: plain 1F1B)
     virtual_stages: VIRTUAL_STAGES = 1
     mfu: MFU = 0.5
