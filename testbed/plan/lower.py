@@ -77,13 +77,13 @@ def action_steps(plan: Plan, s: int, r: int, op: str, i: int, c: int) -> list[St
     """One schedule action of group (s, r) with its messages. Model piece q = c pp + s (chunk c of stage s) takes
     its activation from piece q - 1 and its gradient from piece q + 1: with virtual stages the last stage's chunk
     c sends to the first stage's chunk c + 1. A message carries the chunk of the group that consumes it."""
+    if op == "W":  # the zero-bubble schedule's weight gradient: no message
+        return [BackwardWeight(i, _compute_s(plan, r, s, op, c), c)]
     P = plan.pp
     q, last_q = c * P + s, plan.virtual_stages * P - 1
     prev, nxt = group_name((s - 1) % P, r), group_name((s + 1) % P, r)
     to_prev_bytes, to_next_bytes = plan.act_bytes[(s - 1) % P], plan.act_bytes[s]
     out: list[Step] = []
-    if op == "W":
-        return [BackwardWeight(i, _compute_s(plan, r, s, op, c), c)]
     if op == "F":
         if q > 0:
             out.append(Recv("a", i, prev, to_prev_bytes, c))

@@ -81,11 +81,11 @@ class Plan:
     # virtual pipeline stages (Megatron's interleaved 1F1B): model chunks per stage, their layers and per
     # microbatch times ([stage][chunk], [replica][stage][chunk]); empty with one chunk per stage
     virtual_stages: int = 1
-    # zero-bubble schedule: [replica][stage] the weight-gradient part of bwd_s, run apart as W (empty otherwise)
-    wgrad_s: list[list[float]] = field(default_factory=list)
     chunk_layers: list[list[int]] = field(default_factory=list)
     chunk_fwd_s: list[list[list[float]]] = field(default_factory=list)
     chunk_bwd_s: list[list[list[float]]] = field(default_factory=list)
+    # zero-bubble schedule: [replica][stage] the weight-gradient part of bwd_s, run apart as W (empty otherwise)
+    wgrad_s: list[list[float]] = field(default_factory=list)
 
     @property
     def gpus(self) -> int:

@@ -11,8 +11,8 @@ from typing import Literal, NamedTuple
 
 
 class Action(NamedTuple):
-    op: Literal["F", "B", "W"]  # forward, backward (its input gradient, and its weight gradient but in "zb"), W
-    # the weight gradient alone (zero-bubble)
+    # F forward; B backward (under "zb" its input gradient only); W the weight gradient ("zb")
+    op: Literal["F", "B", "W"]
     microbatch: int
     chunk: int = 0  # which of the stage's model chunks (virtual stages); 0 without interleaving
 
@@ -98,8 +98,8 @@ def zero_bubble(pp: int, m: int) -> list[list[Action]]:
     gradient, which nobody waits for). Each stage runs, whenever it is free, a B whose gradient has arrived, else
     a forward while fewer than pp microbatches hold activations (1F1B's peak, on its first stage), else its
     oldest pending W. The orders come from playing that rule with F = B = W = 1 and free messages (so they can
-    run, whatever the real times: the dry run checks it); the bubble is then about (pp - 1) slots of one pass,
-    against 1F1B's 3 (pp - 1)."""
+    run, whatever the real times: the dry run checks it); the bubble is then pp - 1 to 2 (pp - 1) slots of one
+    pass (pp - 1 when m = pp), against 1F1B's 3 (pp - 1)."""
     f_end = [[None] * m for _ in range(pp)]
     b_end = [[None] * m for _ in range(pp)]
     state = [{"f": 0, "b": 0, "w": 0, "free": 0.0} for _ in range(pp)]
