@@ -239,8 +239,7 @@ def build_plan(
     gpu_of = {d: topo.dc(d).gpu for row in stage_dc for d in row}
     check_nodes(topo, w.tp, set(gpu_of))
     V = w.virtual_stages
-    why = check_interleaving(w.pp, m, V)
-    if why:
+    if why := check_interleaving(w.pp, m, V):
         raise SpecError("workload.virtual_stages", why,
                         "make global_batch / (microbatch x dp) a multiple of pp, or set virtual_stages: 1")
     per_gpu = {g: layer_costs(model, g, tp=w.tp, dp=dp, microbatch=w.microbatch, mfu=w.mfu, recompute=w.recompute,
@@ -253,20 +252,8 @@ def build_plan(
     layers, _ = stage_layers(model.layers, [[per_gpu[g] for g in gs] for gs in stage_gpus], m, w.schedule, split, V)
     by_gpu = {g: [c.stage(n, s == 0, s == w.pp - 1, in_flight(s, w.pp, m, w.schedule, V))
                   for s, n in enumerate(layers)] for g, c in per_gpu.items()}
-    chunks = chunk_layers(layers, V) if V > 1 else []
-    if chunks and (bad := empty_chunk(chunks)):
-        raise SpecError("workload.virtual_stages", f"stage {bad[0]}'s {layers[bad[0]]} layers leave chunk {bad[1]} "
-                        f"of {V} empty", "lower virtual_stages or pp")
-    for r_row in stage_dc:
-        for s, d in enumerate(r_row):
-            g = topo.dc(d).gpu
-            need = by_gpu[g][s].mem_gb
-            if need > GPUS[g].memory_gb:
-                raise SpecError(
-                    "workload",
-                    f"stage {s} needs {need:.0f} GB per {g} GPU (it has {GPUS[g].memory_gb:.0f} GB)",
-                    "raise tp or pp, set sequence_parallel: true or recompute: full, or lower microbatch",
-                )
+    chunks = model_chunks(layers, V)
+    check_memory(stage_dc, topo, by_gpu)
     costs = [[by_gpu[topo.dc(d).gpu][s] for s, d in enumerate(row)] for row in stage_dc]
     ref = costs[0]
     links = link_plans(exp, mech)
@@ -315,13 +302,43 @@ def build_plan(
         virtual_stages=V,
         chunk_layers=chunks,
     )
-    if V > 1:
-        plan.chunk_fwd_s, plan.chunk_bwd_s = chunk_times(stage_dc, per_gpu, chunks, gpu_of)
-    if w.schedule == "zb":
-        plan.wgrad_s = [[weight_grad_s(per_gpu[gpu_of[d]], layers[s], s == w.pp - 1, w.recompute)
-                         for s, d in enumerate(row)] for row in stage_dc]
+    split_times(plan, w, per_gpu, gpu_of)
     plan.turn_policy = turn_policy(exp.network.turn_order, plan)
     return plan
+
+
+def check_memory(stage_dc: list[list[str]], topo: Topology, by_gpu: dict) -> None:
+    """Every group's stage fits its GPU's memory, else the one-line error naming the fixes."""
+    for r_row in stage_dc:
+        for s, d in enumerate(r_row):
+            g = topo.dc(d).gpu
+            need = by_gpu[g][s].mem_gb
+            if need > GPUS[g].memory_gb:
+                raise SpecError(
+                    "workload",
+                    f"stage {s} needs {need:.0f} GB per {g} GPU (it has {GPUS[g].memory_gb:.0f} GB)",
+                    "raise tp or pp, set sequence_parallel: true or recompute: full, or lower microbatch",
+                )
+
+
+def model_chunks(layers: list[int], v: int) -> list[list[int]]:
+    """[stage][chunk] layers with v virtual stages ([] with one), refused where a chunk would hold none."""
+    if v == 1:
+        return []
+    chunks = chunk_layers(layers, v)
+    if bad := empty_chunk(chunks):
+        raise SpecError("workload.virtual_stages", f"stage {bad[0]}'s {layers[bad[0]]} layers leave chunk {bad[1]} "
+                        f"of {v} empty", "lower virtual_stages or pp")
+    return chunks
+
+
+def split_times(plan: Plan, w, per_gpu: dict, gpu_of: dict[str, str]) -> None:
+    """The plan's per-chunk times (virtual stages) and W times (zero-bubble), from each group's GPU costs."""
+    if plan.virtual_stages > 1:
+        plan.chunk_fwd_s, plan.chunk_bwd_s = chunk_times(plan.stage_dc, per_gpu, plan.chunk_layers, gpu_of)
+    if w.schedule == "zb":
+        plan.wgrad_s = [[weight_grad_s(per_gpu[gpu_of[d]], plan.layers[s], s == plan.pp - 1, w.recompute)
+                         for s, d in enumerate(row)] for row in plan.stage_dc]
 
 
 def chunk_times(stage_dc: list[list[str]], per_gpu: dict, chunks: list[list[int]], gpu_of: dict[str, str]

@@ -696,15 +696,11 @@ def main(cfg_path: str, ctl_path: str) -> None:
             t = type(st)
             if t is Recv:
                 data = receive(st, it)
-            elif t is Forward or t is Backward:
+            elif t is Forward or t is Backward or t is BackwardWeight:  # W: modeled only (torch refuses "zb")
                 t0 = time.monotonic()
                 out_data = (comp.forward if t is Forward else comp.backward)(it, st, data)
                 rec("fwd" if t is Forward else "bwd", st.microbatch, t0, time.monotonic())
                 data = None
-            elif t is BackwardWeight:  # zero-bubble's W: the modeled time (torch compute refuses the schedule)
-                t0 = time.monotonic()
-                comp.wait(st.seconds)
-                rec("bwd", st.microbatch, t0, time.monotonic())
             elif t is Send:
                 nbytes = max(1, round(st.bytes / cfg.scale))
                 pipes[st.peer].send(st.kind.encode(), it, st.microbatch, nbytes, sent(st.bytes, st.microbatch, pending),
