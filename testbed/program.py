@@ -23,12 +23,24 @@ Kind = Literal["a", "g"]  # an activation (towards the next stage) or its gradie
 class Forward:
     microbatch: int
     seconds: float  # the cost model's time (modeled compute)
+    chunk: int = 0  # which of the group's model chunks (virtual stages; 0 without interleaving)
 
 
 @dataclass(frozen=True)
 class Backward:
     microbatch: int
     seconds: float
+    chunk: int = 0
+
+
+@dataclass(frozen=True)
+class BackwardWeight:
+    """The weight-gradient half of a backward, which the zero-bubble schedule runs apart from (after) its
+    Backward (then the input-gradient half): nothing waits for it but the all-reduce."""
+
+    microbatch: int
+    seconds: float
+    chunk: int = 0
 
 
 @dataclass(frozen=True)
@@ -39,6 +51,7 @@ class Send:
     microbatch: int
     peer: str  # group name, s<stage>r<replica>
     bytes: float  # real-world bytes (an emulation divides them by its scale)
+    chunk: int = 0  # the receiving group's model chunk that consumes it (virtual stages)
 
 
 @dataclass(frozen=True)
@@ -49,6 +62,7 @@ class Recv:
     microbatch: int
     peer: str
     bytes: float
+    chunk: int = 0  # this group's model chunk that consumes it
 
 
 @dataclass(frozen=True)
@@ -94,8 +108,8 @@ def exchanges(ar: AllReduce, group: str) -> list[Exchange]:
     return inside + across + inside
 
 
-Step = Forward | Backward | Send | Recv | AllReduce
-STEPS: dict[str, type] = {t.__name__: t for t in (Forward, Backward, Send, Recv, AllReduce)}
+Step = Forward | Backward | BackwardWeight | Send | Recv | AllReduce
+STEPS: dict[str, type] = {t.__name__: t for t in (Forward, Backward, BackwardWeight, Send, Recv, AllReduce)}
 
 
 @dataclass(frozen=True)

@@ -172,8 +172,17 @@ def layer_costs(
     )
 
 
-def in_flight(stage: int, pp: int, microbatches: int, schedule: str) -> int:
-    """Microbatches whose activations a stage holds at its peak: 1F1B keeps pp - stage, GPipe all."""
+def in_flight(stage: int, pp: int, microbatches: int, schedule: str, virtual_stages: int = 1) -> float:
+    """Microbatches whose activations a stage holds at its peak, in whole-stage microbatches: 1F1B keeps
+    pp - stage, GPipe all, zero-bubble pp on every stage. Interleaved 1F1B holds its warm-up forwards plus one,
+    each on one of the stage's v chunks (a v-th of its layers on average): (warm-up + 1) / v."""
+    if virtual_stages > 1:
+        from testbed.plan.schedules import interleaved_warmup
+
+        total = microbatches * virtual_stages
+        return min(interleaved_warmup(stage, pp, microbatches, virtual_stages) + 1, total) / virtual_stages
+    if schedule == "zb":  # any stage may hold pp microbatches (1F1B's peak, on its first stage)
+        return min(pp, microbatches)
     return min(pp - stage, microbatches) if schedule == "1f1b" else microbatches
 
 

@@ -79,6 +79,14 @@ class Plan:
     layers: list[int] = field(default_factory=list)  # [stage] -> transformer layers it holds
     optimizer_s: list[list[float]] = field(default_factory=list)  # [replica][stage] AdamW step after the all-reduce
     model_flops_per_seq: float = 0.0  # model FLOPs of training one sequence (no recomputation): MFU's numerator
+    # virtual pipeline stages (Megatron's interleaved 1F1B): model chunks per stage, their layers and per
+    # microbatch times ([stage][chunk], [replica][stage][chunk]); empty with one chunk per stage
+    virtual_stages: int = 1
+    chunk_layers: list[list[int]] = field(default_factory=list)
+    chunk_fwd_s: list[list[list[float]]] = field(default_factory=list)
+    chunk_bwd_s: list[list[list[float]]] = field(default_factory=list)
+    # zero-bubble schedule: [replica][stage] the weight-gradient part of bwd_s, run apart as W (empty otherwise)
+    wgrad_s: list[list[float]] = field(default_factory=list)
 
     @property
     def gpus(self) -> int:

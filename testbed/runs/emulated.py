@@ -129,6 +129,16 @@ def check_programs(plan, compute: str) -> None:
                                   for p in programs.values() for st in p.steps):
         raise NotYetError(f"{plan.scheduler}: torch compute with a stage's replicas in several DCs (a hierarchical "
                           "all-reduce); use modeled compute, or a placement that keeps each stage in one DC")
+    if plan.mech.bubbletea and (plan.virtual_stages > 1 or plan.wgrad_s):
+        raise NotYetError(f"{plan.scheduler}: emulated BubbleTea with virtual_stages={plan.virtual_stages} or the "
+                          "zero-bubble schedule (its replay without prefill matches a worker's intervals by "
+                          "microbatch, not yet by chunk or split backward); simulate it, or use plain 1F1B")
+    if compute == "torch" and plan.wgrad_s:
+        raise NotYetError(f"{plan.scheduler}: torch compute with the zero-bubble schedule (a worker's backward is one "
+                          "autograd call); use modeled compute, or schedule: 1f1b")
+    if compute == "torch" and plan.virtual_stages > 1:
+        raise NotYetError(f"{plan.scheduler}: torch compute with virtual_stages={plan.virtual_stages} (a worker "
+                          "builds one model chunk); use modeled compute, or virtual_stages: 1")
 
 
 def preflight(points: list[tuple[Experiment, dict]]) -> None:

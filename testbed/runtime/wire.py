@@ -1,7 +1,8 @@
 """Wire formats. Data: a fixed header per chunk, then the payload. Control: length-prefixed JSON.
 
 Data header (network order): kind (1 byte: b'a' activation, b'g' gradient, b'r' ring all-reduce),
-iteration (u32), microbatch (u32), chunk (u16), chunks (u16), payload bytes (u64), the whole
+iteration (u32), microbatch (u32; with virtual stages the receiver's model chunk above bit 20,
+runtime/worker.py wire_mb), chunk (u16), chunks (u16), payload bytes (u64), the whole
 message's bytes (u64), sender's monotonic send time (f64). Chunk i of a message of T bytes striped
 over n connections starts at offset i*(T//n) + min(i, T%n). Every host shares CLOCK_MONOTONIC
 (one kernel), so times compare directly.

@@ -21,7 +21,17 @@ import sys
 import threading
 import time
 
-from testbed.program import AllReduce, Backward, Exchange, Forward, Recv, Send, exchanges, program_from_dict
+from testbed.program import (
+    AllReduce,
+    Backward,
+    BackwardWeight,
+    Exchange,
+    Forward,
+    Recv,
+    Send,
+    exchanges,
+    program_from_dict,
+)
 from testbed.runtime.config import WorkerConfig
 from testbed.runtime.htb import ALLREDUCE_TOS
 from testbed.runtime.prefill import KV_DRAIN_S, PrefillClient
@@ -184,6 +194,17 @@ def _read(sock: socket.socket, st: _Incoming, inbox: Inbox, buf: memoryview, win
             return
 
 
+CHUNK_SHIFT = 20  # a message's wire microbatch: its model chunk above this many bits, its microbatch below
+
+
+def wire_mb(microbatch: int, chunk: int) -> int:
+    """The data header's microbatch field for a message to model chunk `chunk` (virtual stages); the microbatch
+    itself without them."""
+    if not 0 <= microbatch < 1 << CHUNK_SHIFT or not 0 <= chunk < 1 << (32 - CHUNK_SHIFT):
+        raise ValueError(f"microbatch {microbatch} chunk {chunk} does not fit the wire's 32-bit microbatch field")
+    return chunk << CHUNK_SHIFT | microbatch
+
+
 def transfer_id(replica: int, kind: bytes, it: int, mb: int) -> str:
     """How the sender's start notice and the receiver's end notice name one transfer to the sidecar."""
     return f"{replica}{kind.decode()}{it}.{mb}"
@@ -217,9 +238,10 @@ class Striped:
             sel.close()
 
     def send(self, kind: bytes, it: int, mb: int, nbytes: int, on_done, sidecar: SidecarClient | None = None,
-             replica: int = 0, payload: memoryview | None = None, stripes: int | None = None) -> None:
+             replica: int = 0, payload: memoryview | None = None, stripes: int | None = None, chunk: int = 0) -> None:
         """Stripe one message over the first `stripes` connections (all by default); `payload` (real bytes) or
-        `nbytes` of zeros (modeled compute)."""
+        `nbytes` of zeros (modeled compute). `chunk`: the receiver's model chunk (virtual stages)."""
+        wmb = wire_mb(mb, chunk)
         n = min(stripes or len(self.socks), len(self.socks))
         if payload is not None:
             nbytes = len(payload)
@@ -227,12 +249,12 @@ class Striped:
         t0 = time.monotonic()
         if sidecar:  # the receiver ends it (transfer_id): bytes in our socket buffer have not left yet
             sidecar.notice({"op": "start", "replica": replica, "mb": mb, "kind": kind.decode(),
-                            "id": transfer_id(replica, kind, it, mb)})
+                            "id": transfer_id(replica, kind, it, wmb)})
         parts = []
         for i, (sock, size) in enumerate(zip(self.socks[:n], sizes, strict=True)):
             off = chunk_offset(nbytes, n, i)
             body = [payload[off:off + size]] if payload is not None else _zeros(size)
-            parts.append((sock, [memoryview(DATA.pack(kind, it, mb, i, n, size, nbytes, t0)), *body]))
+            parts.append((sock, [memoryview(DATA.pack(kind, it, wmb, i, n, size, nbytes, t0)), *body]))
         self.queue.put((parts, lambda: on_done(t0, time.monotonic())))
 
 
@@ -645,7 +667,7 @@ def main(cfg_path: str, ctl_path: str) -> None:
 
     def receive(st: Recv, it: int):
         """Wait for the step's message, serving prefill meanwhile."""
-        key = (st.kind.encode(), it, st.microbatch)
+        key = (st.kind.encode(), it, wire_mb(st.microbatch, st.chunk))
         bt.wait_for(inbox, key, rec)
         t_send, t_in = inbox.wait(key)
         rec("recv", st.microbatch, t_send, t_in, st.bytes)
@@ -674,7 +696,7 @@ def main(cfg_path: str, ctl_path: str) -> None:
             t = type(st)
             if t is Recv:
                 data = receive(st, it)
-            elif t is Forward or t is Backward:
+            elif t is Forward or t is Backward or t is BackwardWeight:  # W: modeled only (torch refuses "zb")
                 t0 = time.monotonic()
                 out_data = (comp.forward if t is Forward else comp.backward)(it, st, data)
                 rec("fwd" if t is Forward else "bwd", st.microbatch, t0, time.monotonic())
@@ -682,7 +704,7 @@ def main(cfg_path: str, ctl_path: str) -> None:
             elif t is Send:
                 nbytes = max(1, round(st.bytes / cfg.scale))
                 pipes[st.peer].send(st.kind.encode(), it, st.microbatch, nbytes, sent(st.bytes, st.microbatch, pending),
-                                    sidecars.get(st.peer), r, out_data, p_it.pipe(st.peer).connections)
+                                    sidecars.get(st.peer), r, out_data, p_it.pipe(st.peer).connections, st.chunk)
                 sends += 1
             else:  # AllReduce
                 t0 = time.monotonic()

@@ -51,7 +51,7 @@ from contextlib import contextmanager
 from testbed.plan.lower import allreduce, lower_group, program_shape
 from testbed.plan.plan import Plan
 from testbed.plan.turns import TURN_KEYS
-from testbed.program import AllReduce, Backward, Forward, Recv, Send
+from testbed.program import AllReduce, Backward, BackwardWeight, Forward, Recv, Send
 from testbed.sim.linkchange import LiveLinks, WanSchedule
 from testbed.sim.network import Flow, LinkState
 from testbed.timeline import Timeline, group_name
@@ -195,23 +195,38 @@ def replica_classes(plan: Plan) -> dict[int, list[int]]:
     return dict(sorted(out.items()))
 
 
-def compile_steps(steps: tuple, s: int, r: int, m: int) -> tuple[tuple, ...]:
+def message_index(kind: str, microbatch: int, chunk: int, m: int) -> int:
+    """A message's place in its receiver's arrival flags: per model chunk, m activations then m gradients."""
+    return 2 * m * chunk + (microbatch if kind == "a" else m + microbatch)
+
+
+def peer_offsets(s: int, r: int, pp: int, wrap: bool) -> dict[str, tuple[int, int]]:
+    """Group (s, r)'s pipeline peers as (group offset, direction: 0 towards the next stage, 1 the previous),
+    written relative to the group so that groups of one shape share the compiled steps. With virtual stages
+    (`wrap`) the last stage's next is the first; one peer on both sides (two stages) is one pipe, direction 0."""
+    if not wrap:
+        return {group_name(s + 1, r): (1, 0), group_name(s - 1, r): (-1, 1)}
+    prv, nxt = (s - 1) % pp, (s + 1) % pp
+    return {group_name(prv, r): (prv - s, 1), group_name(nxt, r): (nxt - s, 0)}
+
+
+def compile_steps(steps: tuple, s: int, r: int, m: int, pp: int = 0, wrap: bool = False) -> tuple[tuple, ...]:
     """Group (s, r)'s steps as tuples the event loop reads without attribute lookups; a message's index
-    in the receiver's arrival flags is its microbatch (activations) or m + its microbatch (gradients).
-    Peers are the neighbouring stages of the same replica, written as +1 or -1 so that groups of one
-    shape share the compiled steps."""
-    peers = {group_name(s + 1, r): 1, group_name(s - 1, r): -1}
+    in the receiver's arrival flags is `message_index`. Peers are the neighbouring stages of the same replica
+    (`peer_offsets`)."""
+    peers = peer_offsets(s, r, pp, wrap)
     out: list[tuple] = []
     for st in steps:
         t = type(st)
         if t is Recv:
-            out.append((RECV, st.microbatch if st.kind == "a" else m + st.microbatch))
+            out.append((RECV, message_index(st.kind, st.microbatch, st.chunk, m)))
         elif t is Send:
             if st.peer not in peers:
                 raise ValueError(f"{group_name(s, r)} sends to {st.peer}, not a neighbouring stage of its replica")
-            idx = st.microbatch if st.kind == "a" else m + st.microbatch
-            out.append((SEND, peers[st.peer], st.kind, st.microbatch, st.bytes, idx))
-        elif t is Forward or t is Backward:
+            off, d = peers[st.peer]
+            idx = message_index(st.kind, st.microbatch, st.chunk, m)
+            out.append((SEND, off, st.kind, st.microbatch, st.bytes, idx, d))
+        elif t is Forward or t is Backward or t is BackwardWeight:  # W is backward work on the timeline
             out.append((COMPUTE, st.seconds, "fwd" if t is Forward else "bwd", st.microbatch))
         elif t is AllReduce:
             out.append((ALLREDUCE, st))
@@ -239,7 +254,7 @@ class Simulation:
         self.waits = [-1] * n  # the message a blocked group waits for (-1: none)
         # when each message reaches its group (INF: not sent yet): [g][microbatch] activations, [g][m + microbatch]
         # gradients
-        self.arrival = [[INF] * (2 * m) for _ in range(n)]
+        self.arrival = [[INF] * (2 * m * plan.virtual_stages) for _ in range(n)]
         self.stage_done = [0] * P
         self.out: list[tuple] = []  # (group, kind, microbatch, start, end, bytes)
         self.links = {
@@ -261,6 +276,8 @@ class Simulation:
             for s in range(P):
                 a = row[s]
                 for d, q in ((0, s + 1), (1, s - 1)):
+                    if plan.virtual_stages > 1:  # the chunks wrap from the last stage to the first
+                        q %= P
                     j = 2 * (k * P + s) + d
                     intra = plan.intra[a]
                     self.pipe_bw[j], self.pipe_lat[j] = intra.bandwidth_bytes_s, intra.latency_s
@@ -304,7 +321,8 @@ class Simulation:
             for s in range(p.pp):
                 key = program_shape(p, s, r)
                 if key not in shared:
-                    shared[key] = compile_steps(lower_group(p, s, r, reduces[s]).steps, s, r, p.microbatches)
+                    shared[key] = compile_steps(lower_group(p, s, r, reduces[s]).steps, s, r, p.microbatches, p.pp,
+                                                p.virtual_stages > 1)
                 out.append(shared[key])
         return out
 
@@ -359,7 +377,7 @@ class Simulation:
                         self._flow_done(flow)
                 elif code == EV_SEND:
                     g, st = ev[2], ev[3]
-                    self._send_wan(g, g + st[1], st[2], st[3], st[4], self.pipe_link[2 * g + (st[1] < 0)])
+                    self._send_wan(g, g + st[1], st[2], st[3], st[4], self.pipe_link[2 * g + st[6]], st[5])
                 else:
                     ev[2](*ev[3])
         self.events += events
@@ -396,7 +414,7 @@ class Simulation:
                             break
                         t = ta
                 elif op == SEND:
-                    j = 2 * g + (st[1] < 0)
+                    j = 2 * g + st[6]
                     if pipe_link[j] is None:  # inside a DC: FIFO on the fabric, no contention
                         dst, idx, nbytes = g + st[1], st[5], st[4]
                         free = pipe_free[j]
@@ -425,13 +443,15 @@ class Simulation:
             self._drain([g])
 
     # --- transfers ------------------------------------------------------------------------
-    def _send_wan(self, src: int, dst: int, kind: str, i: int, nbytes: float, link: tuple[str, str]) -> None:
+    def _send_wan(self, src: int, dst: int, kind: str, i: int, nbytes: float, link: tuple[str, str],
+                  idx: int) -> None:
         """Queue a transfer on the (src, dst) pipe across the WAN; it leaves after the transfers queued before it.
-        Under temporal sharing the sidecar hears of it SIDECAR_REACTION_S later."""
+        Under temporal sharing the sidecar hears of it SIDECAR_REACTION_S later. `idx`: its place in the
+        receiver's arrival flags."""
         pipe = self.pipes[(src, dst)]
         k = src // self.p.pp
         key = self.turn_key(i, self.turn_rank[k], kind, self.now)
-        pipe.append([kind, i, nbytes, self.now, nbytes, key])  # [4]: bytes not yet sent
+        pipe.append([kind, i, nbytes, self.now, nbytes, key, idx])  # [4]: bytes not yet sent
         if self.links[link].temporal:
             self.push(self.now + SIDECAR_REACTION_S, self._sidecar, link, self.reps[k], key, True)
         lag = self.lag.pop((src, dst), 0.0) if self.lag else 0.0
@@ -461,7 +481,7 @@ class Simulation:
     def _send_head(self, src: int, dst: int, link: tuple[str, str]) -> None:
         """Put as much of the pipe's head transfer on the link as its window allows now, or wait until the oldest
         piece in flight comes free."""
-        kind, i, _nbytes, t_issue, left, _key = self.pipes[(src, dst)][0]
+        kind, i, _nbytes, t_issue, left, _key, _idx = self.pipes[(src, dst)][0]
         lp = self.lp[link]  # as the link is now (a changing WAN's latency changes the round trip)
         win = self.windows.get((src, dst))
         if win is None:
@@ -501,7 +521,7 @@ class Simulation:
         arrive = now + self.lp[key].latency_s * self._delay(src, dst, kind, i)
         self.out.append((src, "send", i, t_issue, now, head[2]))
         self.out.append((dst, "recv", i, t_issue, arrive, head[2]))
-        self._deliver(dst, i if kind == "a" else self.p.microbatches + i, arrive)
+        self._deliver(dst, head[6], arrive)
         if link.temporal:  # the receiver's end notice
             self.push(arrive + SIDECAR_REACTION_S, self._sidecar, key, self.replica(src), head[5], False)
         pipe.popleft()
