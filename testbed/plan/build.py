@@ -9,6 +9,7 @@ from testbed.costs.models import ModelConfig, resolve_model
 from testbed.costs.stage import in_flight, layer_costs
 from testbed.costs.tcp import connections_for
 from testbed.errors import SpecError
+from testbed.plan.buckets import bucket_bytes
 from testbed.plan.layers import stage_layers
 from testbed.plan.mechanisms import Mechanisms, parse_scheduler
 from testbed.plan.placement import place
@@ -303,6 +304,7 @@ def build_plan(
         hosts={d.name: d.hosts for d in topo.dcs},
         layers=layers,
         optimizer_s=[[c.optimizer_s for c in row] for row in costs],
+        bucket_bytes=bucket_bytes(w.ddp_bucket_params, dp, w.tp),
     )
     plan.turn_policy = turn_policy(exp.network.turn_order, plan)
     return plan

@@ -78,6 +78,7 @@ class Plan:
     meta: dict[str, object] = field(default_factory=dict)
     layers: list[int] = field(default_factory=list)  # [stage] -> transformer layers it holds
     optimizer_s: list[list[float]] = field(default_factory=list)  # [replica][stage] AdamW step after the all-reduce
+    bucket_bytes: float = 0.0  # gradient bytes per group in one overlapped reduce-scatter's bucket (plan/buckets.py)
 
     @property
     def gpus(self) -> int:
