@@ -144,3 +144,13 @@ def test_bucketed_programs_round_trip_through_json():
 
     for p in lower(build_plan(small(), "dp-wan")).values():
         assert Program.from_json(p.to_json()) == p
+
+
+def test_an_uneven_batch_split_is_refused_naming_the_limit():
+    from testbed.errors import SpecError
+    from testbed.plan.build import resolve_dp
+
+    exp = load_experiment(ROOT / "experiments" / "tiny-3dc.yaml")[0][0]
+    exp = exp.model_copy(update={"workload": exp.workload.model_copy(update={"dp": 3})})
+    with pytest.raises(SpecError, match="equal share.*by each site's speed"):
+        resolve_dp(exp)

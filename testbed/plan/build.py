@@ -79,7 +79,8 @@ def resolve_dp(exp: Experiment) -> int:
     if w.dp != "auto":
         seqs = w.global_batch // w.microbatch
         if seqs % w.dp:
-            raise SpecError("workload.dp", f"dp={w.dp} does not divide {seqs} microbatch-sized sequences per batch",
+            raise SpecError("workload.dp", f"dp={w.dp} does not divide {seqs} microbatch-sized sequences per batch "
+                            "(every replica takes an equal share; a split by each site's speed is not supported yet)",
                             "pick a dp dividing global_batch/microbatch, or dp: auto")
         return int(w.dp)
     pins = [(m, pinned_chain(exp, m)) for m in (parse_scheduler(s) for s in exp.schedulers)]
@@ -254,9 +255,11 @@ def build_plan(
             g = topo.dc(d).gpu
             need = by_gpu[g][s].mem_gb
             if need > GPUS[g].memory_gb:
+                same = " (every DC runs the same tp and pp; a layout per site is not supported yet)" \
+                    if len(set(gpu_of.values())) > 1 else ""
                 raise SpecError(
                     "workload",
-                    f"stage {s} needs {need:.0f} GB per {g} GPU (it has {GPUS[g].memory_gb:.0f} GB)",
+                    f"stage {s} needs {need:.0f} GB per {g} GPU in {d} (it has {GPUS[g].memory_gb:.0f} GB){same}",
                     "raise tp or pp, set sequence_parallel: true or recompute: full, or lower microbatch",
                 )
     costs = [[by_gpu[topo.dc(d).gpu][s] for s, d in enumerate(row)] for row in stage_dc]
