@@ -154,3 +154,13 @@ def test_an_uneven_batch_split_is_refused_naming_the_limit():
     exp = exp.model_copy(update={"workload": exp.workload.model_copy(update={"dp": 3})})
     with pytest.raises(SpecError, match="equal share.*by each site's speed"):
         resolve_dp(exp)
+
+
+def test_overlapped_timelines_keep_the_timeline_invariants():
+    from testbed.analysis.invariants import check_timeline
+
+    for sets in ((), ("workload.ddp_bucket_params=30000000",)):
+        plan = build_plan(small(*sets), "dp-wan")
+        assert check_timeline(simulate(plan)[0], plan) == []
+    plan = build_plan(load_experiment(ROOT / "experiments" / "tiny-3dc.yaml")[0][0], "pp-wan+overlap")
+    assert check_timeline(simulate(plan)[0], plan) == []

@@ -4,9 +4,10 @@ It executes its lowered program (testbed/program.py), the one the simulator exec
 for its message, Forward and Backward compute (`modeled`: the cost model's time; `torch`: a real
 stage), a Send stripes its message (bytes divided by the scale factor) over the pipe's n TCP
 connections, one sender thread per connection, while the program goes on; the AllReduce runs its
-exchanges over TCP. Between iterations it waits at the orchestrator's barrier (Megatron's global
-gradient-norm all-reduce has the same effect). Intervals are recorded with time.monotonic().
-Nothing polls: waits are on sockets and condition variables.
+exchanges over TCP, and bucketed ReduceScatter and AllGather steps run theirs on a thread of their own
+(`Buckets`) while the program goes on, until an Await needs them. Between iterations it waits at the
+orchestrator's barrier (Megatron's global gradient-norm all-reduce has the same effect). Intervals are
+recorded with time.monotonic(). Nothing polls: waits are on sockets and condition variables.
 
 Usage: python -m testbed.runtime.worker CONFIG.json CONTROL.sock
 """
