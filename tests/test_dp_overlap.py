@@ -164,3 +164,9 @@ def test_overlapped_timelines_keep_the_timeline_invariants():
         assert check_timeline(simulate(plan)[0], plan) == []
     plan = build_plan(load_experiment(ROOT / "experiments" / "tiny-3dc.yaml")[0][0], "pp-wan+overlap")
     assert check_timeline(simulate(plan)[0], plan) == []
+
+
+def test_bubbletea_with_bucketed_collectives_is_refused_as_not_yet():
+    with pytest.raises(ValueError, match="not supported yet; add -overlap"):
+        parse_scheduler("dp-wan+bubbletea")
+    assert parse_scheduler("dp-wan-overlap+bubbletea").bubbletea

@@ -83,4 +83,7 @@ def parse_scheduler(name: str) -> Mechanisms:
         mech = replace(mech, **(on if sign == "+" else off))  # type: ignore[arg-type]
     if mech.stagger and not mech.temporal:
         raise ValueError(f"{name!r}: +stagger interleaves turns; it needs +temporal")
+    if mech.bubbletea and mech.overlap:
+        raise ValueError(f"{name!r}: BubbleTea with the overlap mechanism's bucketed collectives is not supported "
+                         "yet; add -overlap (e.g. dp-wan-overlap+bubbletea)")
     return mech
