@@ -8,8 +8,9 @@ bucket by bucket, the first layers' first, while the next iteration's forward st
 Its default bucket is max(40M, 1M x dp) parameters (megatron/core/distributed/distributed_data_parallel_config.py,
 `bucket_size`); each TP rank buckets its own shard, so a group (tp GPUs) carries tp times that.
 
-A bucket's gradients are taken to come out of the backward in proportion to its bytes (its layers' share of
-the stage's parameters), and the forward to use a bucket's parameters from the point where its bytes start.
+The backward produces a stage's gradients as stretches (`Segment`): the output head's first (the last stage;
+taken as instant, its compute is small beside the layers'), the transformer layers' evenly over the backward,
+the input embedding's last (the first stage); the forward uses the parameters in the opposite order.
 """
 
 from __future__ import annotations
@@ -40,13 +41,39 @@ def split(grad_bytes: float, bucket: float) -> list[float]:
     return [bucket] * (n - 1) + [grad_bytes - bucket * (n - 1)]
 
 
-def reduce_scatters(ar: AllReduce, buckets: list[float], bwd_s: float) -> list[ReduceScatter]:
-    """The last backward's reduce-scatters, to go just before it: bucket b is issued when the backward has
-    produced buckets 0..b, that share of `bwd_s` into it."""
-    total, done, out = sum(buckets), 0.0, []
+Segment = tuple[float, float]  # (bytes, seconds): a stretch of a pass that handles these bytes in this time
+
+
+def backward_segments(grad_bytes: float, edges: tuple[float, float], bwd_s: float) -> list[Segment]:
+    """A stage's backward as it produces gradients: the head's (instant), the layers' (the whole backward), the
+    embedding's (instant). `edges`: (input embedding, output head) bytes on the stage."""
+    emb, head = edges
+    return [(head, 0.0), (max(0.0, grad_bytes - emb - head), bwd_s), (emb, 0.0)]
+
+
+def forward_segments(grad_bytes: float, edges: tuple[float, float], fwd_s: float) -> list[Segment]:
+    """A stage's forward as it uses parameters: the embedding's, the layers', the head's."""
+    return backward_segments(grad_bytes, edges, fwd_s)[::-1]
+
+
+def time_at(segments: list[Segment], x: float) -> float:
+    """When a pass has gone through the first `x` bytes of its segments."""
+    t = 0.0
+    for nbytes, secs in segments:
+        if x <= nbytes:
+            return t + (secs * x / nbytes if nbytes > 0 else 0.0)
+        x -= nbytes
+        t += secs
+    return t
+
+
+def reduce_scatters(ar: AllReduce, buckets: list[float], backward: list[Segment]) -> list[ReduceScatter]:
+    """The last backward's reduce-scatters, to go just before it: bucket b is issued once the backward has
+    produced buckets 0..b."""
+    done, out = 0.0, []
     for b, nbytes in enumerate(buckets):
         done += nbytes
-        out.append(ReduceScatter(b, bwd_s * min(1.0, done / total), ar.algorithm, nbytes, ar.rings,
+        out.append(ReduceScatter(b, time_at(backward, done * (1 - 1e-12)), ar.algorithm, nbytes, ar.rings,
                                  ar.wan_connections, ar.wan_window_bytes))
     return out
 
@@ -58,13 +85,12 @@ def all_gathers(ar: AllReduce, buckets: list[float]) -> list[AllGather]:
     return [AllGather(b, buckets[b], rings) for b in reversed(range(len(buckets)))]
 
 
-def gather_waits(buckets: list[float], fwd_s: float) -> list[Await]:
-    """The first forward's waits: bucket b's layers start after the forward has run through the buckets before
-    it in forward order (the later buckets in backward order), so it may start that long before b is in."""
-    total = sum(buckets)
+def gather_waits(buckets: list[float], forward: list[Segment]) -> list[Await]:
+    """The first forward's waits: it reaches bucket b once it has gone through the buckets before it in forward
+    order (the later buckets in backward order), so it may start that long before b is in."""
     out, before = [], 0.0
     for b in reversed(range(len(buckets))):
-        out.append(Await("AllGather", b, fwd_s * before / total))
+        out.append(Await("AllGather", b, time_at(forward, before)))
         before += buckets[b]
     return out
 

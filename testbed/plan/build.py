@@ -6,7 +6,7 @@ import math
 
 from testbed.costs.gpus import GPUS
 from testbed.costs.models import ModelConfig, resolve_model
-from testbed.costs.stage import in_flight, layer_costs
+from testbed.costs.stage import BF16, in_flight, layer_costs
 from testbed.costs.tcp import connections_for
 from testbed.errors import SpecError
 from testbed.plan.buckets import bucket_bytes
@@ -307,6 +307,8 @@ def build_plan(
         hosts={d.name: d.hosts for d in topo.dcs},
         layers=layers,
         optimizer_s=[[c.optimizer_s for c in row] for row in costs],
+        edge_grad_bytes=[(float(model.embedding_params() * BF16) if s == 0 else 0.0,
+                          float(model.embedding_params() * BF16) if s == w.pp - 1 else 0.0) for s in range(w.pp)],
         bucket_bytes=bucket_bytes(w.ddp_bucket_params, dp, w.tp),
     )
     plan.turn_policy = turn_policy(exp.network.turn_order, plan)

@@ -9,7 +9,15 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
-from testbed.plan.buckets import all_gathers, gather_waits, reduce_scatters, scatter_waits, split
+from testbed.plan.buckets import (
+    all_gathers,
+    backward_segments,
+    forward_segments,
+    gather_waits,
+    reduce_scatters,
+    scatter_waits,
+    split,
+)
 from testbed.plan.plan import Plan
 from testbed.program import (
     AllGather,
@@ -104,10 +112,13 @@ def overlapped(plan: Plan, s: int, r: int, steps: list[Step], ar: AllReduce) -> 
     each bucket only when its layers start, the last backward's reduce-scatters issued as it produces each
     bucket, and the program's end waiting for them all."""
     sizes = split(ar.bytes, plan.bucket_bytes)
+    edges = plan.edge_grad_bytes[s] if plan.edge_grad_bytes else (0.0, 0.0)
+    fwd = forward_segments(ar.bytes, edges, plan.fwd_s[r][s])
+    bwd = backward_segments(ar.bytes, edges, plan.bwd_s[r][s])
     first = next(i for i, st in enumerate(steps) if isinstance(st, Forward))
     last = max(i for i, st in enumerate(steps) if isinstance(st, Backward))
-    return [*all_gathers(ar, sizes), *steps[:first], *gather_waits(sizes, plan.fwd_s[r][s]),
-            *steps[first:last], *reduce_scatters(ar, sizes, plan.bwd_s[r][s]), *steps[last:], *scatter_waits(sizes)]
+    return [*all_gathers(ar, sizes), *steps[:first], *gather_waits(sizes, fwd), *steps[first:last],
+            *reduce_scatters(ar, sizes, bwd), *steps[last:], *scatter_waits(sizes)]
 
 
 def program_shape(plan: Plan, s: int, r: int) -> tuple:

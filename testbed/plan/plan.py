@@ -78,6 +78,9 @@ class Plan:
     meta: dict[str, object] = field(default_factory=dict)
     layers: list[int] = field(default_factory=list)  # [stage] -> transformer layers it holds
     optimizer_s: list[list[float]] = field(default_factory=list)  # [replica][stage] AdamW step after the all-reduce
+    # [stage] -> (input embedding, output head) gradient bytes it holds: the backward produces the head's first and
+    # the embedding's last, with little compute (plan/buckets.py)
+    edge_grad_bytes: list[tuple[float, float]] = field(default_factory=list)
     bucket_bytes: float = 0.0  # gradient bytes per group in one overlapped reduce-scatter's bucket (plan/buckets.py)
 
     @property
