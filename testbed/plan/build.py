@@ -7,10 +7,11 @@ import math
 from testbed.costs.gpus import GPUS
 from testbed.costs.models import ModelConfig, resolve_model
 from testbed.costs.operators import model_flops_per_token
-from testbed.costs.stage import in_flight, layer_costs
+from testbed.costs.stage import BF16, in_flight, layer_costs
 from testbed.costs.tcp import connections_for
-from testbed.errors import SpecError
+from testbed.errors import NotYetError, SpecError
 from testbed.net.wire import FRAME_BYTES
+from testbed.plan.buckets import bucket_bytes
 from testbed.plan.layers import chunk_layers, empty_chunk, stage_layers
 from testbed.plan.mechanisms import Mechanisms, parse_scheduler
 from testbed.plan.placement import place
@@ -79,7 +80,8 @@ def resolve_dp(exp: Experiment) -> int:
     if w.dp != "auto":
         seqs = w.global_batch // w.microbatch
         if seqs % w.dp:
-            raise SpecError("workload.dp", f"dp={w.dp} does not divide {seqs} microbatch-sized sequences per batch",
+            raise SpecError("workload.dp", f"dp={w.dp} does not divide {seqs} microbatch-sized sequences per batch "
+                            "(every replica takes an equal share; a split by each site's speed is not supported yet)",
                             "pick a dp dividing global_batch/microbatch, or dp: auto")
         return int(w.dp)
     pins = [(m, pinned_chain(exp, m)) for m in (parse_scheduler(s) for s in exp.schedulers)]
@@ -243,6 +245,10 @@ def build_plan(
     if why := check_interleaving(w.pp, m, V):
         raise SpecError("workload.virtual_stages", why,
                         "make global_batch / (microbatch x dp) a multiple of pp, or set virtual_stages: 1")
+    if mech.overlap and dp > 1 and (V > 1 or w.schedule == "zb"):
+        raise NotYetError(f"{scheduler}: the overlap mechanism's bucketed collectives with "
+                          f"{'virtual_stages > 1' if V > 1 else 'the zero-bubble schedule'} are not supported yet; "
+                          f"use {scheduler}-overlap, or virtual_stages: 1 and schedule: 1f1b")
     per_gpu = {g: layer_costs(model, g, tp=w.tp, dp=dp, microbatch=w.microbatch, mfu=w.mfu, recompute=w.recompute,
                               distributed_optimizer=w.distributed_optimizer, sequence_parallel=w.sequence_parallel_at())
                for g in sorted(set(gpu_of.values()))}
@@ -303,6 +309,9 @@ def build_plan(
         model_flops_per_seq=model.seq_len * model_flops_per_token(model, model.seq_len),
         virtual_stages=V,
         chunk_layers=chunks,
+        edge_grad_bytes=[(float(model.embedding_params() * BF16) if s == 0 else 0.0,
+                          float(model.embedding_params() * BF16) if s == w.pp - 1 else 0.0) for s in range(w.pp)],
+        bucket_bytes=bucket_bytes(w.ddp_bucket_params, dp, w.tp),
     )
     split_times(plan, w, per_gpu, gpu_of)
     plan.turn_policy = turn_policy(exp.network.turn_order, plan)
@@ -311,14 +320,17 @@ def build_plan(
 
 def check_memory(stage_dc: list[list[str]], topo: Topology, by_gpu: dict) -> None:
     """Every group's stage fits its GPU's memory, else the one-line error naming the fixes."""
+    kinds = {topo.dc(d).gpu for row in stage_dc for d in row}
     for r_row in stage_dc:
         for s, d in enumerate(r_row):
             g = topo.dc(d).gpu
             need = by_gpu[g][s].mem_gb
             if need > GPUS[g].memory_gb:
+                same = " (every DC runs the same tp and pp; a layout per site is not supported yet)" \
+                    if len(kinds) > 1 else ""
                 raise SpecError(
                     "workload",
-                    f"stage {s} needs {need:.0f} GB per {g} GPU (it has {GPUS[g].memory_gb:.0f} GB)",
+                    f"stage {s} needs {need:.0f} GB per {g} GPU in {d} (it has {GPUS[g].memory_gb:.0f} GB){same}",
                     "raise tp or pp, set sequence_parallel: true or recompute: full, or lower microbatch",
                 )
 

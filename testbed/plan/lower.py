@@ -9,8 +9,30 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
+from testbed.plan.buckets import (
+    all_gathers,
+    backward_segments,
+    forward_segments,
+    gather_waits,
+    reduce_scatters,
+    scatter_waits,
+    split,
+)
 from testbed.plan.plan import Plan
-from testbed.program import AllReduce, Backward, BackwardWeight, Forward, Pipe, Program, Recv, Send, Step
+from testbed.program import (
+    AllGather,
+    AllReduce,
+    Await,
+    Backward,
+    BackwardWeight,
+    Forward,
+    Pipe,
+    Program,
+    Recv,
+    ReduceScatter,
+    Send,
+    Step,
+)
 from testbed.timeline import group_name
 
 BASE_PORT = 7000  # group (stage s, replica r) listens on BASE_PORT + r * pp + s
@@ -114,11 +136,26 @@ def lower_group(plan: Plan, s: int, r: int, reduce: AllReduce | None = None) -> 
     for a in plan.actions[s]:
         steps += action_steps(plan, s, r, a.op, a.microbatch, a.chunk)
     if plan.dp > 1:
-        steps.append(reduce or allreduce(plan, s))
+        ar = reduce or allreduce(plan, s)
+        steps = overlapped(plan, s, r, steps, ar) if plan.mech.overlap else [*steps, ar]
     pipes = tuple(pipe(plan, s, r, q) for q in peers(plan, s))
     dc = plan.stage_dc[r][s]
     return Program(name, s, r, dc, host_index(plan, s, r), port(plan, s, r), plan.replica_offset_s[r],
                    tuple(steps), pipes)
+
+
+def overlapped(plan: Plan, s: int, r: int, steps: list[Step], ar: AllReduce) -> list[Step]:
+    """The `overlap` mechanism (plan/buckets.py): the parameter all-gathers first, the first forward waiting for
+    each bucket only when its layers start, the last backward's reduce-scatters issued as it produces each
+    bucket, and the program's end waiting for them all."""
+    sizes = split(ar.bytes, plan.bucket_bytes)
+    edges = plan.edge_grad_bytes[s] if plan.edge_grad_bytes else (0.0, 0.0)
+    fwd = forward_segments(ar.bytes, edges, plan.fwd_s[r][s])
+    bwd = backward_segments(ar.bytes, edges, plan.bwd_s[r][s])
+    first = next(i for i, st in enumerate(steps) if isinstance(st, Forward))
+    last = max(i for i, st in enumerate(steps) if isinstance(st, Backward))
+    return [*all_gathers(ar, sizes), *steps[:first], *gather_waits(sizes, fwd), *steps[first:last],
+            *reduce_scatters(ar, sizes, bwd), *steps[last:], *scatter_waits(sizes)]
 
 
 def program_shape(plan: Plan, s: int, r: int) -> tuple:
@@ -137,6 +174,12 @@ def lower(plan: Plan, replicas: Iterable[int] | None = None) -> dict[str, Progra
     reps = range(plan.dp) if replicas is None else replicas
     reduces = [allreduce(plan, s) if plan.dp > 1 else None for s in range(plan.pp)]  # shared by the stage's groups
     return {group_name(s, r): lower_group(plan, s, r, reduces[s]) for r in reps for s in range(plan.pp)}
+
+
+def collective_key(st: ReduceScatter | AllGather, group: str) -> tuple:
+    """What names one bucketed collective alike in every member's program: op, bucket, bytes and members."""
+    rings = st.rings if isinstance(st, ReduceScatter) else [next(r for r in st.rings if group in r)]
+    return type(st).__name__, st.bucket, st.bytes, tuple(sorted(g for r in rings for g in r))
 
 
 def dry_run(programs: dict[str, Program]) -> list[str]:
@@ -163,6 +206,8 @@ def dry_run(programs: dict[str, Program]) -> list[str]:
         return bad
     ptr = dict.fromkeys(programs, 0)
     arrived: set[tuple] = set()
+    issued: dict[tuple, set[str]] = defaultdict(set)  # a bucketed collective -> the groups that issued it
+    mine: dict[tuple, tuple] = {}  # (group, op, bucket) -> the collective it issued
     progress = True
     while progress:
         progress = False
@@ -174,6 +219,14 @@ def dry_run(programs: dict[str, Program]) -> list[str]:
                         break
                 elif isinstance(st, Send):
                     arrived.add((name, st.peer, st.kind, st.microbatch, st.chunk))
+                elif isinstance(st, ReduceScatter | AllGather):
+                    key = collective_key(st, name)
+                    issued[key].add(name)
+                    mine[(name, type(st).__name__, st.bucket)] = key
+                elif isinstance(st, Await):  # a collective is done once every member has issued it
+                    key = mine.get((name, st.collective, st.bucket))
+                    if key is None or issued[key] != set(key[3]):
+                        break
                 ptr[name] += 1
                 progress = True
     stuck = [f"{n} waits at step {ptr[n]} ({p.steps[ptr[n]]})" for n, p in programs.items() if ptr[n] < len(p.steps)]

@@ -25,16 +25,21 @@ class Mechanisms:
     # connections a stage boundary opens before multi-TCP: NCCL's sockets per TP rank ("nccl", as Megatron-LM
     # deploys it) or a single TCP connection for the whole boundary ("one")
     transport: Transport = "nccl"
+    # Megatron-Core's distributed optimizer with overlap: gradients reduce-scattered in buckets while the backward
+    # goes on, parameters all-gathered while the next forward starts (plan/buckets.py); off: one all-reduce after
+    # the last backward
+    overlap: bool = False
 
 
 BASES: dict[str, Mechanisms] = {
-    "dp-wan": Mechanisms("dp-wan", multi_tcp=False, temporal=False, stagger=False),
+    "dp-wan": Mechanisms("dp-wan", multi_tcp=False, temporal=False, stagger=False, overlap=True),
     "pp-wan": Mechanisms("pp-even", multi_tcp=False, temporal=False, stagger=False),
     "pp-1tcp": Mechanisms("pp-even", multi_tcp=False, temporal=False, stagger=False, transport="one"),
     "atlas": Mechanisms("atlas", multi_tcp=True, temporal=True, stagger=True, warmup=True),
 }
 BASE_HELP = {
-    "dp-wan": "whole pipelines inside each DC, gradients all-reduced across DCs over the WAN",
+    "dp-wan": "whole pipelines inside each DC, Megatron-Core's distributed optimizer across DCs: bucketed gradient "
+              "reduce-scatter overlapped with the backward, hierarchical over the WAN",
     "pp-wan": "Megatron-LM's pipeline across DCs over NCCL sockets (tp streams per boundary, NCCL's sockets each)",
     "pp-1tcp": "a pipeline across DCs over one TCP connection per stage boundary",
     "atlas": "Atlas: greedy placement, multi-TCP, temporal sharing with stagger, latency-aware warm-up",
@@ -47,6 +52,7 @@ MODIFIERS: dict[str, tuple[dict[str, object], dict[str, object]]] = {
     "greedy": ({"placement": "atlas"}, {"placement": "pp-even"}),
     "warmup": ({"warmup": True}, {"warmup": False}),
     "bubbletea": ({"bubbletea": True}, {"bubbletea": False}),
+    "overlap": ({"overlap": True}, {"overlap": False}),
 }
 _NAME = re.compile(r"^(?P<base>" + "|".join(map(re.escape, sorted(BASES, key=len, reverse=True)))
                    + r")(?P<mods>(?:[+-][a-z0-9]+)*)$")
@@ -77,4 +83,7 @@ def parse_scheduler(name: str) -> Mechanisms:
         mech = replace(mech, **(on if sign == "+" else off))  # type: ignore[arg-type]
     if mech.stagger and not mech.temporal:
         raise ValueError(f"{name!r}: +stagger interleaves turns; it needs +temporal")
+    if mech.bubbletea and mech.overlap:
+        raise ValueError(f"{name!r}: BubbleTea with the overlap mechanism's bucketed collectives is not supported "
+                         "yet; add -overlap (e.g. dp-wan-overlap+bubbletea)")
     return mech

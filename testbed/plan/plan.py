@@ -87,6 +87,10 @@ class Plan:
     chunk_bwd_s: list[list[list[float]]] = field(default_factory=list)
     # zero-bubble schedule: [replica][stage] the weight-gradient part of bwd_s, run apart as W (empty otherwise)
     wgrad_s: list[list[float]] = field(default_factory=list)
+    # [stage] -> (input embedding, output head) gradient bytes it holds: the backward produces the head's first and
+    # the embedding's last, with little compute (plan/buckets.py)
+    edge_grad_bytes: list[tuple[float, float]] = field(default_factory=list)
+    bucket_bytes: float = 0.0  # gradient bytes per group in one overlapped reduce-scatter's bucket (plan/buckets.py)
 
     @property
     def gpus(self) -> int:

@@ -118,7 +118,7 @@ def check_programs(plan, compute: str) -> None:
     """The plan's programs fit together (every send has its receive, no deadlock), and the workers can
     run their all-reduce (torch compute does the flat ring only)."""
     from testbed.plan.lower import dry_run, lower
-    from testbed.program import AllReduce
+    from testbed.program import AllReduce, ReduceScatter
 
     programs = lower(plan)
     problems = dry_run(programs)
@@ -139,6 +139,10 @@ def check_programs(plan, compute: str) -> None:
     if compute == "torch" and plan.virtual_stages > 1:
         raise NotYetError(f"{plan.scheduler}: torch compute with virtual_stages={plan.virtual_stages} (a worker "
                           "builds one model chunk); use modeled compute, or virtual_stages: 1")
+    bucketed = any(isinstance(st, ReduceScatter) for p in programs.values() for st in p.steps)
+    if bucketed and (compute == "torch" or plan.mech.bubbletea):
+        raise NotYetError(f"{plan.scheduler}: {'torch compute' if compute == 'torch' else 'BubbleTea'} with the "
+                          f"overlap mechanism's bucketed collectives; use modeled compute, or {plan.scheduler}-overlap")
 
 
 def preflight(points: list[tuple[Experiment, dict]]) -> None:

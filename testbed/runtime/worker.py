@@ -4,9 +4,10 @@ It executes its lowered program (testbed/program.py), the one the simulator exec
 for its message, Forward and Backward compute (`modeled`: the cost model's time; `torch`: a real
 stage), a Send stripes its message (bytes divided by the scale factor) over the pipe's n TCP
 connections, one sender thread per connection, while the program goes on; the AllReduce runs its
-exchanges over TCP. Between iterations it waits at the orchestrator's barrier (Megatron's global
-gradient-norm all-reduce has the same effect). Intervals are recorded with time.monotonic().
-Nothing polls: waits are on sockets and condition variables.
+exchanges over TCP, and bucketed ReduceScatter and AllGather steps run theirs on a thread of their own
+(`Buckets`) while the program goes on, until an Await needs them. Between iterations it waits at the
+orchestrator's barrier (Megatron's global gradient-norm all-reduce has the same effect). Intervals are
+recorded with time.monotonic(). Nothing polls: waits are on sockets and condition variables.
 
 Usage: python -m testbed.runtime.worker CONFIG.json CONTROL.sock
 """
@@ -14,6 +15,7 @@ Usage: python -m testbed.runtime.worker CONFIG.json CONTROL.sock
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import queue
 import selectors
 import socket
@@ -22,13 +24,18 @@ import threading
 import time
 
 from testbed.program import (
+    AllGather,
     AllReduce,
+    Await,
     Backward,
     BackwardWeight,
     Exchange,
     Forward,
     Recv,
+    ReduceScatter,
     Send,
+    await_slot,
+    collective_exchanges,
     exchanges,
     program_from_dict,
 )
@@ -493,6 +500,61 @@ class TorchCompute(Modeled):
         self.opt.zero_grad(set_to_none=True)
 
 
+COLLECTIVES = (AllReduce, ReduceScatter, AllGather)  # steps whose exchanges go over the ring connections
+BUCKET_KIND = {"ReduceScatter": "reduce_scatter", "AllGather": "all_gather"}  # as the simulator's intervals
+EXCHANGES_PER_SLOT = 4096  # a bucketed collective's exchange k travels as message slot * this + k
+
+
+class Buckets:
+    """The group's bucketed collectives (ReduceScatter, AllGather), on a thread of their own, one at a time in
+    the order they were issued (as on one NCCL stream): each starts at its issue time or when the one before
+    ends, runs its exchanges over the ring connections and marks its slot done for the Awaits."""
+
+    def __init__(self, group: str, ring: dict[str, Striped], inbox: Inbox, scale: float, rec) -> None:
+        self.group, self.ring, self.inbox, self.scale, self.rec = group, ring, inbox, scale, rec
+        self.q: queue.Queue = queue.Queue()
+        self.cond = threading.Condition()
+        self.done: dict[tuple[int, int], float] = {}  # (iteration, slot) -> when it ended
+        self.error: BaseException | None = None
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def issue(self, st: ReduceScatter | AllGather, at: float, it: int) -> None:
+        self.q.put((st, at, it))
+
+    def _run(self) -> None:
+        while True:
+            st, at, it = self.q.get()
+            time.sleep(max(0.0, at - time.monotonic()))  # issued into the compute that follows it
+            slot = await_slot(type(st).__name__, st.bucket)
+            t0 = time.monotonic()
+            try:
+                for k, ex in enumerate(collective_exchanges(st, self.group)):
+                    mb = slot * EXCHANGES_PER_SLOT + k
+                    self.ring[ex.send_to].send(b"b", it, mb, max(1, round(ex.bytes / self.scale)), lambda a, b: None)
+                    self.inbox.wait((b"b", it, mb))
+            except (OSError, RuntimeError, TimeoutError) as e:
+                with self.cond:
+                    self.error = e
+                    self.cond.notify_all()
+                return
+            t1 = time.monotonic()
+            self.rec(BUCKET_KIND[type(st).__name__], st.bucket, t0, t1, st.bytes)
+            with self.cond:
+                self.done[(it, slot)] = t1
+                self.cond.notify_all()
+
+    def wait(self, st: Await, it: int) -> float:
+        """When collective (op, bucket) of iteration `it` ended, once it has."""
+        key = (it, await_slot(st.collective, st.bucket))
+        with self.cond:
+            ok = self.cond.wait_for(lambda: key in self.done or self.error is not None, WAIT_TIMEOUT)
+            if self.error is not None:
+                raise RuntimeError(f"a bucketed collective failed: {self.error}")
+            if not ok:
+                raise TimeoutError(f"waited {WAIT_TIMEOUT:g} s for {st.collective} of bucket {st.bucket}")
+            return self.done.pop(key)
+
+
 # The IP TOS of a worker's connections by purpose: the all-reduce's get a class of their own on a host's NIC
 PURPOSE_TOS = {"ring": ALLREDUCE_TOS}
 
@@ -544,7 +606,7 @@ def window_of(cfg: WorkerConfig, peer: str, purpose: str) -> int:
     if purpose == "pipe":
         w = next((p.window_bytes for p in prog.pipes if p.peer == peer), 0.0)
     else:
-        ar = next((st for st in prog.steps if isinstance(st, AllReduce)), None)
+        ar = next((st for st in prog.steps if isinstance(st, AllReduce | ReduceScatter)), None)
         if ar is None or not ar.wan_window_bytes:
             return 0
         me = next(k for k, ring in enumerate(ar.rings) if prog.group in ring)
@@ -560,8 +622,8 @@ def listen_window(cfg: WorkerConfig) -> int:
     prog = cfg.program
     wins = [window_of(cfg, p.peer, "pipe") for p in prog.pipes]
     for st in prog.steps:
-        if isinstance(st, AllReduce):
-            wins += [window_of(cfg, ex.recv_from, "ring") for ex in exchanges(st, prog.group)]
+        if isinstance(st, COLLECTIVES):
+            wins += [window_of(cfg, ex.recv_from, "ring") for ex in collective_exchanges(st, prog.group)]
     return max(wins, default=0)
 
 
@@ -571,11 +633,12 @@ def connections_to_open(cfg: WorkerConfig) -> dict[str, tuple[int, str]]:
     prog = cfg.program
     out: dict[str, tuple[int, str]] = {p.peer: (p.connections, "pipe") for p in prog.pipes}
     for st in prog.steps:
-        if isinstance(st, AllReduce):
+        if isinstance(st, COLLECTIVES):
             local = next(r for r in st.rings if prog.group in r)
             k = st.rings.index(local)
-            wan = max(1, st.wan_connections[k] // len(local)) if st.wan_connections else 1
-            for ex in exchanges(st, prog.group):
+            conns = getattr(st, "wan_connections", ())
+            wan = max(1, conns[k] // len(local)) if conns else 1
+            for ex in collective_exchanges(st, prog.group):
                 out.setdefault(ex.send_to, (1 if ex.send_to in local else wan, "ring"))
     return out
 
@@ -586,13 +649,18 @@ def connections_to_accept(cfg: WorkerConfig, peers: dict[str, WorkerConfig] | No
     (or the WAN ring's share) from each peer it receives all-reduce exchanges from."""
     prog = cfg.program
     n = sum(p.connections for p in prog.pipes)
+    seen: set[str] = set()  # each peer opens its ring connections once, whatever the collectives over them
     for st in prog.steps:
-        if isinstance(st, AllReduce):
+        if isinstance(st, COLLECTIVES):
             local = next(r for r in st.rings if prog.group in r)
-            for peer in dict.fromkeys(ex.recv_from for ex in exchanges(st, prog.group)):
+            conns = getattr(st, "wan_connections", ())
+            for peer in dict.fromkeys(ex.recv_from for ex in collective_exchanges(st, prog.group)):
+                if peer in seen:
+                    continue
+                seen.add(peer)
                 ring = next(r for r in st.rings if peer in r)
                 k = st.rings.index(ring)
-                n += 1 if peer in local else max(1, st.wan_connections[k] // len(ring)) if st.wan_connections else 1
+                n += 1 if peer in local else max(1, conns[k] // len(ring)) if conns else 1
     return n
 
 
@@ -674,6 +742,7 @@ def main(cfg_path: str, ctl_path: str) -> None:
         return inbox.payload(key) if torch_mode else None
 
     comp = TorchCompute(cfg) if torch_mode else Modeled(cfg)
+    buckets = Buckets(prog.group, ring, inbox, cfg.scale, rec)
     bt = PrefillClient(prog.group, cfg.bubbletea, cfg.compute, cfg.prefill, prog.dc)
     send_ctrl(ctl, {"ready": [s, r]})
     while True:
@@ -692,15 +761,26 @@ def main(cfg_path: str, ctl_path: str) -> None:
         bt.begin(it, t_start)
         bt.wait_until(t_start + p_it.offset_s, rec)  # the replica's stagger, serving prefill meanwhile
         data = out_data = None  # the last message in (for the next compute), the last compute's output
+        ahead = 0.0  # how long ago the next compute may have started (an Await's lead): it takes that much less
         for st in p_it.steps:
             t = type(st)
             if t is Recv:
                 data = receive(st, it)
+                ahead = 0.0
             elif t is Forward or t is Backward or t is BackwardWeight:  # W: modeled only (torch refuses "zb")
-                t0 = time.monotonic()
-                out_data = (comp.forward if t is Forward else comp.backward)(it, st, data)
-                rec("fwd" if t is Forward else "bwd", st.microbatch, t0, time.monotonic())
-                data = None
+                now = time.monotonic()
+                run = dataclasses.replace(st, seconds=max(0.0, st.seconds - ahead)) if ahead else st
+                out_data = (comp.forward if t is Forward else comp.backward)(it, run, data)
+                rec("fwd" if t is Forward else "bwd", st.microbatch, now - ahead, time.monotonic())
+                data, ahead = None, 0.0
+            elif t is ReduceScatter or t is AllGather:
+                buckets.issue(st, time.monotonic() + (st.after_s if t is ReduceScatter else 0.0), it)
+            elif t is Await:
+                reached = time.monotonic() - ahead
+                start = max(reached, buckets.wait(st, it) - st.lead_s)
+                if start > reached:
+                    rec("allreduce", -1, reached, start)  # the collective's exposed time
+                ahead = max(0.0, time.monotonic() - start)
             elif t is Send:
                 nbytes = max(1, round(st.bytes / cfg.scale))
                 pipes[st.peer].send(st.kind.encode(), it, st.microbatch, nbytes, sent(st.bytes, st.microbatch, pending),

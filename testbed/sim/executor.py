@@ -18,7 +18,9 @@ window's time on the link, not q round trips (bench/tcp_fidelity.py measured it 
 A transfer that follows soon after another gets only what the one before left free, and the rest as the
 one before's bytes come back, as a TCP window slides. After a stage's last
 backward on every replica its gradients are all-reduced (ring inside the DC; hierarchical with a
-ring across DCs for dp-wan). The iteration ends when every all-reduce is done.
+ring across DCs for dp-wan-overlap). With the `overlap` mechanism the programs issue bucketed
+reduce-scatters and all-gathers instead and wait for them where they need them (sim/collectives.py). The
+iteration ends when every all-reduce or collective is done.
 
 Replicas that are provably symmetric (the same placement, costs and start time) would run identical
 timelines, but where their transfers meet on a fair-shared WAN link the round robin serves them one turn of
@@ -51,13 +53,25 @@ from contextlib import contextmanager
 from testbed.plan.lower import allreduce, lower_group, program_shape
 from testbed.plan.plan import Plan
 from testbed.plan.turns import TURN_KEYS
-from testbed.program import AllReduce, Backward, BackwardWeight, Forward, Recv, Send
+from testbed.program import (
+    AllGather,
+    AllReduce,
+    Await,
+    Backward,
+    BackwardWeight,
+    Forward,
+    Recv,
+    ReduceScatter,
+    Send,
+    await_slot,
+)
+from testbed.sim.collectives import Collectives
 from testbed.sim.linkchange import LiveLinks, WanSchedule
 from testbed.sim.network import Flow, LinkState
 from testbed.timeline import Timeline, group_name
 
 # compiled step opcodes (the first item of a step tuple)
-RECV, SEND, COMPUTE, ALLREDUCE = range(4)
+RECV, SEND, COMPUTE, ALLREDUCE, ISSUE, AWAIT = range(6)
 # event codes (the first item of an event tuple)
 EV_FLOW, EV_SEND, EV_CALL = range(3)
 INF = float("inf")
@@ -230,6 +244,10 @@ def compile_steps(steps: tuple, s: int, r: int, m: int, pp: int = 0, wrap: bool 
             out.append((COMPUTE, st.seconds, "fwd" if t is Forward else "bwd", st.microbatch))
         elif t is AllReduce:
             out.append((ALLREDUCE, st))
+        elif t is ReduceScatter or t is AllGather:
+            out.append((ISSUE, st, st.after_s if t is ReduceScatter else 0.0))
+        elif t is Await:
+            out.append((AWAIT, 2 * m + await_slot(st.collective, st.bucket), st.lead_s))
         else:
             raise TypeError(f"{group_name(s, r)}: the simulator does not execute {t.__name__} steps")
     return tuple(out)
@@ -254,7 +272,10 @@ class Simulation:
         self.waits = [-1] * n  # the message a blocked group waits for (-1: none)
         # when each message reaches its group (INF: not sent yet): [g][microbatch] activations, [g][m + microbatch]
         # gradients
-        self.arrival = [[INF] * (2 * m * plan.virtual_stages) for _ in range(n)]
+        # then [g][2m + await_slot] when each of its bucketed collectives ends
+        slots = max((x[1] + 1 for steps in self.steps for x in steps if x[0] == AWAIT), default=0)
+        self.arrival = [[INF] * max(slots, 2 * m * plan.virtual_stages) for _ in range(n)]
+        self.collectives = Collectives(self)
         self.stage_done = [0] * P
         self.out: list[tuple] = []  # (group, kind, microbatch, start, end, bytes)
         self.links = {
@@ -429,11 +450,26 @@ class Simulation:
                             ready.append(dst)
                     else:
                         push_event(t, (EV_SEND, t0, g, st))
-                else:  # ALLREDUCE
+                elif op == ALLREDUCE:
                     push_event(t, (EV_CALL, t0, self.stage_finished, (g % P, g, st[1])))
+                elif op == ISSUE:  # a bucketed collective, issued st[2] into the compute that follows
+                    push_event(t + st[2], (EV_CALL, t0, self.collectives.issue, (g, st[1])))
+                else:  # AWAIT: the next compute may start st[2] before the collective ends
+                    ta = a[st[1]]
+                    if ta == INF:
+                        waits[g] = st[1]
+                        break
+                    if ta - st[2] > t:
+                        out_append((g, "allreduce", -1, t, ta - st[2], 0.0))  # the collective's exposed time
+                        t = ta - st[2]
                 k += 1
             ptr[g] = k
             clock[g] = t
+
+    def wake(self, groups: list[int]) -> None:
+        """Groups whose awaited collective has ended go on."""
+        if groups:
+            self._drain(groups)
 
     def _deliver(self, g: int, idx: int, arrive: float) -> None:
         """A message for g arrives at `arrive`; g goes on if it was waiting for it."""
@@ -507,6 +543,9 @@ class Simulation:
         link.remove(flow, now)
         if kind == "ar":
             self._wan_allreduce_part_done(src)
+            return
+        if kind == "rs":  # a bucket's reduce-scatter across DCs (sim/collectives.py)
+            src[0](*src[1:])
             return
         key = (lp.src, lp.dst)
         if link.temporal:

@@ -30,6 +30,7 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
+from testbed.errors import NotYetError
 from testbed.plan.plan import Plan
 from testbed.sim.executor import ALLREDUCE, INF, RECV, SEND, Simulation, paused_gc
 from testbed.sim.network import Flow
@@ -104,6 +105,9 @@ class Realisation(Simulation):
         self.rng = jitter is not None
         self.realised = jitter is not None or bool(prefill)  # else the plan's timing: symmetric replicas still are
         super().__init__(plan)
+        if plan.dp > 1 and plan.mech.overlap:
+            raise NotYetError(f"{plan.scheduler}: timing noise or BubbleTea's prefill with the overlap mechanism "
+                              f"(bucketed collectives); use {plan.scheduler}-overlap")
         n = len(self.steps)
         self.busy = [False] * n
         self.offset = [plan.replica_offset_s[r] for r in self.reps for _ in range(plan.pp)]

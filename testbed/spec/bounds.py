@@ -75,6 +75,7 @@ SEQUENCES = whole(1, 10_000_000, "sequences", "per iteration; today's largest jo
 TP = whole(1, 1024, "GPUs", "a TP group lives inside one node")
 PP = whole(1, 100_000, "stages", "at most one stage per layer")
 VIRTUAL_STAGES = whole(1, 1024, "model chunks per stage", "at most one chunk per layer")
+DDP_BUCKET_PARAMS = whole(1, 10**12, "parameters", "per gradient bucket; Megatron-Core's default is 40M or more")
 DP = whole(1, 10_000_000, "replicas", "data-parallel replicas")
 MFU = real(0, 1, "", "a fraction of the GPU's peak", lo_open=True)
 LAYERS = whole(1, 100_000, "layers", "transformer layers")

@@ -6,7 +6,21 @@ from typing import Literal
 
 from pydantic import model_validator
 
-from testbed.spec.bounds import DP, HEADS, LABEL, LAYERS, MFU, PP, SEQ_LEN, SEQUENCES, TP, VIRTUAL_STAGES, VOCAB, WIDTH
+from testbed.spec.bounds import (
+    DDP_BUCKET_PARAMS,
+    DP,
+    HEADS,
+    LABEL,
+    LAYERS,
+    MFU,
+    PP,
+    SEQ_LEN,
+    SEQUENCES,
+    TP,
+    VIRTUAL_STAGES,
+    VOCAB,
+    WIDTH,
+)
 from testbed.spec.topology import Strict
 
 
@@ -45,6 +59,9 @@ class Workload(Strict):
     mfu: MFU | Literal["auto"] = 0.5
     recompute: Literal["none", "selective", "full"] = "selective"
     distributed_optimizer: bool = True
+    # parameters per gradient bucket of the overlapped reduce-scatter (the `overlap` mechanism); unset:
+    # Megatron-Core's default, max(40M, 1M x dp) (DistributedDataParallelConfig.bucket_size)
+    ddp_bucket_params: DDP_BUCKET_PARAMS | None = None
     # Megatron sequence parallelism: the norms and dropouts outside the TP-sharded matmuls are split
     # along the sequence too, so their activations shrink by tp (same communication bytes); unset: on
     # whenever tp > 1, as Megatron-LM recommends
