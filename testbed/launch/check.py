@@ -73,16 +73,15 @@ def match_transfers(rows: list[dict], rtt_ms: dict[str, float], min_bytes: float
     for key, series in bins.items():
         gap = rtt_ms[key[0]] + BIN_MS
         times = sorted(series)
-        first = last = times[0]
+        span = [times[0]]  # the milliseconds of the transfer being gathered
         for t in [*times[1:], math.inf]:
-            if t - last > gap:
-                span = [u for u in times if first <= u <= last]
+            if t - span[-1] > gap:
                 nbytes = sum(series[u] for u in span)
                 if nbytes >= min_bytes:
                     used = set().union(*(conns[key][u] for u in span))
-                    out.append(Transfer(key[0], key[1], key[2], key[3], first, last + BIN_MS, nbytes, len(used)))
-                first = t
-            last = t
+                    out.append(Transfer(key[0], key[1], key[2], key[3], span[0], span[-1] + BIN_MS, nbytes, len(used)))
+                span = []
+            span.append(t)
     out.sort(key=lambda x: (x.link, x.towards, x.start_ms))
     return out
 

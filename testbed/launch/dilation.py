@@ -85,7 +85,8 @@ def describe(ls: LinkScale) -> str:
     dil = (f"{ls.dilation_1:,.1f}x" if n == 1 or abs(ls.dilation_n - ls.dilation_1) < 0.05
            else f"{ls.dilation_1:,.1f}x (gloo, 1 connection), {ls.dilation_n:,.1f}x ({n} NCCL sockets)")
     return (f"{ls.link}: {ls.spec_gbps:g} Gbit/s, window {_kib(ls.spec_window_bytes)} -> emulated "
-            f"{ls.emulated_mbps:,.4g} Mbit/s, window {_kib(ls.emulated_window_bytes)}; "
+            f"{ls.emulated_mbps:,.4g} Mbit/s, window {_kib(ls.emulated_window_bytes)} "
+            f"({ls.window_distortion:,.2f}x the scaled one); "
             f"a transfer of real bytes takes {dil} as long (latency {ls.latency_ms:g} ms unchanged)")
 
 

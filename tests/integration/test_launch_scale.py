@@ -31,7 +31,7 @@ def test_a_ddp_scale_model_learns_k_and_its_transfers_are_checked(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     out = r.stdout
     # the scale is announced, per link, before any rank prints
-    assert "--scale auto: this machine carries" in out
+    assert "--scale auto: this machine carries" in out and "x the scaled one)" in out
     first_rank_line = out.index("[r0 ")
     for link in ("useast-uscentral", "uscentral-uswest", "useast-uswest"):
         assert out.index(f"  {link}: 10 Gbit/s, window 6 MiB -> emulated") < first_rank_line
