@@ -518,8 +518,9 @@ class Buckets:
         self.error: BaseException | None = None
         threading.Thread(target=self._run, daemon=True).start()
 
-    def issue(self, st: ReduceScatter | AllGather, at: float, it: int) -> None:
-        self.q.put((st, at, it))
+    def issue(self, st: ReduceScatter | AllGather, it: int) -> None:
+        """Queue the collective; a reduce-scatter starts `after_s` from now (into the backward that follows)."""
+        self.q.put((st, time.monotonic() + (st.after_s if isinstance(st, ReduceScatter) else 0.0), it))
 
     def _run(self) -> None:
         while True:
@@ -542,6 +543,15 @@ class Buckets:
             with self.cond:
                 self.done[(it, slot)] = t1
                 self.cond.notify_all()
+
+    def await_step(self, st: Await, it: int, ahead: float) -> float:
+        """Run an Await reached `ahead` seconds after the next compute may have started: wait for its collective,
+        record the time it was exposed, and return how long ago the next compute may have started now."""
+        reached = time.monotonic() - ahead
+        start = max(reached, self.wait(st, it) - st.lead_s)
+        if start > reached:
+            self.rec("allreduce", -1, reached, start)  # the collective's exposed time
+        return max(0.0, time.monotonic() - start)
 
     def wait(self, st: Await, it: int) -> float:
         """When collective (op, bucket) of iteration `it` ended, once it has."""
@@ -774,13 +784,9 @@ def main(cfg_path: str, ctl_path: str) -> None:
                 rec("fwd" if t is Forward else "bwd", st.microbatch, now - ahead, time.monotonic())
                 data, ahead = None, 0.0
             elif t is ReduceScatter or t is AllGather:
-                buckets.issue(st, time.monotonic() + (st.after_s if t is ReduceScatter else 0.0), it)
+                buckets.issue(st, it)
             elif t is Await:
-                reached = time.monotonic() - ahead
-                start = max(reached, buckets.wait(st, it) - st.lead_s)
-                if start > reached:
-                    rec("allreduce", -1, reached, start)  # the collective's exposed time
-                ahead = max(0.0, time.monotonic() - start)
+                ahead = buckets.await_step(st, it, ahead)
             elif t is Send:
                 nbytes = max(1, round(st.bytes / cfg.scale))
                 pipes[st.peer].send(st.kind.encode(), it, st.microbatch, nbytes, sent(st.bytes, st.microbatch, pending),
