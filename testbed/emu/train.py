@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from testbed.emu import state
 from testbed.emu.build import Emulation
 from testbed.emu.flowwatch import FlowSampler
+from testbed.emu.health import Health, Meter
 from testbed.emu.rungroup import run_gid, secure_dir, worker_uid
 from testbed.emu.sh import EmuError
 from testbed.emu.shaping import MIN_QUEUE_BYTES
@@ -383,6 +384,7 @@ class TrainingRun:
     captured: list[tuple] = field(default_factory=list)  # flows.csv rows of a packet capture (run's timeline clock)
     capture_summary: str = ""
     starts: list[float] = field(default_factory=list)  # each iteration's monotonic start
+    health: Health = field(default_factory=Health)  # the run's timing health (testbed/emu/health.py)
 
 
 def capture_rows(plan: Plan, emu: Emulation, cfgs: dict, res, starts: list[float], durations: list[float]
@@ -427,6 +429,8 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
     bt_results: dict = {}
     degraded = ""
     cap = None
+    meter = Meter(emu)
+    health = None
     try:
         # a class per replica on every WAN hop: fair sharing, or turns where a sidecar ranks them
         if any(q.flow_class is not None for c in cfgs.values() for q in c.program.pipes):
@@ -482,6 +486,8 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
                 for dev, ms in devs.items():
                     have[dev] = tuple(sorted({*have.get(dev, ()), *ms.values()}))
             live.prepare()
+        host_of = {key: worker_ns(emu, c) for key, c in cfgs.items()}
+        meter.start()
         for it in range(iterations):
             t_start = time.monotonic() + 0.05
             starts.append(t_start)
@@ -500,6 +506,9 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
                 live.end()
             end = max((iv[3] for d in done.values() for iv in d["log"]), default=t_start)  # prefill included
             degraded = degraded or next((d["degraded"] for d in done.values() if d.get("degraded")), "")
+            if it >= min(1, iterations - 1):  # the steady iterations, as the summary's
+                for key, d in done.items():
+                    meter.add_waits(host_of[key], d.get("waits"))
             it_losses = [d["loss"] for d in done.values() if d.get("loss") is not None]
             if it_losses:
                 losses.append(sum(it_losses) / len(it_losses))
@@ -511,6 +520,7 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
             durations.append(end - t_start)
             if progress:
                 progress()
+        health = meter.stop()
         if decoders:
             time.sleep(1.0)  # the last KV caches reach their decode processes before the workers exit
         ctl.broadcast({"stop": True})  # a worker waits up to KV_DRAIN_S for its KV caches still in flight
@@ -520,6 +530,8 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
             except subprocess.TimeoutExpired:
                 p.kill()
     finally:
+        if health is None:
+            meter.abort()  # its sampling thread ends with the run, whatever ended it
         cap_res = cap.stop() if cap is not None else None
         for p in procs:
             if p.poll() is None:
@@ -539,7 +551,7 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
             bt_results = json.load(f)
     ivs = intervals + group_gaps(intervals, durations)
     run = TrainingRun(Timeline(plan.run_id, "emu", sort_intervals(ivs), durations, plan.pp * plan.dp), degraded,
-                      losses, bt_results, starts=starts)
+                      losses, bt_results, starts=starts, health=health or Health())
     if cap_res is not None:
         run.captured, run.capture_summary = capture_rows(plan, emu, cfgs, cap_res, starts, durations), cap_res.summary()
     k = min(1, iterations - 1)

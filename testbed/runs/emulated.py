@@ -9,6 +9,7 @@ from pathlib import Path
 
 from testbed.analysis.metrics import add_speedups, summary_row
 from testbed.emu.build import down, emulated_window, link_mss, up
+from testbed.emu.health import DEFAULT_BUDGET, budget, critical_steps, summary_fields, verdict
 from testbed.emu.scale import auto_scale, check_scale, check_transfer_bytes
 from testbed.emu.train import run_training
 from testbed.errors import NotYetError, SpecError
@@ -109,6 +110,16 @@ def changed_iterations(wan: WanSchedule, runs: list[list[float]]) -> tuple[int, 
     return (min(found), max(found)) if found else (0, -1)
 
 
+def assess(plan, run, iteration_s: float, limit: float) -> tuple[dict[str, object], str]:
+    """The run's timing-health columns (testbed/emu/health.py) and why it is degraded ("" if it is not): the
+    other causes the run reported, then its timing error over `limit` or the WAN's drops."""
+    hops = sum(1 for a, b in zip(plan.stage_dc[0], plan.stage_dc[0][1:], strict=False) if a != b)
+    waits, crossings = critical_steps(plan.pp, plan.microbatches, hops)
+    b = budget(run.health, iteration_s, waits, crossings)
+    why = "; ".join(x for x in (run.degraded, verdict(run.health, b, limit)) if x)
+    return {**summary_fields(run.health, b), "timing_budget": limit}, why
+
+
 def check_emulable(exp: Experiment) -> None:
     if exp.emulation.backend == "mininet":
         raise NotYetError("emulated training runs on the mininet backend: use netns, docker or containernet")
@@ -149,13 +160,15 @@ def preflight(points: list[tuple[Experiment, dict]]) -> None:
             raise SpecError(e.field, f"{e.problem} (at sweep point {where})" if where else e.problem, e.fix) from None
 
 
-def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: bool = False, on_up=None
+def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: bool = False, on_up=None,
+              timing_budget: float = DEFAULT_BUDGET
               ) -> tuple[list[RunResult], list[tuple], list[tuple], list[tuple], list[tuple]]:
     """Emulated runs (and, for modeled compute, the simulator's rows and the validation) of one point.
     The fifth list: with BubbleTea and real compute, the prefill model fitted to this CPU, pass by pass.
     The flows are HTB class counters (FLOWS_HEADER), or with `capture` a packet capture's flows.csv rows
     (testbed.analysis.flows.FLOWS_HEADER). `on_up(emu)` runs once the network is up, before any training
-    (e.g. to measure the links)."""
+    (e.g. to measure the links). A run whose timing error (testbed/emu/health.py) exceeds
+    `timing_budget` is marked degraded."""
     em = exp.emulation
     scale = em.scale or auto_scale(exp.topology)
     same = exp.model_copy(update={"topology": as_emulated(exp.topology, scale)})
@@ -177,7 +190,7 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
             if wan is not None:
                 plan = build_plan(same, sched, run_id=f"p{index:02d}-{sched}", dp=dp)
                 results += _changing_point(same, plan, sched, dp, emu, scale, progress, capture, wan, sweep,
-                                           validation, flows)
+                                           validation, flows, timing_budget)
                 continue
             plan = build_plan(same, sched, run_id=f"p{index:02d}-{sched}", dp=dp)
             torch_cfg = None
@@ -207,14 +220,14 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
             for it, t, link, dev, r, sent in run.flows:
                 gbps = next((lk.gbps for lk in exp.topology.links if "-".join(lk.between) == link), "")
                 flows.append((plan.run_id, sched, link, dev, r, it, fmt(t, 6), sent, scale, gbps))
-            note = run.degraded
             tl_emu = run.timeline.steady()
+            health, note = assess(plan, run, sum(tl_emu.iteration_s) / len(tl_emu.iteration_s), timing_budget)
             lb = lower_bound_s(plan)
             bt_metrics, req_rows = None, []
             if svc is not None:
                 bt_metrics, req_rows = _emulated_requests(plan, exp, svc, reqs, run, em.compute == "torch")
                 bt_metrics.update(_slowdown_in_run(plan, run.timeline))
-            row_emu = summary_row(plan, tl_emu, lb, sweep, bt_metrics, degraded=note, scale=scale)
+            row_emu = summary_row(plan, tl_emu, lb, sweep, bt_metrics, degraded=note, scale=scale) | health
             results.append(RunResult(row_emu, tl_emu, 0, req_rows))
             if em.compute != "modeled":
                 continue  # real compute on this CPU: the cost model's GPU times do not apply
@@ -299,7 +312,8 @@ def _emulated_requests(plan, exp: Experiment, svc: dict, reqs: list, run, real_c
 
 
 def _changing_point(exp: Experiment, plan, sched: str, dp: int, emu, scale: float, progress, capture: bool,
-                    wan: WanSchedule, sweep: dict, validation: list, flows: list) -> list[RunResult]:
+                    wan: WanSchedule, sweep: dict, validation: list, flows: list,
+                    timing_budget: float = DEFAULT_BUDGET) -> list[RunResult]:
     """The emulated and simulated rows of one scheduler on a changing WAN, and the validation of each
     iteration's time (the first, with TCP's slow start, is left out of the summary as usual)."""
     if exp.emulation.compute != "modeled":
@@ -312,7 +326,8 @@ def _changing_point(exp: Experiment, plan, sched: str, dp: int, emu, scale: floa
     tl_emu, tl_s = run.timeline.steady(), tl_sim.steady()
     skip = sum(run.timeline.iteration_s) - sum(tl_emu.iteration_s)  # the steady rows start after iteration 0
     skip_sim = sum(tl_sim.iteration_s) - sum(tl_s.iteration_s)
-    row_emu = summary_row(plan, tl_emu, lb, sweep, degraded=run.degraded, scale=scale)
+    health, run.degraded = assess(plan, run, sum(tl_emu.iteration_s) / len(tl_emu.iteration_s), timing_budget)
+    row_emu = summary_row(plan, tl_emu, lb, sweep, degraded=run.degraded, scale=scale) | health
     row_emu["wan_stall_s"] = round(union_length(emu_rec.stalls, skip), 6)
     row_sim = summary_row(plan, tl_s, lb, sweep, scale=scale)
     row_sim["wan_stall_s"] = round(union_length(sim_rec.stalls, skip_sim), 9)
@@ -343,7 +358,8 @@ class EmulatedExperiment:
 
 
 def run_experiment(points: list[tuple[Experiment, dict]], check: bool, capture: bool,
-                   step: Callable[[], None], line: Callable[[str], None]) -> EmulatedExperiment:
+                   step: Callable[[], None], line: Callable[[str], None],
+                   timing_budget: float = DEFAULT_BUDGET) -> EmulatedExperiment:
     """Every sweep point on the emulated WAN, one after the other; with `check`, every WAN pair of the
     first point's network is measured before training (links.csv). `step` is called after each emulated
     iteration, `line` with a message worth showing."""
@@ -360,7 +376,7 @@ def run_experiment(points: list[tuple[Experiment, dict]], check: bool, capture: 
         if check and i == 0:
             line("measuring every WAN pair (links.csv)")
         res, val, loss, flow, cpu = run_point(exp, i, point, step, capture,
-                                              on_up=measure if check and i == 0 else None)
+                                              on_up=measure if check and i == 0 else None, timing_budget=timing_budget)
         run.results += res
         run.validation += val
         run.losses += loss

@@ -348,6 +348,32 @@ class SidecarClient:
                 return
 
 
+class WaitStats:
+    """How late a worker's timed waits end against what they asked (a step's time taken minus the cost model's,
+    after the compensation for late wake-ups): the timing health an emulated run reports (docs/reliability.md)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.n = 0
+        self.late_sum_s = 0.0  # the late parts only: what can lengthen a critical path
+        self.late_max_s = 0.0
+        self.err_sum_s = 0.0  # signed: early waits count against late ones
+
+    def add(self, asked_s: float, took_s: float) -> None:
+        err = took_s - asked_s
+        self.n += 1
+        self.err_sum_s += err
+        if err > 0:
+            self.late_sum_s += err
+            self.late_max_s = max(self.late_max_s, err)
+
+    def as_list(self) -> list[float]:
+        """[waits, sum of lateness, worst lateness, signed sum] (seconds), as the done message carries them."""
+        return [self.n, self.late_sum_s, self.late_max_s, self.err_sum_s]
+
+
 class Modeled:
     """Compute that waits the cost model's time and moves zeros of the plan's (scaled) sizes."""
 
@@ -355,14 +381,19 @@ class Modeled:
         self.cfg = cfg
         self.losses: list[float] = []
         self.late = 0.0  # how much later than asked a sleep ends on this machine, on average
+        self.waits = WaitStats()
 
     def wait(self, seconds: float) -> None:
         """Take `seconds`, on average: sleep that much less than asked by how late sleeps end here (0.2 ms each on
-        a busy 2-core machine, 1-2 % of a modeled forward: docs/fidelity.md)."""
+        a busy 2-core machine, 1-2 % of a modeled forward: docs/fidelity.md). Each wait's time against `seconds`
+        goes to `waits` (a wait for nothing is not one)."""
         ask = max(0.0, seconds - self.late)
         t0 = time.monotonic()
         time.sleep(ask)
-        self.late = max(0.0, min(MAX_LATE_S, self.late + 0.1 * (time.monotonic() - t0 - ask - self.late)))
+        took = time.monotonic() - t0
+        if seconds > 0:
+            self.waits.add(seconds, took)
+        self.late = max(0.0, min(MAX_LATE_S, self.late + 0.1 * (took - ask - self.late)))
 
     def forward(self, it: int, st: Forward, inp: bytearray | None) -> memoryview | None:
         self.wait(st.seconds)
@@ -665,6 +696,7 @@ def main(cfg_path: str, ctl_path: str) -> None:
         p_it = program_from_dict(msg["program"]) if "program" in msg else prog
         log.clear()
         comp.losses.clear()
+        comp.waits.reset()
         pending = threading.Semaphore(0)
         sends = 0
         bt.begin(it, t_start)
@@ -698,6 +730,7 @@ def main(cfg_path: str, ctl_path: str) -> None:
         degraded = [c.degraded for c in sidecars.values() if c.degraded] + ([bt.degraded] if bt.degraded else [])
         with log_lock:
             send_ctrl(ctl, {"done": it, "log": log, "degraded": degraded[0] if degraded else "",
+                            "waits": comp.waits.as_list(),
                             "loss": sum(comp.losses) / len(comp.losses) if comp.losses else None})
 
 
