@@ -516,6 +516,10 @@ def clean_cmd(
     console.print("clean" if not removed else f"removed {len(removed)} item(s)")
 
 
+def _warn(text: str) -> None:
+    err_console.print(f"[yellow]warning:[/yellow] {escape(text)}", highlight=False, soft_wrap=True)
+
+
 def _training_run(points: list, out: Path, check: bool, spec: dict, capture: bool = False, strict: bool = False,
                   timing_budget: float = DEFAULT_BUDGET) -> None:
     from testbed.progress import Progress
@@ -546,8 +550,7 @@ def _training_run(points: list, out: Path, check: bool, spec: dict, capture: boo
     console.print(f"wrote {', '.join(str(p) for p in paths)}")
     degraded = [r.summary for r in run.results if r.summary.get("degraded")]
     for r in degraded:
-        err_console.print(f"[yellow]degraded:[/yellow] {r['run_id']}: {escape(str(r['degraded']))}", highlight=False,
-                          soft_wrap=True)
+        _warn(f"{r['run_id']} degraded: {r['degraded']}")
     if strict and degraded:
         raise EmuError(f"{len(degraded)} run(s) degraded (--strict), first {degraded[0]['run_id']}: "
                        f"{degraded[0]['degraded']}")
@@ -575,6 +578,8 @@ def experiment_run(
     timing_budget: Annotated[float, typer.Option(help="The iteration-time error (share) a run's timing health may "
                                                       "cause before it is marked degraded (docs/reliability.md)")]
     = DEFAULT_BUDGET,
+    probe: Annotated[bool, typer.Option(help="Measure the machine's headroom first (about a second) and size k to "
+                                             "it (an explicit emulation.scale is kept)")] = True,
 ) -> None:
     """Bring the topology up, run the experiment on it, tear it down (also on error and Ctrl-C). The prefix
     is held for the whole run: no other run can take it, and `testbed clean` leaves it alone."""
@@ -594,8 +599,12 @@ def experiment_run(
                         "use e.g. 0.05 for 5 %")
     points = load_experiment(experiment, sets, sweep)  # every point validated before anything is built
     if points[0][0].multitcp is None:
-        from testbed.runs.emulated import preflight
+        from testbed.runs.emulated import preflight, size_to_machine
 
+        if probe:  # k and the workers sized to this machine's headroom (an explicit k is kept, with a warning)
+            points, lines = size_to_machine(points, timing_budget)
+            for ln in lines:
+                (console.print if ln.startswith(("headroom", "k =")) else _warn)(ln)
         preflight(points)  # every point planned and its scale checked, before anything is built
     else:
         from testbed.emu.scale import auto_scale, check_scale

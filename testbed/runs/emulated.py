@@ -142,6 +142,40 @@ def check_programs(plan, compute: str) -> None:
                           "all-reduce); use modeled compute, or a placement that keeps each stage in one DC")
 
 
+def size_to_machine(points: list[tuple[Experiment, dict]], timing_budget: float, probe_s: float = 1.0
+                    ) -> tuple[list[tuple[Experiment, dict]], list[str]]:
+    """Every point with the k this machine's headroom allows (testbed/emu/headroom.py: measured once, in a probe
+    of `probe_s`), and what the user should know: the probe, a chosen k that will not hold, workers whose
+    timing the machine will not keep (first point, every scheduler)."""
+    from testbed.emu.headroom import probe, size, worker_warning
+
+    h = probe(probe_s)
+    lines = [f"headroom: {h.free_cpus:.1f} of {h.cpus} CPUs free, timers {h.wake_late_mean_s * 1e3:.2f} ms late "
+             f"(a {h.probe_s:.1f} s probe)"]
+    out = []
+    for exp, point in points:
+        sz = size(exp.topology, h, exp.emulation.scale or None)
+        if not exp.emulation.scale:
+            lines.append(f"k = {sz.scale:g}: the fastest link at {sz.target_mbps:.0f} Mbit/s")
+        lines += [w for w in sz.warnings if w not in lines]
+        out.append((exp.model_copy(update={"emulation": exp.emulation.model_copy(update={"scale": sz.scale})}),
+                    point))
+    exp = out[0][0]
+    try:
+        same = exp.model_copy(update={"topology": as_emulated(exp.topology, exp.emulation.scale)})
+        dp = resolve_dp(same)
+        for sched in exp.schedulers:
+            plan = build_plan(same, sched, dp=dp)
+            hops = sum(1 for a, b in zip(plan.stage_dc[0], plan.stage_dc[0][1:], strict=False) if a != b)
+            w = worker_warning(h, plan.pp, plan.dp, plan.microbatches, hops, simulate(plan)[0].iteration_s[0],
+                               timing_budget)
+            if w and w not in lines:
+                lines.append(w)
+    except SpecError:
+        pass  # preflight says what is wrong with the point, in its words
+    return out, lines
+
+
 def preflight(points: list[tuple[Experiment, dict]]) -> None:
     """Plan every point and scheduler and check its scale before any topology is built, so a bad point
     fails with one line and leaves nothing behind, not after the points before it ran."""
