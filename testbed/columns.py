@@ -120,8 +120,9 @@ SUMMARY = CsvFile("summary.csv", "`testbed sim`, `testbed experiment run`",
                            "wait of the steady iterations (early ones count 0)"),
     ("wait_late_host_ms", "ms", "emulated: the same mean on the emulated host whose waits ended latest"),
     ("wait_late_max_ms", "ms", "emulated: the latest single wait"),
-    ("delay_lag_ms", "ms", "emulated: mean |release - due time| of the packets the NFQUEUE delay line released during "
-                           "the run, on the worst WAN link (0 with netem)"),
+    ("delay_lag_ms", "ms", "emulated: mean (release - due time) of the packets the NFQUEUE delay line released during "
+                           "the run (early ones count against late ones), on the WAN link where it is furthest from "
+                           "0 (0 with netem)"),
     ("delay_lag_max_ms", "ms", "emulated: the latest release since the delay lines started (the point's network)"),
     ("cpu_steal", "share", "emulated: share of the machine's CPU time its hypervisor took during the run (/proc/stat)"),
     ("cpu_pressure", "share", "emulated: share of the run during which some task waited for a CPU "

@@ -48,7 +48,7 @@ class Health:
     """One run's timing health: per host (worker waits), per WAN link (delay-line lag, drops), the machine."""
 
     waits: dict[str, WaitTotals] = field(default_factory=dict)  # emulated host -> its workers' waits
-    lag_mean_s: dict[str, float] = field(default_factory=dict)  # WAN link -> mean |release - due| over the run
+    lag_mean_s: dict[str, float] = field(default_factory=dict)  # WAN link -> mean (release - due) over the run
     lag_max_s: dict[str, float] = field(default_factory=dict)  # WAN link -> worst lateness since the line started
     rtt_s: dict[str, float] = field(default_factory=dict)  # WAN link -> its round trip (configured)
     drops: dict[str, int] = field(default_factory=dict)  # WAN link -> packets its qdiscs dropped during the run
@@ -87,19 +87,24 @@ def critical_steps(pp: int, microbatches: int, wan_boundaries: int, optimizer: b
     return waits, crossings
 
 
-def budget(h: Health, iteration_s: float, waits_on_path: int, crossings_on_path: int) -> Budget:
+def budget(h: Health, iteration_s: float, waits_on_path: int, crossings_on_path: int,
+           links: set[str] | None = None) -> Budget:
     """The error the run's timing can cause in its iteration time (docs/reliability.md):
     - waits: every timed wait on the critical path ends late by the mean lateness measured;
-    - delay: every WAN crossing on it is released late by the worst link's mean lag, and a window-bound transfer
-      waits one round trip per window, whose two releases each carry that lag: 2 lag / RTT of the transfer
-      (the larger of the two counts);
+    - delay: every WAN crossing on it is released late by the mean lag of the worst link among `links` (those the
+      plan's traffic crosses; None: all), and a window-bound transfer waits one round trip per window, whose two
+      releases each carry that lag: 2 lag / RTT of the transfer (the larger of the two counts). The lag's mean
+      (early releases count against late ones) is what lengthens a round trip; its spread averages out;
     - steal: the share of the machine's time its hypervisor took stretches every step alike."""
     if iteration_s <= 0:
         return Budget(0.0, 0.0, h.steal_share)
     w = waits_on_path * h.all_waits().late_mean_s / iteration_s
     d = 0.0
     if crossings_on_path:
-        for link, lag in h.lag_mean_s.items():
+        for link, signed in h.lag_mean_s.items():
+            if links is not None and link not in links:
+                continue
+            lag = abs(signed)
             rtt = h.rtt_s.get(link, 0.0)
             d = max(d, crossings_on_path * lag / iteration_s, 2 * lag / rtt if rtt > 0 else 0.0)
     return Budget(w, d, h.steal_share)
@@ -128,7 +133,7 @@ def summary_fields(h: Health, b: Budget | None) -> dict[str, object]:
         "wait_late_ms": round(allw.late_mean_s * 1e3, 4),
         "wait_late_host_ms": round(worst_host.late_mean_s * 1e3, 4),
         "wait_late_max_ms": round(allw.late_max_s * 1e3, 4),
-        "delay_lag_ms": round(max(h.lag_mean_s.values(), default=0.0) * 1e3, 4),
+        "delay_lag_ms": round(max(h.lag_mean_s.values(), key=abs, default=0.0) * 1e3, 4),
         "delay_lag_max_ms": round(max(h.lag_max_s.values(), default=0.0) * 1e3, 4),
         "cpu_steal": round(h.steal_share, 4),
         "cpu_pressure": "" if h.pressure_share is None else round(h.pressure_share, 4),
@@ -199,13 +204,14 @@ class RunQueue:
 
 
 def delay_stats(path: str) -> dict[str, tuple[int, float, float]]:
-    """A delay line's stats file: per queue (released packets, sum of |lag| in s, worst lag in s)."""
+    """A delay line's stats file: per queue (released packets, sum of their lag (release - due) in s, worst lag
+    in s)."""
     try:
         with open(path) as f:
             data = json.load(f)
     except (OSError, ValueError):
         return {}
-    return {q: (int(v.get("released", 0)), float(v.get("lag_abs_sum_s", 0.0)), float(v.get("lag_max_us", 0.0)) / 1e6)
+    return {q: (int(v.get("released", 0)), float(v.get("lag_sum_s", 0.0)), float(v.get("lag_max_us", 0.0)) / 1e6)
             for q, v in data.get("queues", {}).items()}
 
 
@@ -226,7 +232,7 @@ def qdisc_drops(tc_json: str) -> int:
 
 def lag_over(before: dict[str, tuple[int, float, float]], after: dict[str, tuple[int, float, float]]
              ) -> tuple[float, float]:
-    """(mean |lag| of the packets released between two `delay_stats`, worst lag so far) over the queues."""
+    """(mean lag of the packets released between two `delay_stats`, worst lag so far) over the queues."""
     n = sum(a[0] - before.get(q, (0, 0.0, 0.0))[0] for q, a in after.items())
     s = sum(a[1] - before.get(q, (0, 0.0, 0.0))[1] for q, a in after.items())
     worst = max((a[2] for a in after.values()), default=0.0)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from testbed.analysis.metrics import add_speedups, summary_row
+from testbed.analysis.metrics import add_speedups, summary_row, wan_links_used
 from testbed.emu.build import down, emulated_window, link_mss, up
 from testbed.emu.health import DEFAULT_BUDGET, budget, critical_steps, summary_fields, verdict
 from testbed.emu.scale import auto_scale, check_scale, check_transfer_bytes
@@ -115,7 +115,8 @@ def assess(plan, run, iteration_s: float, limit: float) -> tuple[dict[str, objec
     other causes the run reported, then its timing error over `limit` or the WAN's drops."""
     hops = sum(1 for a, b in zip(plan.stage_dc[0], plan.stage_dc[0][1:], strict=False) if a != b)
     waits, crossings = critical_steps(plan.pp, plan.microbatches, hops)
-    b = budget(run.health, iteration_s, waits, crossings)
+    used = {f"{a}-{b}" for a, b in wan_links_used(plan)}
+    b = budget(run.health, iteration_s, waits, crossings, used)
     why = "; ".join(x for x in (run.degraded, verdict(run.health, b, limit)) if x)
     return {**summary_fields(run.health, b), "timing_budget": limit}, why
 
