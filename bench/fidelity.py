@@ -19,7 +19,8 @@ of the steady iterations, and repeating a seed shows the run-to-run spread.
 `--load N[,N...]` runs every case again beside N CPU-bound processes (each a busy loop), load by load: each
 emulated run measures its own timing health (testbed/emu/health.py) and is flagged (marked degraded) when the
 error its timing can cause exceeds `--timing-budget`; per load the bench prints the error's median and worst, the
-runs flagged, and the unflagged runs whose error exceeds 8 % (docs/reliability.md).
+runs flagged, and the unflagged runs whose error exceeds 8 % (docs/reliability.md); `health.csv` holds each
+emulated run's timing-health columns (as in summary.csv) beside its error.
 
 Run: sudo .venv/bin/python bench/fidelity.py --seed 1 --topologies 10 [--load 0,1,2] [--prefix gdtbN] [--out DIR]
 """
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
 
+from testbed.analysis.metrics import HEALTH_COLUMNS
 from testbed.columns import FIDELITY
 from testbed.costs.gpus import GPUS
 from testbed.costs.models import resolve_model
@@ -169,7 +171,8 @@ def run_case(case: Case, timelines: Path | None = None, load: int = 0,
         rows.append({**case.params, "scheduler": sched, "sim_s": round(sim, 6), "emu_s": round(emu_s, 6),
                      "emu_min_s": round(min(its), 6), "emu_max_s": round(max(its), 6), "error": err,
                      "steal_share": steal, "load": load, "timing_error": emu[sched].summary.get("timing_error", ""),
-                     "flagged": int(bool(note)), "degraded": note})
+                     "flagged": int(bool(note)), "degraded": note,
+                     "health": {c: emu[sched].summary.get(c, "") for c in HEALTH_COLUMNS}})
     return rows
 
 
@@ -305,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  ({time.monotonic() - t1:.0f} s{steal})", flush=True)
             rows += new_rows
             write_csv(args.out / "fidelity.csv", HEADER, ([r[h] for h in HEADER] for r in rows))
+            write_csv(args.out / "health.csv", ("topology", "load", "scheduler", "error", *HEALTH_COLUMNS),
+                      ([r["topology"], r["load"], r["scheduler"], r["error"], *r["health"].values()] for r in rows))
     if not rows:
         return 1
     figure(rows, args.out / "fidelity.png")

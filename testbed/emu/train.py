@@ -30,7 +30,7 @@ from testbed.runtime.access import grant, listen_unix, log, peer_cred
 from testbed.runtime.config import Endpoint, WorkerConfig
 from testbed.runtime.htb import IDLE_PRIO, JUMBO_MTU, class_args, kv_class, trickle_bps
 from testbed.runtime.prefill import KV_DRAIN_S
-from testbed.runtime.wire import ProtocolError, recv_ctrl, send_ctrl
+from testbed.runtime.wire import ProtocolError, recv_ctrl, recv_ctrl_skipping, send_ctrl
 from testbed.timeline import Interval, Timeline, group_gaps, group_name, sort_intervals
 
 START_TIMEOUT = 90.0  # torch workers import torch and build their stage first
@@ -217,6 +217,7 @@ class Controller:
         self.srv = listen_unix(path, gid, backlog=max(n, 8))
         self.conns: dict[tuple[int, int], socket.socket] = {}
         self.refused: list[str] = []
+        self.rejected: list[str] = []  # malformed messages from our workers, skipped
 
     def _refuse(self, c: socket.socket, why: str) -> None:
         pid, uid, gid = peer_cred(c)
@@ -267,12 +268,18 @@ class Controller:
         errors: list[str] = []
 
         def read(k, c) -> None:
+            deadline = time.monotonic() + timeout
             try:
-                c.settimeout(timeout)
-                msg = recv_ctrl(c)
-                if key not in msg:
-                    raise ProtocolError(f"expected {key!r}, got {sorted(msg)}")
-                out[k] = msg
+                while True:  # a malformed message is rejected (and logged); the worker's next one counts
+                    c.settimeout(max(0.01, deadline - time.monotonic()))
+                    msg = recv_ctrl_skipping(c, lambda why: self._reject(k, why))
+                    why = bad_message(key, msg)
+                    if not why:
+                        out[k] = msg
+                        return
+                    self._reject(k, why)
+            except TimeoutError:
+                errors.append(f"worker s{k[0]}r{k[1]}: no {key!r} within {timeout:g} s")
             except (OSError, ProtocolError) as e:
                 errors.append(f"worker s{k[0]}r{k[1]}: {e or type(e).__name__}")
 
@@ -287,6 +294,11 @@ class Controller:
         if errors:
             raise EmuError(f"waiting for {key}: {errors[0]}")
         return out
+
+    def _reject(self, who: tuple[int, int], why: str) -> None:
+        line = f"control socket {self.path}: rejected a message from worker s{who[0]}r{who[1]}: {why}"
+        self.rejected.append(line)
+        log(line)
 
     def broadcast(self, msg: dict, procs: list[subprocess.Popen] | None = None) -> None:
         for (s, r), c in self.conns.items():
@@ -310,6 +322,30 @@ class Controller:
         self.srv.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
+
+
+def bad_message(key: str, msg: dict) -> str:
+    """Why a worker's message is not the `key` message the orchestrator waits for ("" if it is): the key, and for
+    `done` its log of [kind, microbatch, t0, t1, bytes] rows and its waits."""
+    if key not in msg:
+        return f"expected {key!r}, got {sorted(msg)[:5]}"
+    if key != "done":
+        return ""
+    log = msg.get("log")
+    num = (int, float)
+    if not isinstance(log, list) or not all(
+            isinstance(r, list) and len(r) == 5 and isinstance(r[0], str) and isinstance(r[1], int)
+            and all(isinstance(x, num) and not isinstance(x, bool) for x in r[2:]) for r in log):
+        return "its log is not a list of [kind, microbatch, t0, t1, bytes]"
+    waits = msg.get("waits", [0, 0.0, 0.0, 0.0])
+    if not isinstance(waits, list) or len(waits) != 4 or not all(isinstance(x, num) for x in waits):
+        return "its waits are not [count, late, worst, signed]"
+    if not isinstance(msg.get("degraded", ""), str):
+        return "its degraded is not text"
+    loss = msg.get("loss")
+    if loss is not None and (not isinstance(loss, num) or isinstance(loss, bool)):
+        return "its loss is not a number"
+    return ""
 
 
 def _check(procs: list[subprocess.Popen]) -> None:
