@@ -13,6 +13,7 @@ import pytest
 from testbed.emu import delayline
 from testbed.emu.health import (
     Health,
+    PathLink,
     WaitTotals,
     budget,
     critical_steps,
@@ -108,8 +109,13 @@ def test_a_timing_error_over_the_budget_marks_the_run_degraded():
 def test_delay_lag_and_steal_count_in_the_budget():
     lagged = _health(0.0, lag_ms=2.0)
     b = budget(lagged, 1.0, 21, 18)
-    assert b.delay == pytest.approx(max(18 * 0.002, 2 * 0.002 / 0.040))  # a window-bound transfer: 2 lag / RTT
-    assert "delay-line lag" in verdict(lagged, b, 0.05)
+    assert b.delay == pytest.approx(18 * 0.002)  # each crossing released 2 ms late
+    assert "delay-line lag" in verdict(lagged, b, 0.03)
+    bound = budget(lagged, 1.0, 21, 18, {"a-b": PathLink(transfer_s=0.02, window_bound=True)})
+    free = budget(lagged, 1.0, 21, 18, {"a-b": PathLink(transfer_s=0.02, window_bound=False)})
+    assert free.delay == pytest.approx(b.delay)
+    assert bound.delay == pytest.approx(b.delay + 2 * 0.002 / 0.040 * 18 * 0.02)  # each round trip 2 lags longer
+    assert budget(lagged, 1.0, 21, 18, {"c-d": PathLink(0.02, True)}).delay == 0, "a link the plan does not cross"
     stolen = _health(0.0, steal=0.2)
     assert "CPU steal" in verdict(stolen, budget(stolen, 1.0, 21, 18), 0.05)
 

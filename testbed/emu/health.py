@@ -87,26 +87,38 @@ def critical_steps(pp: int, microbatches: int, wan_boundaries: int, optimizer: b
     return waits, crossings
 
 
+@dataclass(frozen=True)
+class PathLink:
+    """A WAN link the plan's traffic crosses, as the budget needs it: one transfer's time alone on it (real-world,
+    which the emulation keeps), and whether its connections' windows bound that transfer (n W / RTT < C)."""
+
+    transfer_s: float
+    window_bound: bool
+
+
 def budget(h: Health, iteration_s: float, waits_on_path: int, crossings_on_path: int,
-           links: set[str] | None = None) -> Budget:
+           links: dict[str, PathLink] | None = None) -> Budget:
     """The error the run's timing can cause in its iteration time (docs/reliability.md):
     - waits: every timed wait on the critical path ends late by the mean lateness measured;
-    - delay: every WAN crossing on it is released late by the mean lag of the worst link among `links` (those the
-      plan's traffic crosses; None: all), and a window-bound transfer waits one round trip per window, whose two
-      releases each carry that lag: 2 lag / RTT of the transfer (the larger of the two counts). The lag's mean
-      (early releases count against late ones) is what lengthens a round trip; its spread averages out;
+    - delay: every WAN crossing on it is released late by the link's mean lag (early releases count against late
+      ones: the mean is what lengthens a round trip, its spread averages out), and on a window-bound link a
+      transfer waits one round trip per window, whose two releases each carry that lag: 2 lag / RTT of its
+      transfer time, for as much of the iteration as the crossings' transfers fill; the worst of `links` (those
+      the plan's traffic crosses; None: every link, each counted as latency-bound);
     - steal: the share of the machine's time its hypervisor took stretches every step alike."""
     if iteration_s <= 0:
         return Budget(0.0, 0.0, h.steal_share)
     w = waits_on_path * h.all_waits().late_mean_s / iteration_s
     d = 0.0
-    if crossings_on_path:
-        for link, signed in h.lag_mean_s.items():
-            if links is not None and link not in links:
-                continue
-            lag = abs(signed)
-            rtt = h.rtt_s.get(link, 0.0)
-            d = max(d, crossings_on_path * lag / iteration_s, 2 * lag / rtt if rtt > 0 else 0.0)
+    for name, signed in h.lag_mean_s.items():
+        if links is not None and name not in links:
+            continue
+        lag, link = abs(signed), (links or {}).get(name)
+        share = crossings_on_path * lag / iteration_s
+        rtt = h.rtt_s.get(name, 0.0)
+        if link is not None and link.window_bound and rtt > 0:
+            share += 2 * lag / rtt * min(1.0, crossings_on_path * link.transfer_s / iteration_s)
+        d = max(d, share)
     return Budget(w, d, h.steal_share)
 
 

@@ -218,6 +218,7 @@ class Controller:
         self.conns: dict[tuple[int, int], socket.socket] = {}
         self.refused: list[str] = []
         self.rejected: list[str] = []  # malformed messages from our workers, skipped
+        self.watch = lambda: None  # raises EmuError when a part of the run the workers need has died
 
     def _refuse(self, c: socket.socket, why: str) -> None:
         pid, uid, gid = peer_cred(c)
@@ -289,6 +290,7 @@ class Controller:
         while alive := [t for t in threads if t.is_alive()]:  # a dead worker ends the run now, not at the timeout
             alive[0].join(0.25)
             _check(procs)
+            self.watch()
             if errors:
                 raise EmuError(f"waiting for {key}: {errors[0]}")
         if errors:
@@ -346,6 +348,17 @@ def bad_message(key: str, msg: dict) -> str:
     if loss is not None and (not isinstance(loss, num) or isinstance(loss, bool)):
         return "its loss is not a number"
     return ""
+
+
+def check_delaylines(emu: Emulation) -> None:
+    """A delay line that exited stopped its WAN link (it has no fail-open: emu/delayline.py): end the run with one
+    line naming it, not at the iteration timeout."""
+    for ns, p in emu.delaylines.items():
+        code = p.poll()
+        if code is not None:
+            how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+            raise EmuError(f"the delay line of WAN link {ns} died ({how}): the link stopped (its log: "
+                           f"{state.run_dir(emu.prefix) / (ns + '.delay.log')})")
 
 
 def _check(procs: list[subprocess.Popen]) -> None:
@@ -455,6 +468,7 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
     cfgs = worker_configs(plan, emu, compute, torch_cfg, conns)
     rdir = state.run_dir(emu.prefix)
     ctl = Controller(str(rdir / "ctl.sock"), len(cfgs), run_gid(emu.backend), worker_uid(emu.backend))
+    ctl.watch = lambda: check_delaylines(emu)
     procs: list[subprocess.Popen] = []
     workers: dict[tuple[int, int], subprocess.Popen] = {}
     sidecars: list[subprocess.Popen] = []

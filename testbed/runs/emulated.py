@@ -9,7 +9,7 @@ from pathlib import Path
 
 from testbed.analysis.metrics import add_speedups, summary_row, wan_links_used
 from testbed.emu.build import down, emulated_window, link_mss, up
-from testbed.emu.health import DEFAULT_BUDGET, budget, critical_steps, summary_fields, verdict
+from testbed.emu.health import DEFAULT_BUDGET, PathLink, budget, critical_steps, summary_fields, verdict
 from testbed.emu.scale import auto_scale, check_scale, check_transfer_bytes
 from testbed.emu.train import run_training
 from testbed.errors import NotYetError, SpecError
@@ -115,7 +115,10 @@ def assess(plan, run, iteration_s: float, limit: float) -> tuple[dict[str, objec
     other causes the run reported, then its timing error over `limit` or the WAN's drops."""
     hops = sum(1 for a, b in zip(plan.stage_dc[0], plan.stage_dc[0][1:], strict=False) if a != b)
     waits, crossings = critical_steps(plan.pp, plan.microbatches, hops)
-    used = {f"{a}-{b}" for a, b in wan_links_used(plan)}
+    biggest = max(plan.act_bytes, default=0.0)
+    used = {f"{a}-{b}": PathLink(biggest / lp.transfer_rate_bytes_s if lp.transfer_rate_bytes_s > 0 else 0.0,
+                                 lp.transfer_cap_bytes_s < lp.capacity_bytes_s)
+            for a, b in wan_links_used(plan) for lp in (plan.links[(a, b)],)}
     b = budget(run.health, iteration_s, waits, crossings, used)
     why = "; ".join(x for x in (run.degraded, verdict(run.health, b, limit)) if x)
     return {**summary_fields(run.health, b), "timing_budget": limit}, why
