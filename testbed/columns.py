@@ -120,6 +120,8 @@ SUMMARY = CsvFile("summary.csv", "`testbed sim`, `testbed experiment run`",
                            "wait of the steady iterations (early ones count 0)"),
     ("wait_late_host_ms", "ms", "emulated: the same mean on the emulated host whose waits ended latest"),
     ("wait_late_max_ms", "ms", "emulated: the latest single wait"),
+    ("wake_late_ms", "ms", "emulated: how late the workers' threads resumed for a message, mean: a sender thread "
+                           "idle until the message was handed to it, a receiver waiting for its last chunk"),
     ("delay_lag_ms", "ms", "emulated: mean (release - due time) of the packets the NFQUEUE delay line released during "
                            "the run (early ones count against late ones), on the WAN link where it is furthest from "
                            "0 (0 with netem)"),

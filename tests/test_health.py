@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import socket
+import threading
 import time
 
 import pandas as pd
@@ -159,3 +160,20 @@ def test_the_report_and_figure_show_a_degraded_run(tmp_path):
     assert png.stat().st_size > 0
     html = render(tmp_path, [png], [])
     assert "Timing health" in html and "1 of 2 emulated runs degraded" in html
+
+
+def test_a_senders_wake_up_is_measured_and_counts_in_the_budget():
+    from testbed.runtime.worker import Striped
+
+    wakes = WaitStats()
+    a, b = socket.socketpair()
+    done = threading.Event()
+    Striped([a], wakes).send(b"a", 0, 0, 1000, lambda t0, t1: done.set())
+    assert done.wait(5)
+    assert wakes.n == 1 and wakes.late_max_s >= 0
+    h = _health(0.0)
+    h.wakes = WaitTotals(10, 10 * 0.002, 0.004, 0.0)  # threads resumed 2 ms late on average
+    b_ = budget(h, 1.0, 21, 18)
+    assert b_.wakes == pytest.approx(2 * 18 * 0.002) and "late wake-ups" in verdict(h, b_, 0.05)
+    a.close()
+    b.close()

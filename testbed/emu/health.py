@@ -48,6 +48,7 @@ class Health:
     """One run's timing health: per host (worker waits), per WAN link (delay-line lag, drops), the machine."""
 
     waits: dict[str, WaitTotals] = field(default_factory=dict)  # emulated host -> its workers' waits
+    wakes: WaitTotals = field(default_factory=WaitTotals)  # threads resuming for a message (sent or in), all hosts
     lag_mean_s: dict[str, float] = field(default_factory=dict)  # WAN link -> mean (release - due) over the run
     lag_max_s: dict[str, float] = field(default_factory=dict)  # WAN link -> worst lateness since the line started
     rtt_s: dict[str, float] = field(default_factory=dict)  # WAN link -> its round trip (configured)
@@ -71,10 +72,11 @@ class Budget:
     waits: float
     delay: float
     steal: float
+    wakes: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.waits + self.delay + self.steal
+        return self.waits + self.delay + self.steal + self.wakes
 
 
 def critical_steps(pp: int, microbatches: int, wan_boundaries: int, optimizer: bool = True) -> tuple[int, int]:
@@ -105,7 +107,9 @@ def budget(h: Health, iteration_s: float, waits_on_path: int, crossings_on_path:
       transfer waits one round trip per window, whose two releases each carry that lag: 2 lag / RTT of its
       transfer time, for as much of the iteration as the crossings' transfers fill; the worst of `links` (those
       the plan's traffic crosses; None: every link, each counted as latency-bound);
-    - steal: the share of the machine's time its hypervisor took stretches every step alike."""
+    - steal: the share of the machine's time its hypervisor took stretches every step alike;
+    - wakes: every crossing on the path wakes a thread at each end, the sender's (idle until the message) and the
+      receiver's (waiting for it), each late by the mean measured."""
     if iteration_s <= 0:
         return Budget(0.0, 0.0, h.steal_share)
     w = waits_on_path * h.all_waits().late_mean_s / iteration_s
@@ -119,7 +123,7 @@ def budget(h: Health, iteration_s: float, waits_on_path: int, crossings_on_path:
         if link is not None and link.window_bound and rtt > 0:
             share += 2 * lag / rtt * min(1.0, crossings_on_path * link.transfer_s / iteration_s)
         d = max(d, share)
-    return Budget(w, d, h.steal_share)
+    return Budget(w, d, h.steal_share, 2 * crossings_on_path * h.wakes.late_mean_s / iteration_s)
 
 
 def verdict(h: Health, b: Budget, limit: float = DEFAULT_BUDGET) -> str:
@@ -127,7 +131,7 @@ def verdict(h: Health, b: Budget, limit: float = DEFAULT_BUDGET) -> str:
     shaping (the simulator loses none)."""
     why = []
     if b.total > limit:
-        parts = {"late waits": b.waits, "delay-line lag": b.delay, "CPU steal": b.steal}
+        parts = {"late waits": b.waits, "delay-line lag": b.delay, "CPU steal": b.steal, "late wake-ups": b.wakes}
         top = max(parts, key=lambda k: parts[k])
         why.append(f"timing error up to {b.total:.1%} > budget {limit:.1%} (most from {top})")
     dropped = sum(h.drops.values())
@@ -145,6 +149,7 @@ def summary_fields(h: Health, b: Budget | None) -> dict[str, object]:
         "wait_late_ms": round(allw.late_mean_s * 1e3, 4),
         "wait_late_host_ms": round(worst_host.late_mean_s * 1e3, 4),
         "wait_late_max_ms": round(allw.late_max_s * 1e3, 4),
+        "wake_late_ms": round(h.wakes.late_mean_s * 1e3, 4),
         "delay_lag_ms": round(max(h.lag_mean_s.values(), key=abs, default=0.0) * 1e3, 4),
         "delay_lag_max_ms": round(max(h.lag_max_s.values(), default=0.0) * 1e3, 4),
         "cpu_steal": round(h.steal_share, 4),
@@ -305,9 +310,11 @@ class Meter:
         self._runq.start()
         return self
 
-    def add_waits(self, host: str, waits: list[float] | None) -> None:
+    def add_waits(self, host: str, waits: list[float] | None, wakes: list[float] | None = None) -> None:
         if waits:
             self.health.waits.setdefault(host, WaitTotals()).add(waits)
+        if wakes:
+            self.health.wakes.add(wakes)
 
     def abort(self) -> None:
         """Stop sampling without a result (the run failed)."""

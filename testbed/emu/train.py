@@ -339,9 +339,10 @@ def bad_message(key: str, msg: dict) -> str:
             isinstance(r, list) and len(r) == 5 and isinstance(r[0], str) and isinstance(r[1], int)
             and all(isinstance(x, num) and not isinstance(x, bool) for x in r[2:]) for r in log):
         return "its log is not a list of [kind, microbatch, t0, t1, bytes]"
-    waits = msg.get("waits", [0, 0.0, 0.0, 0.0])
-    if not isinstance(waits, list) or len(waits) != 4 or not all(isinstance(x, num) for x in waits):
-        return "its waits are not [count, late, worst, signed]"
+    for name in ("waits", "wakes"):
+        w = msg.get(name, [0, 0.0, 0.0, 0.0])
+        if not isinstance(w, list) or len(w) != 4 or not all(isinstance(x, num) for x in w):
+            return f"its {name} are not [count, late, worst, signed]"
     if not isinstance(msg.get("degraded", ""), str):
         return "its degraded is not text"
     loss = msg.get("loss")
@@ -558,7 +559,7 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
             degraded = degraded or next((d["degraded"] for d in done.values() if d.get("degraded")), "")
             if it >= min(1, iterations - 1):  # the steady iterations, as the summary's
                 for key, d in done.items():
-                    meter.add_waits(host_of[key], d.get("waits"))
+                    meter.add_waits(host_of[key], d.get("waits"), d.get("wakes"))
             it_losses = [d["loss"] for d in done.values() if d.get("loss") is not None]
             if it_losses:
                 losses.append(sum(it_losses) / len(it_losses))
