@@ -601,11 +601,14 @@ def experiment_run(
     if points[0][0].multitcp is None:
         from testbed.runs.emulated import preflight, size_to_machine
 
+        preflight(points)  # every point planned and its scale checked, before anything is built
         if probe:  # k and the workers sized to this machine's headroom (an explicit k is kept, with a warning)
+            auto = any(not exp.emulation.scale for exp, _ in points)
             points, lines = size_to_machine(points, timing_budget)
             for ln in lines:
                 (console.print if ln.startswith(("headroom", "k =")) else _warn)(ln)
-        preflight(points)  # every point planned and its scale checked, before anything is built
+            if auto:
+                preflight(points)  # the k the probe chose, checked as a user's would be
     else:
         from testbed.emu.scale import auto_scale, check_scale
 
