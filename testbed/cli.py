@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from testbed.emu.health import DEFAULT_BUDGET
 from testbed.emu.sh import EmuError
 from testbed.errors import NotYetError, SpecError, one_line
 
@@ -521,7 +522,12 @@ def clean_cmd(
     console.print("clean" if not removed else f"removed {len(removed)} item(s)")
 
 
-def _training_run(points: list, out: Path, check: bool, spec: dict, capture: bool = False) -> None:
+def _warn(text: str) -> None:
+    err_console.print(f"[yellow]warning:[/yellow] {escape(text)}", highlight=False, soft_wrap=True)
+
+
+def _training_run(points: list, out: Path, check: bool, spec: dict, capture: bool = False, strict: bool = False,
+                  timing_budget: float = DEFAULT_BUDGET) -> None:
     from testbed.progress import Progress
     from testbed.results import write_spec
     from testbed.runs.emulated import run_experiment, write_experiment
@@ -537,7 +543,7 @@ def _training_run(points: list, out: Path, check: bool, spec: dict, capture: boo
             where = f"point {p} ({point_text(points[p][1])}), {exp0.schedulers[sc]}"
             prog.step(f"{where}: iteration {it + 1}/{n_i} done")
 
-        run = run_experiment(points, check, capture, step, prog.line)
+        run = run_experiment(points, check, capture, step, prog.line, timing_budget)
     paths = [*write_experiment(out, run), write_spec(out, spec, sys.argv[1:])]
     print_summary(out, f"{escape(exp0.name)}: emulated and simulated")
     print_knees(out)
@@ -548,6 +554,12 @@ def _training_run(points: list, out: Path, check: bool, spec: dict, capture: boo
     for run_id, _sched, k, loss in run.losses:
         console.print(f"{run_id}: iteration {k} loss {loss:.4f}")
     console.print(f"wrote {', '.join(str(p) for p in paths)}")
+    degraded = [r.summary for r in run.results if r.summary.get("degraded")]
+    for r in degraded:
+        _warn(f"{r['run_id']} degraded: {r['degraded']}")
+    if strict and degraded:
+        raise EmuError(f"{len(degraded)} run(s) degraded (--strict), first {degraded[0]['run_id']}: "
+                       f"{degraded[0]['degraded']}")
 
 
 experiment_app = typer.Typer(no_args_is_help=True, help="Experiments on the emulated WAN (and the simulator).")
@@ -567,6 +579,13 @@ def experiment_run(
     sweep: SweepOpt = None,
     capture: Annotated[bool, typer.Option(help="Capture WAN packet headers for the whole run into flows.csv")]
     = False,
+    strict: Annotated[bool, typer.Option(help="Fail (exit 1) if a run is degraded, e.g. over its timing budget; "
+                                              "the CSVs are still written")] = False,
+    timing_budget: Annotated[float, typer.Option(help="The iteration-time error (share) a run's timing health may "
+                                                      "cause before it is marked degraded (docs/reliability.md)")]
+    = DEFAULT_BUDGET,
+    probe: Annotated[bool, typer.Option(help="Measure the machine's headroom first (about a second) and size k to "
+                                             "it (an explicit emulation.scale is kept)")] = True,
 ) -> None:
     """Bring the topology up, run the experiment on it, tear it down (also on error and Ctrl-C). The prefix
     is held for the whole run: no other run can take it, and `testbed clean` leaves it alone."""
@@ -581,11 +600,21 @@ def experiment_run(
     sets = list(set_ or []) + ([f"emulation.backend={backend}"] if backend else [])
     if prefix is not None:
         sets.append(f"emulation.prefix={check_prefix(prefix)}")
+    if not 0 <= timing_budget < 1:
+        raise SpecError("--timing-budget", f"{timing_budget:g} is not a share of the iteration time",
+                        "use e.g. 0.05 for 5 %")
     points = load_experiment(experiment, sets, sweep)  # every point validated before anything is built
     if points[0][0].multitcp is None:
-        from testbed.runs.emulated import preflight
+        from testbed.runs.emulated import preflight, size_to_machine
 
         preflight(points)  # every point planned and its scale checked, before anything is built
+        if probe:  # k and the workers sized to this machine's headroom (an explicit k is kept, with a warning)
+            auto = any(not exp.emulation.scale for exp, _ in points)
+            points, lines = size_to_machine(points, timing_budget)
+            for ln in lines:
+                (console.print if ln.startswith(("headroom", "k =")) else _warn)(ln)
+            if auto:
+                preflight(points)  # the k the probe chose, checked as a user's would be
     else:
         from testbed.emu.scale import auto_scale, check_scale
 
@@ -603,7 +632,7 @@ def experiment_run(
         spec = resolved_spec(experiment, sets, sweep)  # written next to the results, once they exist
         exp0 = points[0][0]
         if exp0.multitcp is None:
-            return _training_run(points, out, check, spec, capture)
+            return _training_run(points, out, check, spec, capture, strict, timing_budget)
         from testbed.progress import Progress
         from testbed.runs.multitcp import measurements, run_experiment, write_experiment
 

@@ -120,6 +120,29 @@ SUMMARY = CsvFile("summary.csv", "`testbed sim`, `testbed experiment run`",
                                  "workers wait up to 5 s for them; docs/bubbletea.md)"),
     ("wan_stall_s", "s", "a WAN that changes (written only then, last): seconds during which some transfer waited "
                          "on a link that was down (docs/wan-change.md)"),
+    ("wait_late_ms", "ms", "emulated (the timing health, written only then, last; docs/reliability.md): how late the "
+                           "workers' timed waits (modeled compute) ended against what they asked, mean over every "
+                           "wait of the steady iterations (early ones count 0)"),
+    ("wait_late_host_ms", "ms", "emulated: the same mean on the emulated host whose waits ended latest"),
+    ("wait_late_max_ms", "ms", "emulated: the latest single wait"),
+    ("wake_late_ms", "ms", "emulated: how late the workers' threads resumed for a message, mean: a sender thread "
+                           "idle until the message was handed to it, a receiver waiting for its last chunk"),
+    ("delay_lag_ms", "ms", "emulated: mean (release - due time) of the packets the NFQUEUE delay line released during "
+                           "the run (early ones count against late ones), on the WAN link where it is furthest from "
+                           "0 (0 with netem)"),
+    ("delay_lag_max_ms", "ms", "emulated: the latest release since the delay lines started (the point's network)"),
+    ("cpu_steal", "share", "emulated: share of the machine's CPU time its hypervisor took during the run (/proc/stat)"),
+    ("cpu_pressure", "share", "emulated: share of the run during which some task waited for a CPU "
+                              "(/proc/pressure/cpu `some`; empty without PSI)"),
+    ("run_queue", "", "emulated: runnable tasks per CPU, mean of samples every 0.1 s (/proc/stat procs_running)"),
+    ("run_queue_max", "", "emulated: the most runnable tasks per CPU sampled"),
+    ("shaping_drops", "packets", "emulated: packets the WAN links' qdiscs dropped during the run (tc -s); the "
+                                 "simulator loses none, so any marks the run degraded"),
+    ("timing_error", "share", "emulated: the iteration-time error the timing above can cause: the critical path's "
+                              "waits x their lateness, its WAN crossings x the delay line's lag (or 2 lag / RTT), "
+                              "plus the CPU steal, over the iteration time (docs/reliability.md)"),
+    ("timing_budget", "share", "emulated: the timing error a run may carry (`--timing-budget`); above it the run is "
+                               "marked degraded, and `--strict` fails"),
 ))
 
 MULTITCP = CsvFile("summary.csv (multitcp)", "`testbed experiment run` with a `multitcp:` section",
@@ -460,6 +483,10 @@ FIDELITY = CsvFile("fidelity.csv", "`bench/fidelity.py`", "one row per random to
     ("error", "share", "(sim_s - emu_s) / emu_s: above 0 the simulator predicts a slower iteration"),
     ("steal_share", "share", "of the VM's CPU time its hypervisor took during the case's emulated runs (/proc/stat "
      "steal): a busy host slows an emulated run"),
+    ("load", "", "CPU-bound processes run beside the case (`--load`)"),
+    ("timing_error", "share", "the emulated run's timing error (summary.csv)"),
+    ("flagged", "", "1 if the emulated run was marked degraded (over its timing budget, drops, a lost sidecar)"),
+    ("degraded", "", "why, as in summary.csv"),
 ))
 
 FILES: tuple[CsvFile, ...] = (SUMMARY, MULTITCP, TIMELINE, REQUESTS, KNEE, BUBBLES, VALIDATION, LOSS, FLOWS,

@@ -37,6 +37,11 @@ KV_EMU_COLUMNS = ("kv_not_arrived",)
 # an emulated BubbleTea run against the separate run of training alone (`train_slowdown` is measured inside the
 # run: testbed/bubbletea/without_prefill.py); written last, only when a row has it
 SLOWDOWN_EMU_COLUMNS = ("train_slowdown_vs_alone", "train_slowdown_vs_alone_p25", "train_slowdown_vs_alone_p75")
+# an emulated run's timing health and the iteration-time error it can cause (testbed/emu/health.py): written last,
+# only when a row has them
+HEALTH_COLUMNS = ("wait_late_ms", "wait_late_host_ms", "wait_late_max_ms", "wake_late_ms", "delay_lag_ms",
+                  "delay_lag_max_ms", "cpu_steal", "cpu_pressure", "run_queue", "run_queue_max", "shaping_drops",
+                  "timing_error", "timing_budget")
 
 
 def share(tl: Timeline, kinds: tuple[str, ...]) -> float:

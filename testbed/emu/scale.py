@@ -37,14 +37,15 @@ MAX_EMULATED_BPS = 100e9
 MAX_SYSCTL_INT = 2**31 - 1  # net.ipv4.tcp_rmem is an int: the receive buffer of a scaled window must fit
 
 
-def auto_scale(topo: Topology) -> float:
-    """The smallest k that brings the fastest WAN link down to 200 Mbit/s (1 if it already is)."""
+def auto_scale(topo: Topology, target_mbps: float = TARGET_MBPS) -> float:
+    """The smallest k that brings the fastest WAN link down to `target_mbps` (1 if it already is); a machine with
+    little headroom asks for less (testbed/emu/headroom.py)."""
     fastest = max((link.gbps * 1e3 for link in topo.links), default=0.0)
-    return max(1.0, fastest / TARGET_MBPS)
+    return max(1.0, fastest / target_mbps)
 
 
 # --scale auto (testbed launch): the share of the machine's measured ceiling of shaped, delayed traffic
-# (testbed.emu.headroom) the emulated WAN may use at once; the rest of the machine is left to the ranks.
+# (testbed.emu.wan_headroom) the emulated WAN may use at once; the rest of the machine is left to the ranks.
 HEADROOM_SHARE = 0.5
 K_STEPS = (1.0, 2.0, 5.0)  # k is chosen on a 1-2-5 grid: readable, and a run can be repeated at the same k
 

@@ -71,6 +71,11 @@ def draw_all(folder: Path, out: Path, notes: list[str] | None = None) -> list[Pa
     paths += _serving(folder, df, keys, out, notes)
     paths += _flows(folder, out, notes)
     paths += _gantts(folder, df, keys, out, notes)
+    if "timing_error" in summary and (summary.source == "emu").any():  # an emulated run's timing health
+        from testbed.figures.health import timing_health
+
+        vfile = folder / "validation.csv"
+        paths.append(timing_health(summary, pd.read_csv(vfile) if vfile.exists() else None, out / "timing_health.png"))
     return paths
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from testbed.analysis.metrics import (
+    HEALTH_COLUMNS,
     KV_EMU_COLUMNS,
     KV_WAN_COLUMNS,
     SLOWDOWN_EMU_COLUMNS,
@@ -236,7 +237,8 @@ def write_outputs(out: Path, results: list[RunResult]) -> list[Path]:
     header = (SUMMARY_HEADER + (KV_WAN_COLUMNS if any("kv_wan_bytes" in r.summary for r in results) else ())
               + (KV_EMU_COLUMNS if any("kv_not_arrived" in r.summary for r in results) else ())
               + (("wan_stall_s",) if any("wan_stall_s" in r.summary for r in results) else ())
-              + (SLOWDOWN_EMU_COLUMNS if any("train_slowdown_vs_alone" in r.summary for r in results) else ()))
+              + (SLOWDOWN_EMU_COLUMNS if any("train_slowdown_vs_alone" in r.summary for r in results) else ())
+              + (HEALTH_COLUMNS if any("timing_error" in r.summary for r in results) else ()))
     write_csv(paths[0], header, ([r.summary.get(k, "") for k in header] for r in results))
     tls = [r.timeline for r in results if r.timeline is not None]
     if tls:

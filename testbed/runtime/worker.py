@@ -224,23 +224,28 @@ class Striped:
     less than a thread per connection and a header segment each, which cost milliseconds per message on
     70 connections (docs/fidelity.md)."""
 
-    def __init__(self, socks: list[socket.socket]) -> None:
+    def __init__(self, socks: list[socket.socket], wakes: WaitStats | None = None) -> None:
         self.socks = socks
         self.queue: queue.Queue = queue.Queue()
+        self.wakes = wakes  # how late the sender thread starts a message it was idle for (timing health)
         threading.Thread(target=self._sender, daemon=True).start()
 
     def _sender(self) -> None:
         sel = selectors.DefaultSelector()
+        free_since = 0.0
         try:
             while True:
                 job = self.queue.get()
                 if job is None:
                     return
-                parts, done = job
+                parts, done, t_put = job
+                if self.wakes is not None:
+                    self.wakes.add(0.0, time.monotonic() - max(t_put, free_since))
                 try:
                     _send_all(sel, parts)
                 finally:
                     done()
+                    free_since = time.monotonic()
         finally:
             sel.close()
 
@@ -262,7 +267,7 @@ class Striped:
             off = chunk_offset(nbytes, n, i)
             body = [payload[off:off + size]] if payload is not None else _zeros(size)
             parts.append((sock, [memoryview(DATA.pack(kind, it, wmb, i, n, size, nbytes, t0)), *body]))
-        self.queue.put((parts, lambda: on_done(t0, time.monotonic())))
+        self.queue.put((parts, lambda: on_done(t0, time.monotonic()), time.monotonic()))
 
 
 def _zeros(n: int) -> list[memoryview]:
@@ -377,6 +382,35 @@ class SidecarClient:
                 return
 
 
+class WaitStats:
+    """How late a worker's timed waits end against what they asked (a step's time taken minus the cost model's,
+    after the compensation for late wake-ups): the timing health an emulated run reports (docs/reliability.md)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # sender threads add to one worker's wake-ups
+        self.reset()
+
+    def reset(self) -> None:
+        self.n = 0
+        self.late_sum_s = 0.0  # the late parts only: what can lengthen a critical path
+        self.late_max_s = 0.0
+        self.err_sum_s = 0.0  # signed: early waits count against late ones
+
+    def add(self, asked_s: float, took_s: float) -> None:
+        err = took_s - asked_s
+        with self.lock:
+            self.n += 1
+            self.err_sum_s += err
+            if err > 0:
+                self.late_sum_s += err
+                self.late_max_s = max(self.late_max_s, err)
+
+    def as_list(self) -> list[float]:
+        """[waits, sum of lateness, worst lateness, signed sum] (seconds), as the done message carries them."""
+        with self.lock:
+            return [self.n, self.late_sum_s, self.late_max_s, self.err_sum_s]
+
+
 class Modeled:
     """Compute that waits the cost model's time and moves zeros of the plan's (scaled) sizes."""
 
@@ -384,14 +418,19 @@ class Modeled:
         self.cfg = cfg
         self.losses: list[float] = []
         self.late = 0.0  # how much later than asked a sleep ends on this machine, on average
+        self.waits = WaitStats()
 
     def wait(self, seconds: float) -> None:
         """Take `seconds`, on average: sleep that much less than asked by how late sleeps end here (0.2 ms each on
-        a busy 2-core machine, 1-2 % of a modeled forward: docs/fidelity.md)."""
+        a busy 2-core machine, 1-2 % of a modeled forward: docs/fidelity.md). Each wait's time against `seconds`
+        goes to `waits` (a wait for nothing is not one)."""
         ask = max(0.0, seconds - self.late)
         t0 = time.monotonic()
         time.sleep(ask)
-        self.late = max(0.0, min(MAX_LATE_S, self.late + 0.1 * (time.monotonic() - t0 - ask - self.late)))
+        took = time.monotonic() - t0
+        if seconds > 0:
+            self.waits.add(seconds, took)
+        self.late = max(0.0, min(MAX_LATE_S, self.late + 0.1 * (took - ask - self.late)))
 
     def forward(self, it: int, st: Forward, inp: bytearray | None) -> memoryview | None:
         self.wait(st.seconds)
@@ -696,13 +735,14 @@ def main(cfg_path: str, ctl_path: str) -> None:
     acc = threading.Thread(target=acceptor, daemon=True)
     acc.start()
     deadline = time.monotonic() + CONNECT_TIMEOUT
+    wakes = WaitStats()  # how late threads resume for a message: sent (sender idle) or in (receiver waiting)
     out: dict[tuple[str, str], Striped] = {}  # (peer, purpose) -> connections to it
     for peer, (n, purpose) in connections_to_open(cfg).items():
         ep = cfg.peers[peer]
         window = window_of(cfg, peer, purpose)
         socks = [connect(ep.ip, ep.port, {"group": prog.group, "purpose": purpose}, deadline, window,
                          PURPOSE_TOS.get(purpose, 0)) for _ in range(n)]
-        out[(peer, purpose)] = Striped(socks)
+        out[(peer, purpose)] = Striped(socks, wakes)
     acc.join(CONNECT_TIMEOUT)
     if acc.is_alive():
         raise TimeoutError("peers did not connect in time")
@@ -744,10 +784,14 @@ def main(cfg_path: str, ctl_path: str) -> None:
         return done
 
     def receive(st: Recv, it: int):
-        """Wait for the step's message, serving prefill meanwhile."""
+        """Wait for the step's message, serving prefill meanwhile. Without prefill to serve, how late this thread
+        resumes after the message's last chunk came in is a wake-up the timing health counts."""
         key = (st.kind.encode(), it, wire_mb(st.microbatch, st.chunk))
+        t_wait = time.monotonic()
         bt.wait_for(inbox, key, rec)
         t_send, t_in = inbox.wait(key)
+        if cfg.bubbletea is None and t_in > t_wait:  # it came while this thread waited for it
+            wakes.add(0.0, time.monotonic() - t_in)
         rec("recv", st.microbatch, t_send, t_in, st.bytes)
         return inbox.payload(key) if torch_mode else None
 
@@ -766,6 +810,8 @@ def main(cfg_path: str, ctl_path: str) -> None:
         p_it = program_from_dict(msg["program"]) if "program" in msg else prog
         log.clear()
         comp.losses.clear()
+        comp.waits.reset()
+        wakes.reset()
         pending = threading.Semaphore(0)
         sends = 0
         bt.begin(it, t_start)
@@ -806,6 +852,7 @@ def main(cfg_path: str, ctl_path: str) -> None:
         degraded = [c.degraded for c in sidecars.values() if c.degraded] + ([bt.degraded] if bt.degraded else [])
         with log_lock:
             send_ctrl(ctl, {"done": it, "log": log, "degraded": degraded[0] if degraded else "",
+                            "waits": comp.waits.as_list(), "wakes": wakes.as_list(),
                             "loss": sum(comp.losses) / len(comp.losses) if comp.losses else None})
 
 

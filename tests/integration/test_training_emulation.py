@@ -110,7 +110,8 @@ def test_atlas_sidecar_enforces_turns_and_survives_bad_messages(tmp_path):
     assert not (state.STATE_DIR / "gdtbs").exists(), "the run's state outlived its teardown"
     summary = rows(tmp_path / "summary.csv")
     emu = next(x for x in summary if x["source"] == "emu")
-    assert emu["degraded"] == ""  # every worker kept its sidecar connection: the junk did not kill it
+    assert "sidecar" not in emu["degraded"], emu["degraded"]  # every worker kept its sidecar connection: the junk
+    # did not kill it (a busy machine may still mark the run degraded for its timing: docs/reliability.md)
 
 
 def test_a_killed_sidecar_degrades_to_fair_sharing_without_hanging(tmp_path):
