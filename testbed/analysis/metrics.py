@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from statistics import mean
 
+from testbed.analysis.wanbytes import wan_bytes
 from testbed.plan.mechanisms import is_baseline
 from testbed.plan.plan import Plan
 from testbed.timeline import COMPUTE, Timeline
@@ -11,6 +12,7 @@ from testbed.timeline import COMPUTE, Timeline
 SUMMARY_HEADER = (
     "run_id", "source", "scheduler", "model", "dcs", "gpus", "tp", "pp", "dp", "microbatches",
     "wan_latency_ms", "wan_gbps", "tcp_connections", "iteration_s", "tokens_per_s", "tokens_per_s_per_gpu",
+    "token_efficiency", "effective_tokens_per_s", "wan_bytes",
     "gpu_util", "train_util", "prefill_util", "prefill_work_util", "useful_util", "prefill_mfu", "bubble_frac",
     "lower_bound_s", "wan_min_s", "best_baseline", "speedup_vs_best",
     "train_slowdown", "train_slowdown_p25", "train_slowdown_p75", "ttft_p50_ms", "ttft_p99_ms", "ttft_bubble_p50_ms",
@@ -69,7 +71,7 @@ def summary_row(plan: Plan, tl: Timeline, lower_bound_s: float, sweep: dict, bub
     simulator; the plan itself is always in real-world units).
     `gpu_util` counts training and prefill time; `useful_util` counts training time plus
     prefill FLOPs at the training's MFU. BubbleTea columns are empty without it."""
-    it = mean(tl.iteration_s)
+    it = mean(tl.iteration_s) / plan.steps_per_program  # a sync period's program runs H iterations
     hops = wan_links_used(plan)
     lat = mean(plan.links[h].latency_s for h in hops) * 1e3 if hops else 0.0
     gbps = min(plan.links[h].capacity_bytes_s for h in hops) * 8 / 1e9 if hops else 0.0
@@ -92,6 +94,9 @@ def summary_row(plan: Plan, tl: Timeline, lower_bound_s: float, sweep: dict, bub
         "iteration_s": round(it, 6),
         "tokens_per_s": round(tokens, 3),
         "tokens_per_s_per_gpu": round(tokens / plan.gpus, 6),
+        "token_efficiency": plan.token_efficiency,
+        "effective_tokens_per_s": round(tokens * plan.token_efficiency, 3),
+        "wan_bytes": round(wan_bytes(plan), 3),
         "gpu_util": round(share(tl, (*COMPUTE, "prefill")), 6),
         "train_util": round(share(tl, COMPUTE), 6),
         "prefill_util": round(share(tl, ("prefill",)), 6),

@@ -10,6 +10,8 @@ from testbed.costs.stage import in_flight, layer_costs
 from testbed.costs.tcp import connections_for
 from testbed.errors import SpecError
 from testbed.plan.layers import stage_layers
+from testbed.plan.diloco import resolve as resolve_diloco
+from testbed.plan.efficiency import token_efficiency
 from testbed.plan.mechanisms import Mechanisms, parse_scheduler
 from testbed.plan.placement import place
 from testbed.plan.plan import IntraDC, LinkPlan, Plan
@@ -304,8 +306,21 @@ def build_plan(
         layers=layers,
         optimizer_s=[[c.optimizer_s for c in row] for row in costs],
     )
+    if mech.outer:
+        plan.diloco = resolve_diloco(mech.outer, w.diloco)
+        check_period(plan)
+    plan.token_efficiency = token_efficiency(mech.outer, len(plan.dcs_used()), plan.diloco, w.token_efficiency)
     plan.turn_policy = turn_policy(exp.network.turn_order, plan)
     return plan
+
+
+def check_period(plan: Plan) -> None:
+    """A sync period's stage microbatches, as the simulator runs them (one replica per DC), within its bound."""
+    n = len(plan.dcs_used()) * plan.microbatches * plan.pp * plan.steps_per_program
+    if n > MAX_STAGE_MICROBATCHES * 4:
+        raise SpecError("workload.diloco.inner_steps", f"a sync period of {plan.steps_per_program} inner steps is "
+                        f"{n:,} stage microbatches to simulate, more than {MAX_STAGE_MICROBATCHES * 4:,}",
+                        "lower inner_steps or global_batch")
 
 
 def turn_policy(order: str, plan: Plan) -> str:

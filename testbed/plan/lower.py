@@ -60,11 +60,12 @@ def host_index(plan: Plan, s: int, r: int) -> int:
     return k % plan.hosts.get(dc, 1)
 
 
-def lower_group(plan: Plan, s: int, r: int, reduce: AllReduce | None = None) -> Program:
-    name = group_name(s, r)
+def pipeline_steps(plan: Plan, s: int, r: int, base: int = 0) -> list[Step]:
+    """Group (s, r)'s part of the pipeline schedule, its microbatches numbered from `base`."""
     steps: list[Step] = []
     last = plan.pp - 1
     for op, i in plan.actions[s]:
+        i += base
         if op == "F":
             if s > 0:
                 steps.append(Recv("a", i, group_name(s - 1, r), plan.act_bytes[s - 1]))
@@ -77,8 +78,21 @@ def lower_group(plan: Plan, s: int, r: int, reduce: AllReduce | None = None) -> 
             steps.append(Backward(i, plan.bwd_s[r][s]))
             if s > 0:
                 steps.append(Send("g", i, group_name(s - 1, r), plan.act_bytes[s - 1]))
-    if plan.dp > 1:
-        steps.append(reduce or allreduce(plan, s))
+    return steps
+
+
+def lower_group(plan: Plan, s: int, r: int, reduce: AllReduce | None = None) -> Program:
+    name = group_name(s, r)
+    if plan.diloco is not None:  # one sync period (testbed/plan/diloco.py)
+        from testbed.plan.diloco import period_steps
+
+        m = plan.microbatches
+        steps = period_steps(plan, s, r, lambda h: pipeline_steps(plan, s, r, h * m), reduce or allreduce(plan, s))
+    else:
+        steps = pipeline_steps(plan, s, r)
+        if plan.dp > 1:
+            steps.append(reduce or allreduce(plan, s))
+    last = plan.pp - 1
     pipes = tuple(pipe(plan, s, r, q) for q in (s - 1, s + 1) if 0 <= q <= last)
     dc = plan.stage_dc[r][s]
     return Program(name, s, r, dc, host_index(plan, s, r), port(plan, s, r), plan.replica_offset_s[r],
@@ -89,6 +103,8 @@ def program_shape(plan: Plan, s: int, r: int) -> tuple:
     """What group (s, r)'s steps depend on besides r itself: groups of one stage with equal shapes have
     the same steps, their peers being the neighbouring stages of their own replica (lower_group). The
     simulator lowers one group per shape and shares its steps (tests/test_lower.py checks this)."""
+    if plan.diloco is not None:  # the inner all-reduce's ring is the DC's
+        return (s, plan.fwd_s[r][s], plan.bwd_s[r][s], plan.stage_dc[r][s])
     return (s, plan.fwd_s[r][s], plan.bwd_s[r][s])
 
 

@@ -51,13 +51,14 @@ from contextlib import contextmanager
 from testbed.plan.lower import allreduce, lower_group, program_shape
 from testbed.plan.plan import Plan
 from testbed.plan.turns import TURN_KEYS
-from testbed.program import AllReduce, Backward, Forward, Recv, Send
+from testbed.program import AllReduce, Backward, Forward, Optimizer, OuterSync, OuterWait, Recv, Send
+from testbed.sim.collectives import Collectives
 from testbed.sim.linkchange import LiveLinks, WanSchedule
 from testbed.sim.network import Flow, LinkState
 from testbed.timeline import Timeline, group_name
 
 # compiled step opcodes (the first item of a step tuple)
-RECV, SEND, COMPUTE, ALLREDUCE = range(4)
+RECV, SEND, COMPUTE, ALLREDUCE, JOIN = range(5)
 # event codes (the first item of an event tuple)
 EV_FLOW, EV_SEND, EV_CALL = range(3)
 INF = float("inf")
@@ -195,13 +196,17 @@ def replica_classes(plan: Plan) -> dict[int, list[int]]:
     return dict(sorted(out.items()))
 
 
-def compile_steps(steps: tuple, s: int, r: int, m: int) -> tuple[tuple, ...]:
+def compile_steps(steps: tuple, s: int, r: int, m: int, blocking: bool = False) -> tuple[tuple, ...]:
     """Group (s, r)'s steps as tuples the event loop reads without attribute lookups; a message's index
     in the receiver's arrival flags is its microbatch (activations) or m + its microbatch (gradients).
     Peers are the neighbouring stages of the same replica, written as +1 or -1 so that groups of one
-    shape share the compiled steps."""
+    shape share the compiled steps. With `blocking` (a sync period's program: testbed/plan/diloco.py) each
+    collective is a JOIN and the end it waits for is a flag after the messages': the h-th AllReduce's at
+    2m + h (a RECV right after it), fragment f's OuterSync's at 2m + (AllReduces) + f (its OuterWait's RECV)."""
     peers = {group_name(s + 1, r): 1, group_name(s - 1, r): -1}
     out: list[tuple] = []
+    n_ar = sum(1 for st in steps if type(st) is AllReduce) if blocking else 0
+    h = 0
     for st in steps:
         t = type(st)
         if t is Recv:
@@ -213,14 +218,23 @@ def compile_steps(steps: tuple, s: int, r: int, m: int) -> tuple[tuple, ...]:
             out.append((SEND, peers[st.peer], st.kind, st.microbatch, st.bytes, idx))
         elif t is Forward or t is Backward:
             out.append((COMPUTE, st.seconds, "fwd" if t is Forward else "bwd", st.microbatch))
+        elif t is AllReduce and blocking:
+            out += [(JOIN, st, 2 * m + h, ("ar", h)), (RECV, 2 * m + h)]
+            h += 1
         elif t is AllReduce:
             out.append((ALLREDUCE, st))
+        elif t is Optimizer:
+            out.append((COMPUTE, st.seconds, "optimizer", -1))
+        elif t is OuterSync:
+            out.append((JOIN, st, 2 * m + n_ar + st.fragment, ("os", st.fragment)))
+        elif t is OuterWait:
+            out.append((RECV, 2 * m + n_ar + st.fragment))
         else:
             raise TypeError(f"{group_name(s, r)}: the simulator does not execute {t.__name__} steps")
     return tuple(out)
 
 
-class Simulation:
+class Simulation(Collectives):
     event_order = staticmethod(_order)  # the order of events at one time (None: push order)
 
     def __init__(self, plan: Plan, wan: WanSchedule | None = None, t0: float = 0.0) -> None:
@@ -231,7 +245,8 @@ class Simulation:
         self.copies = self._classes()
         self.reps = list(self.copies)  # simulated replicas; group g = k * pp + s for replica reps[k]
         self.weight = [len(self.copies[r]) for r in self.reps]
-        P, m = plan.pp, plan.microbatches
+        P, m = plan.pp, plan.microbatches * plan.steps_per_program  # messages per program
+        self.msgs = m
         n = P * len(self.reps)
         self.steps = self._compile()  # index g = k * pp + s
         self.ptr = [0] * n  # each group's next step
@@ -239,7 +254,9 @@ class Simulation:
         self.waits = [-1] * n  # the message a blocked group waits for (-1: none)
         # when each message reaches its group (INF: not sent yet): [g][microbatch] activations, [g][m + microbatch]
         # gradients
-        self.arrival = [[INF] * (2 * m) for _ in range(n)]
+        # (and a sync period's collectives' ends after them: compile_steps)
+        slots = 2 * m + (plan.steps_per_program + plan.diloco.fragments if plan.diloco is not None else 0)
+        self.arrival = [[INF] * slots for _ in range(n)]
         self.stage_done = [0] * P
         self.out: list[tuple] = []  # (group, kind, microbatch, start, end, bytes)
         self.links = {
@@ -304,7 +321,8 @@ class Simulation:
             for s in range(p.pp):
                 key = program_shape(p, s, r)
                 if key not in shared:
-                    shared[key] = compile_steps(lower_group(p, s, r, reduces[s]).steps, s, r, p.microbatches)
+                    shared[key] = compile_steps(lower_group(p, s, r, reduces[s]).steps, s, r, self.msgs,
+                                                p.diloco is not None)
                 out.append(shared[key])
         return out
 
@@ -411,8 +429,10 @@ class Simulation:
                             ready.append(dst)
                     else:
                         push_event(t, (EV_SEND, t0, g, st))
-                else:  # ALLREDUCE
+                elif op == ALLREDUCE:
                     push_event(t, (EV_CALL, t0, self.stage_finished, (g % P, g, st[1])))
+                else:  # JOIN: a sync period's collective (testbed/sim/collectives.py)
+                    push_event(t, (EV_CALL, t0, self.join, (g, st[1], st[2], st[3])))
                 k += 1
             ptr[g] = k
             clock[g] = t
@@ -488,6 +508,9 @@ class Simulation:
         if kind == "ar":
             self._wan_allreduce_part_done(src)
             return
+        if kind == "os":
+            self.outer_part_done(src)
+            return
         key = (lp.src, lp.dst)
         if link.temporal:
             del self.on_link[(key, self.replica(src))][flow]
@@ -501,7 +524,7 @@ class Simulation:
         arrive = now + self.lp[key].latency_s * self._delay(src, dst, kind, i)
         self.out.append((src, "send", i, t_issue, now, head[2]))
         self.out.append((dst, "recv", i, t_issue, arrive, head[2]))
-        self._deliver(dst, i if kind == "a" else self.p.microbatches + i, arrive)
+        self._deliver(dst, i if kind == "a" else self.msgs + i, arrive)
         if link.temporal:  # the receiver's end notice
             self.push(arrive + SIDECAR_REACTION_S, self._sidecar, key, self.replica(src), head[5], False)
         pipe.popleft()

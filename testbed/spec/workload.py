@@ -6,7 +6,8 @@ from typing import Literal
 
 from pydantic import model_validator
 
-from testbed.spec.bounds import DP, HEADS, LABEL, LAYERS, MFU, PP, SEQ_LEN, SEQUENCES, TP, VOCAB, WIDTH
+from testbed.spec.bounds import (DP, EFFICIENCY, FRAGMENTS, HEADS, INNER_STEPS, LABEL, LAYERS, MFU, OUTER_BITS,
+                                 OVERLAP_STEPS, PP, SEQ_LEN, SEQUENCES, TP, VOCAB, WIDTH)
 from testbed.spec.topology import Strict
 
 
@@ -26,6 +27,16 @@ class CustomModel(Strict):
         if self.hidden % self.heads:
             raise ValueError(f"hidden={self.hidden} is not divisible by heads={self.heads}; pick heads dividing hidden")
         return self
+
+
+class DiLoCo(Strict):
+    """Low-communication training (schedulers `diloco`, `streaming-diloco`); a field left out takes the
+    scheduler's published default (testbed/plan/diloco.py, docs/families.md)."""
+
+    inner_steps: INNER_STEPS | None = None  # H: inner steps between two syncs of a fragment
+    fragments: FRAGMENTS | None = None  # F: fragments synced in turn (DiLoCo: 1, the whole model)
+    outer_bits: OUTER_BITS | None = None  # bits per outer-gradient value on the WAN
+    overlap_steps: OVERLAP_STEPS | None = None  # tau: inner steps a fragment's sync overlaps (DiLoCo: 0)
 
 
 class Workload(Strict):
@@ -49,6 +60,10 @@ class Workload(Strict):
     # pins the pipeline's DCs, in order, with their number of stages (as `testbed plan` prints them);
     # pipeline placements only: dp-wan keeps whole pipelines inside each DC
     stages_per_dc: dict[str, PP] | None = None
+    diloco: DiLoCo = DiLoCo()
+    # tokens to a loss under synchronous training / tokens under this scheduler's (1: as good); None: the
+    # family's default from published results (testbed/plan/efficiency.py)
+    token_efficiency: EFFICIENCY | None = None
 
     @model_validator(mode="after")
     def _batch(self) -> Workload:
