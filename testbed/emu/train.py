@@ -24,7 +24,7 @@ from testbed.emu.sh import EmuError
 from testbed.emu.shaping import MIN_QUEUE_BYTES
 from testbed.plan.lower import dry_run, lower
 from testbed.plan.plan import Plan
-from testbed.program import AllReduce, exchanges
+from testbed.program import collectives, exchanges
 from testbed.runtime.access import grant, listen_unix, log, peer_cred
 from testbed.runtime.config import Endpoint, WorkerConfig
 from testbed.runtime.htb import IDLE_PRIO, JUMBO_MTU, class_args, kv_class, trickle_bps
@@ -56,7 +56,7 @@ def worker_configs(plan: Plan, emu: Emulation, compute: str = "modeled", torch_c
     where = {g: Endpoint(host[g].ip, p.port) for g, p in programs.items()}
     cfgs = {}
     for g, p in programs.items():
-        peers = {q.peer for q in p.pipes} | {x for st in p.steps if isinstance(st, AllReduce)
+        peers = {q.peer for q in p.pipes} | {x for st in dict.fromkeys(collectives(p.steps))
                                               for ex in exchanges(st, g) for x in (ex.send_to, ex.recv_from)}
         sidecars = {q.peer: sidecar_socket(emu, *q.wan) for q in p.pipes
                     if q.flow_class is not None and q.wan and plan.links[q.wan].temporal}

@@ -9,9 +9,9 @@ from testbed.costs.models import ModelConfig, resolve_model
 from testbed.costs.stage import in_flight, layer_costs
 from testbed.costs.tcp import connections_for
 from testbed.errors import SpecError
-from testbed.plan.layers import stage_layers
 from testbed.plan.diloco import resolve as resolve_diloco
 from testbed.plan.efficiency import token_efficiency
+from testbed.plan.layers import stage_layers
 from testbed.plan.mechanisms import Mechanisms, parse_scheduler
 from testbed.plan.placement import place
 from testbed.plan.plan import IntraDC, LinkPlan, Plan

@@ -19,7 +19,7 @@ fragments overlapping tau = 1 inner step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from testbed.errors import SpecError
 
@@ -56,6 +56,9 @@ def resolve(outer: str, spec) -> DiLoCoPlan:
     d = DEFAULTS[outer]
     p = DiLoCoPlan(*(getattr(spec, k) if getattr(spec, k) is not None else getattr(d, k)
                      for k in ("inner_steps", "fragments", "outer_bits", "overlap_steps")))
+    if spec.fragments is None:  # the default: as many fragments as H and tau leave room for, up to the default's
+        fits = [f for f in range(1, d.fragments + 1) if p.inner_steps % f == 0 and p.inner_steps // f > p.overlap_steps]
+        p = replace(p, fragments=max(fits, default=1))
     if outer == "diloco" and p.fragments != 1:
         raise SpecError("workload.diloco.fragments", f"diloco syncs the whole model at once, not {p.fragments} "
                         "fragments", "use streaming-diloco, or leave fragments out")

@@ -6,8 +6,24 @@ from typing import Literal
 
 from pydantic import model_validator
 
-from testbed.spec.bounds import (DP, EFFICIENCY, FRAGMENTS, HEADS, INNER_STEPS, LABEL, LAYERS, MFU, OUTER_BITS,
-                                 OVERLAP_STEPS, PP, SEQ_LEN, SEQUENCES, TP, VOCAB, WIDTH)
+from testbed.spec.bounds import (
+    DP,
+    EFFICIENCY,
+    FRAGMENTS,
+    HEADS,
+    INNER_STEPS,
+    LABEL,
+    LAYERS,
+    MFU,
+    OUTER_BITS,
+    OVERLAP_STEPS,
+    PP,
+    SEQ_LEN,
+    SEQUENCES,
+    TP,
+    VOCAB,
+    WIDTH,
+)
 from testbed.spec.topology import Strict
 
 
