@@ -7,9 +7,9 @@ collective runs and each member's flag is set at its end:
 
 - inner all-reduce: a ring among the DC's n replicas on the DC fabric, 2 (n - 1) / n x bytes at the fabric's
   bandwidth plus 2 (n - 1) latencies, as the synchronous ring is costed (executor.stage_finished);
-- OuterSync: hierarchical as the synchronous dp-wan all-reduce: a reduce-scatter inside each DC, a ring across
-  the DCs whose 2 (D - 1) / D x bytes are one flow per WAN hop (sharing the link with anything else on it, capped
-  by its connections' windows), 2 (D - 1) WAN latencies, and an all-gather inside each DC.
+- OuterSync: hierarchical: a reduce-scatter inside each DC, a ring across the DCs in 2 (D - 1) steps of 1/D of
+  the bytes per WAN hop (`_ring_step`: flows sharing the link with anything else on it, bound by the window of
+  the connections the DC's groups open), and an all-gather inside each DC.
 """
 
 from __future__ import annotations
@@ -70,29 +70,45 @@ class Collectives:
             del self.outer[k]
             return
         hops = list(zip(dcs, dcs[1:] + dcs[:1], strict=True))
-        state["tail"] = local / 2 + 2 * (D - 1) * max(self.lp[h].latency_s for h in hops)
-        self.push(self.now + local / 2, self._outer_wan, k, hops)
+        state.update(hops=hops, steps=2 * (D - 1), tail=local / 2)
+        self.push(self.now + local / 2, self._ring_step, k)
 
-    def _outer_wan(self, k: tuple, hops: list) -> None:
+    def _ring_step(self, k: tuple) -> None:
+        """One step of the ring across DCs: each DC sends its 1/D of the bytes to the next on the connections its
+        groups open there (together n x W in flight, n: its groups). A window-bound transfer of q windows takes
+        (q - 1) round trips plus one window's time on the link, not q (its first window leaves at the link's rate:
+        executor.SlidingWindow); here a flow of the first window at the link's rate beside a flow of the rest at
+        n x W / RTT. The step ends one latency after the slowest hop's last byte, as each exchange waits for the
+        one it receives."""
         state = self.outer[k]
         st: OuterSync = state["st"]
-        D = len(hops)
-        state["pending"] = D
+        hops = state["hops"]
+        nbytes = st.bytes / len(hops)
+        state["pending"], state["arrive"] = 0, self.now
         for i, (a, b) in enumerate(hops):
             lp = self.lp[(a, b)]
-            conns = st.wan_connections[i]
-            cap = conns * lp.window_bytes / lp.rtt_s if lp.rtt_s > 0 else float("inf")
-            flow = Flow(2 * (D - 1) / D * st.bytes, cap, (float("inf"), st.fragment),
-                        payload=(k, None, "os", -1, lp, self.now, self.links[(a, b)]), window=conns * lp.window_bytes)
-            self.links[(a, b)].add(flow, self.now)
+            window = st.wan_connections[i] * lp.window_bytes
+            cap = window / lp.rtt_s if lp.rtt_s > 0 else float("inf")
+            head = min(window, nbytes) if lp.rtt_s > 0 else nbytes
+            for part, part_cap in ((head, float("inf")), (nbytes - head, cap)):
+                if part <= 0:
+                    continue
+                flow = Flow(part, part_cap, (float("inf"), st.fragment),
+                            payload=(k, None, "os", -1, lp, self.now, self.links[(a, b)]), window=window)
+                self.links[(a, b)].add(flow, self.now)
+                state["pending"] += 1
 
-    def outer_part_done(self, k: tuple) -> None:
-        """One WAN hop of an OuterSync's ring has carried its bytes; the last one ends the ring."""
+    def outer_part_done(self, k: tuple, lp) -> None:
+        """A flow of an OuterSync's ring step has left; the step ends one latency after its last flow's hop."""
         state = self.outer[k]
         state["pending"] -= 1
+        state["arrive"] = max(state["arrive"], self.now + lp.latency_s)
         if state["pending"]:
+            return
+        state["steps"] -= 1
+        if state["steps"]:
+            self.push(state["arrive"], self._ring_step, k)
             return
         del self.outer[k]
         st = state["st"]
-        self._finish(state["members"], "outersync", st.fragment, state["t0"], self.now + state["tail"], st.bytes)
-
+        self._finish(state["members"], "outersync", st.fragment, state["t0"], state["arrive"] + state["tail"], st.bytes)
