@@ -8,8 +8,8 @@ collective runs and each member's flag is set at its end:
 - inner all-reduce: a ring among the DC's n replicas on the DC fabric, 2 (n - 1) / n x bytes at the fabric's
   bandwidth plus 2 (n - 1) latencies, as the synchronous ring is costed (executor.stage_finished);
 - OuterSync: hierarchical: a reduce-scatter inside each DC, a ring across the DCs in 2 (D - 1) steps of 1/D of
-  the bytes per WAN hop (`_ring_step`: flows sharing the link with anything else on it, bound by the window of
-  the connections the DC's groups open), and an all-gather inside each DC.
+  the bytes per WAN hop (`_ring_step`: a window at a time, each a flow sharing the link with anything else on
+  it, the next a round trip after the one before started), and an all-gather inside each DC.
 """
 
 from __future__ import annotations
@@ -75,32 +75,37 @@ class Collectives:
 
     def _ring_step(self, k: tuple) -> None:
         """One step of the ring across DCs: each DC sends its 1/D of the bytes to the next on the connections its
-        groups open there (together n x W in flight, n: its groups). A window-bound transfer of q windows takes
-        (q - 1) round trips plus one window's time on the link, not q (its first window leaves at the link's rate:
-        executor.SlidingWindow); here a flow of the first window at the link's rate beside a flow of the rest at
-        n x W / RTT. The step ends one latency after the slowest hop's last byte, as each exchange waits for the
-        one it receives."""
+        groups open there. Their window (n x W, n: the DC's groups) goes out a piece at a time at whatever share of
+        the link it gets, the next piece one round trip after the one before started (as a window-bound TCP sender's
+        acknowledgements come back: executor.SlidingWindow). The step ends one latency after the slowest hop's last
+        byte, as each exchange waits for the one it receives."""
+        state = self.outer[k]
+        hops = state["hops"]
+        state["left"] = [state["st"].bytes / len(hops)] * len(hops)
+        state["pending"], state["arrive"] = len(hops), self.now
+        for i in range(len(hops)):
+            self._piece(k, i)
+
+    def _piece(self, k: tuple, i: int) -> None:
+        """Hop i's next window of the step on its link."""
         state = self.outer[k]
         st: OuterSync = state["st"]
-        hops = state["hops"]
-        nbytes = st.bytes / len(hops)
-        state["pending"], state["arrive"] = 0, self.now
-        for i, (a, b) in enumerate(hops):
-            lp = self.lp[(a, b)]
-            window = st.wan_connections[i] * lp.window_bytes
-            cap = window / lp.rtt_s if lp.rtt_s > 0 else float("inf")
-            head = min(window, nbytes) if lp.rtt_s > 0 else nbytes
-            for part, part_cap in ((head, float("inf")), (nbytes - head, cap)):
-                if part <= 0:
-                    continue
-                flow = Flow(part, part_cap, (float("inf"), st.fragment),
-                            payload=(k, None, "os", -1, lp, self.now, self.links[(a, b)]), window=window)
-                self.links[(a, b)].add(flow, self.now)
-                state["pending"] += 1
+        hop = state["hops"][i]
+        lp = self.lp[hop]
+        window = st.wan_connections[i] * lp.window_bytes
+        part = min(window, state["left"][i]) if lp.rtt_s > 0 else state["left"][i]
+        state["left"][i] -= part
+        flow = Flow(part, float("inf"), (float("inf"), st.fragment),
+                    payload=(k, None, "os", i, lp, self.now, self.links[hop]), window=window)
+        self.links[hop].add(flow, self.now)
 
-    def outer_part_done(self, k: tuple, lp) -> None:
-        """A flow of an OuterSync's ring step has left; the step ends one latency after its last flow's hop."""
+    def outer_part_done(self, k: tuple, i: int, lp, t_start: float) -> None:
+        """Hop i's piece (started at t_start) has left: the next one a round trip after it started, or, the hop
+        done, the step ends one latency after its slowest hop."""
         state = self.outer[k]
+        if state["left"][i] > 1e-9 * state["st"].bytes:
+            self.push(max(self.now, t_start + lp.rtt_s), self._piece, k, i)
+            return
         state["pending"] -= 1
         state["arrive"] = max(state["arrive"], self.now + lp.latency_s)
         if state["pending"]:

@@ -509,7 +509,7 @@ class Simulation(Collectives):
             self._wan_allreduce_part_done(src)
             return
         if kind == "os":
-            self.outer_part_done(src, lp)
+            self.outer_part_done(src, i, lp, t_issue)
             return
         key = (lp.src, lp.dst)
         if link.temporal:
