@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from testbed.errors import SpecError
+from testbed.program import AllReduce, Optimizer, OuterSync, OuterWait
+from testbed.timeline import group_name
 
 
 @dataclass(frozen=True)
@@ -78,8 +80,6 @@ def resolve(outer: str, spec) -> DiLoCoPlan:
 
 def inner_ring(plan, s: int, r: int) -> tuple[str, ...]:
     """Stage s's groups in replica r's DC: the inner all-reduce's ring."""
-    from testbed.timeline import group_name
-
     dc = plan.stage_dc[r][s]
     return tuple(group_name(s, q) for q in range(plan.dp) if plan.stage_dc[q][s] == dc)
 
@@ -89,8 +89,6 @@ def period_steps(plan, s: int, r: int, inner, outer) -> list:
     h * m + i, the all-reduce among the DC's replicas, the inner optimizer step), each fragment's OuterSync after
     its inner step and its OuterWait before the inner step that needs it. `inner(h)`: inner step h's pipeline
     steps; `outer`: the stage's hierarchical AllReduce across DCs, whose rings and connections the syncs use."""
-    from testbed.program import AllReduce, Optimizer, OuterSync, OuterWait
-
     d: DiLoCoPlan = plan.diloco
     ring = inner_ring(plan, s, r)
     reduce = AllReduce("ring", plan.grad_bytes[s], (ring,)) if len(ring) > 1 else None

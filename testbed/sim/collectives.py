@@ -22,13 +22,16 @@ from testbed.timeline import group_name
 class Collectives:
     """Mixed into the Simulation (sim/executor.py), whose state it uses: p, reps, weight, now, links, lp, out."""
 
+    def init_collectives(self) -> None:
+        self.joined: dict[tuple, list] = {}  # collective -> [members' weight so far, [(group, flag)]]
+        self.outer: dict[tuple, dict] = {}  # OuterSync in flight -> its state
+        self.group_dc: dict[str, str] = {}  # group name -> its DC (filled at the first JOIN)
+
     def join(self, g: int, st: AllReduce | OuterSync, slot: int, key: tuple) -> None:
         """Group g joins collective `st` (`key`: which of the period's); its end sets g's flag `slot`."""
-        if not hasattr(self, "joined"):
-            self.joined: dict[tuple, list] = {}
-            self.outer: dict[tuple, dict] = {}
-            self.group_dc = {group_name(s, r): self.p.stage_dc[r][s] for r in range(self.p.dp)
-                             for s in range(self.p.pp)}
+        if not self.group_dc:
+            self.group_dc.update({group_name(s, r): self.p.stage_dc[r][s] for r in range(self.p.dp)
+                                  for s in range(self.p.pp)})
         k = (key, st.rings)
         entry = self.joined.setdefault(k, [0, []])
         entry[0] += self.weight[g // self.p.pp]

@@ -300,6 +300,7 @@ class Simulation(Collectives):
         # (an ordered set: the sidecar re-ranks just these, not every flow on the link)
         self.on_link: dict[tuple, dict[Flow, None]] = defaultdict(dict)
         self.wan_ar: dict[int, dict] = {}  # stage -> pending cross-DC all-reduce state
+        self.init_collectives()
         self.events = 0
         self.wan = LiveLinks(self, wan, t0) if wan is not None else None  # the schedule's clock is t0 + now
 
