@@ -44,6 +44,8 @@ def test_diloco_runs_on_the_emulated_wan_and_sends_the_outer_gradients(tmp_path)
         # acknowledgements and control messages a little more; the bound leaves room for captured stragglers
         assert 0.97 < wire / want < 1.15, (sched, wire, want)
     for v in rows(tmp_path / "validation.csv"):
-        if v["metric"] == "iteration_s":  # noisy shared VMs: the bound the other emulated-training tests use
-            assert abs(float(v["rel_error"])) < 0.35, v
+        # within 1.5 % at load 2-4 and 5 % at load 11-15 on the shared 2-core VM (docs/families.md); a ring across
+        # DCs modelled as a fluid at n x W / RTT was 21 % off, which this bound catches
+        if v["metric"] == "iteration_s":
+            assert abs(float(v["rel_error"])) < 0.15, v
     assert snapshot() == before
