@@ -18,7 +18,9 @@ window's time on the link, not q round trips (bench/tcp_fidelity.py measured it 
 A transfer that follows soon after another gets only what the one before left free, and the rest as the
 one before's bytes come back, as a TCP window slides. After a stage's last
 backward on every replica its gradients are all-reduced (ring inside the DC; hierarchical with a
-ring across DCs for dp-wan). The iteration ends when every all-reduce is done.
+ring across DCs for dp-wan). The iteration ends when every all-reduce is done. A sync period's program
+(DiLoCo, testbed/plan/diloco.py) instead JOINs each of its collectives and waits for its end where the
+program says (testbed/sim/collectives.py).
 
 Replicas that are provably symmetric (the same placement, costs and start time) would run identical
 timelines, but where their transfers meet on a fair-shared WAN link the round robin serves them one turn of
