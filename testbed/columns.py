@@ -58,6 +58,14 @@ SUMMARY = CsvFile("summary.csv", "`testbed sim`, `testbed experiment run`",
                      "GPUs' mean dense bf16 peak; with a typed workload.mfu it is what that MFU gives after "
                      "bubbles and communication"),
     ("model_tflops_per_gpu", "TFLOP/s", "the iteration's model FLOPs / iteration_s / gpus"),
+    ("token_efficiency", "x", "tokens synchronous training needs for a loss / tokens this scheduler's family needs "
+                              "(1 for synchronous ones; `workload.token_efficiency`, else the family's published "
+                              "default: testbed/plan/efficiency.py, docs/families.md)"),
+    ("effective_tokens_per_s", "tokens/s", "tokens_per_s x token_efficiency: throughput in synchronous-training "
+                                           "tokens, the fair comparison across families"),
+    ("wan_bytes", "bytes", "real-world bytes that cross the WAN per iteration, averaged over a sync period: every "
+                           "group's Sends on WAN pipes plus the cross-DC exchanges of its all-reduces and outer syncs, "
+                           "from the lowered programs (testbed/analysis/wanbytes.py; the same in both engines)"),
     ("gpu_util", "share", "share of GPU time computing: training forward/backward plus BubbleTea prefill"),
     ("train_util", "share", "share of GPU time in training forward/backward only"),
     ("prefill_util", "share", "share of GPU time in BubbleTea prefill"),
@@ -174,9 +182,11 @@ TIMELINE = CsvFile("timeline.csv", "`testbed sim`, `testbed experiment run`",
     ("dc", "", "DC of the group"),
     ("stage", "", "pipeline stage"),
     ("replica", "", "data-parallel replica"),
-    ("kind", "", "`fwd`, `bwd`, `send`, `recv`, `allreduce`, `optimizer` (the AdamW step), `prefill` (BubbleTea) "
+    ("kind", "", "`fwd`, `bwd`, `send`, `recv`, `allreduce`, `optimizer` (the AdamW step), `outersync` (DiLoCo: "
+                 "a fragment's outer gradient averaged across DCs; not GPU time), `prefill` (BubbleTea) "
                  "or `idle` (a bubble)"),
-    ("microbatch", "", "microbatch of a fwd/bwd/send/recv (-1 otherwise)"),
+    ("microbatch", "", "microbatch of a fwd/bwd/send/recv (DiLoCo: inner step x microbatches + microbatch; the "
+                       "fragment of an outersync; -1 otherwise)"),
     ("start_s", "s", "start, on the run's clock (iteration k starts after iterations 0..k-1)"),
     ("end_s", "s", "end (a recv ends when the last byte has arrived)"),
     ("bytes", "bytes", "real-world bytes of a transfer (0 for compute)"),

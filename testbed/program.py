@@ -169,9 +169,51 @@ def await_slot(collective: str, bucket: int) -> int:
     return 2 * bucket + (collective == "ReduceScatter")
 
 
-Step = Forward | Backward | BackwardWeight | Send | Recv | AllReduce | ReduceScatter | AllGather | Await
+
+@dataclass(frozen=True)
+class Optimizer:
+    """The inner optimizer step between two inner steps of low-communication training (testbed/plan/diloco.py);
+    a synchronous family's single optimizer step follows its program instead."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
+class OuterSync:
+    """Start averaging fragment `fragment`'s outer gradient across DCs (DiLoCo's sync) and go on: hierarchical as
+    AllReduce is (reduce-scatter inside the DC, a ring across DCs over the WAN, all-gather inside), `bytes` being
+    the fragment's quantised outer gradient. OuterWait(fragment) waits for it to end."""
+
+    fragment: int
+    bytes: float
+    rings: tuple[tuple[str, ...], ...]
+    wan_connections: tuple[int, ...] = ()
+    wan_window_bytes: tuple[float, ...] = ()
+
+    def as_allreduce(self) -> AllReduce:
+        """The exchanges it makes: those of a hierarchical all-reduce of its bytes (a ring with one DC)."""
+        algo = "hierarchical" if len(self.rings) > 1 and self.wan_connections else "ring"
+        return AllReduce(algo, self.bytes, self.rings, self.wan_connections, self.wan_window_bytes)
+
+
+@dataclass(frozen=True)
+class OuterWait:
+    """Wait until fragment `fragment`'s OuterSync has ended."""
+
+    fragment: int
+
+
+def collectives(steps) -> list[AllReduce]:
+    """The program's collectives as all-reduces (its AllReduce steps, and each OuterSync's exchanges), in order."""
+    return [st if isinstance(st, AllReduce) else st.as_allreduce() for st in steps
+            if isinstance(st, AllReduce | OuterSync)]
+
+
+
+Step = (Forward | Backward | BackwardWeight | Send | Recv | AllReduce | ReduceScatter | AllGather | Await | Optimizer
+        | OuterSync | OuterWait)
 STEPS: dict[str, type] = {t.__name__: t for t in (Forward, Backward, BackwardWeight, Send, Recv, AllReduce,
-                                                   ReduceScatter, AllGather, Await)}
+                                                   ReduceScatter, AllGather, Await, Optimizer, OuterSync, OuterWait)}
 
 
 @dataclass(frozen=True)
@@ -249,9 +291,9 @@ def program_from_dict(d: dict) -> Program:
             op = s.pop("op", None)
             if op not in STEPS:
                 raise ProgramError(f"steps[{i}]: unknown op {op!r}")
-            if op in ("AllReduce", "ReduceScatter", "AllGather"):
+            if op in ("AllReduce", "ReduceScatter", "AllGather", "OuterSync"):
                 s["rings"] = tuple(tuple(str(g) for g in r) for r in s["rings"])
-            if op in ("AllReduce", "ReduceScatter"):
+            if op in ("AllReduce", "ReduceScatter", "OuterSync"):
                 s["wan_connections"] = tuple(int(c) for c in s["wan_connections"])
                 s["wan_window_bytes"] = tuple(float(w) for w in s["wan_window_bytes"])
             steps.append(_typed(STEPS[op], s, f"steps[{i}]"))

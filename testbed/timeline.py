@@ -82,7 +82,7 @@ def optimizer_steps(plan: Plan, raw: list[tuple], reps: list[int]) -> list[tuple
     """Each group's optimizer step (`plan.optimizer_s`), right after its last compute, all-reduce or reduce-scatter.
     Nothing else in the iteration waits on it, so adding it after the event loop is exact. Raw group
     indices are k * pp + stage for replica reps[k]."""
-    if not plan.optimizer_s:
+    if not plan.optimizer_s or plan.diloco is not None:  # a sync period's program has its optimizer steps
         return []
     last: dict[int, float] = {}
     before = ("fwd", "bwd", "allreduce", "reduce_scatter")  # the optimizer steps on the reduced gradients

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from statistics import mean
 
+from testbed.analysis.wanbytes import wan_bytes
 from testbed.costs.gpus import GPUS
 from testbed.net.units import bytes_s_to_gbps, s_to_ms
 from testbed.plan.mechanisms import is_baseline
@@ -14,6 +15,7 @@ SUMMARY_HEADER = (
     "run_id", "source", "scheduler", "model", "dcs", "gpus", "tp", "pp", "dp", "microbatches",
     "wan_latency_ms", "wan_gbps", "tcp_connections", "iteration_s", "tokens_per_s", "tokens_per_s_per_gpu",
     "mfu", "model_tflops_per_gpu",
+    "token_efficiency", "effective_tokens_per_s", "wan_bytes",
     "gpu_util", "train_util", "prefill_util", "prefill_work_util", "useful_util", "prefill_mfu", "bubble_frac",
     "lower_bound_s", "wan_min_s", "best_baseline", "speedup_vs_best",
     "train_slowdown", "train_slowdown_p25", "train_slowdown_p75", "ttft_p50_ms", "ttft_p99_ms", "ttft_bubble_p50_ms",
@@ -87,7 +89,7 @@ def summary_row(plan: Plan, tl: Timeline, lower_bound_s: float, sweep: dict, bub
     simulator; the plan itself is always in real-world units).
     `gpu_util` counts training and prefill time; `useful_util` counts training time plus
     prefill FLOPs at the training's MFU. BubbleTea columns are empty without it."""
-    it = mean(tl.iteration_s)
+    it = mean(tl.iteration_s) / plan.steps_per_program  # a sync period's program runs H iterations
     hops = wan_links_used(plan)
     lat = s_to_ms(mean(plan.links[h].latency_s for h in hops)) if hops else 0.0
     gbps = bytes_s_to_gbps(min(plan.links[h].capacity_bytes_s for h in hops)) if hops else 0.0
@@ -111,6 +113,9 @@ def summary_row(plan: Plan, tl: Timeline, lower_bound_s: float, sweep: dict, bub
         "tokens_per_s": round(tokens, 3),
         "tokens_per_s_per_gpu": round(tokens / plan.gpus, 6),
         **model_flops(plan, it),
+        "token_efficiency": plan.token_efficiency,
+        "effective_tokens_per_s": round(tokens * plan.token_efficiency, 3),
+        "wan_bytes": round(wan_bytes(plan), 3),
         "gpu_util": round(share(tl, (*COMPUTE, "prefill")), 6),
         "train_util": round(share(tl, COMPUTE), 6),
         "prefill_util": round(share(tl, ("prefill",)), 6),

@@ -12,6 +12,8 @@ from testbed.costs.tcp import connections_for
 from testbed.errors import NotYetError, SpecError
 from testbed.net.wire import FRAME_BYTES
 from testbed.plan.buckets import bucket_bytes
+from testbed.plan.diloco import resolve as resolve_diloco
+from testbed.plan.efficiency import token_efficiency
 from testbed.plan.layers import chunk_layers, empty_chunk, stage_layers
 from testbed.plan.mechanisms import Mechanisms, parse_scheduler
 from testbed.plan.placement import place
@@ -314,6 +316,14 @@ def build_plan(
         bucket_bytes=bucket_bytes(w.ddp_bucket_params, dp, w.tp),
     )
     split_times(plan, w, per_gpu, gpu_of)
+    if mech.outer:
+        if V > 1 or w.schedule == "zb":
+            raise NotYetError(f"{scheduler}: low-communication training with "
+                              f"{'virtual_stages > 1' if V > 1 else 'the zero-bubble schedule'} is not supported "
+                              "yet; use virtual_stages: 1 and schedule: 1f1b or gpipe")
+        plan.diloco = resolve_diloco(mech.outer, w.diloco)
+        check_period(plan)
+    plan.token_efficiency = token_efficiency(mech.outer, len(plan.dcs_used()), plan.diloco, w.token_efficiency)
     plan.turn_policy = turn_policy(exp.network.turn_order, plan)
     return plan
 
@@ -379,6 +389,13 @@ def weight_grad_s(c, layers: int, last: bool, recompute: str) -> float:
     the last stage. The rest of the backward (the input gradient, its all-reduces, any recomputation) is B."""
     ar = c.tp_comm_s / (6 if recompute == "full" else 4)  # costs/stage.py: 4 all-reduces, 6 with full recompute
     return layers * (c.fwd_s - 2 * ar) + (c.head_fwd_s if last else 0.0)
+def check_period(plan: Plan) -> None:
+    """A sync period's stage microbatches, as the simulator runs them (one replica per DC), within its bound."""
+    n = len(plan.dcs_used()) * plan.microbatches * plan.pp * plan.steps_per_program
+    if n > MAX_STAGE_MICROBATCHES * 4:
+        raise SpecError("workload.diloco.inner_steps", f"a sync period of {plan.steps_per_program} inner steps is "
+                        f"{n:,} stage microbatches to simulate, more than {MAX_STAGE_MICROBATCHES * 4:,}",
+                        "lower inner_steps or global_batch")
 
 
 def turn_policy(order: str, plan: Plan) -> str:

@@ -130,14 +130,26 @@ def peers(plan: Plan, s: int) -> list[int]:
     return [q for q in (s - 1, s + 1) if 0 <= q < P]
 
 
-def lower_group(plan: Plan, s: int, r: int, reduce: AllReduce | None = None) -> Program:
-    name = group_name(s, r)
+def pipeline_steps(plan: Plan, s: int, r: int, base: int = 0) -> list[Step]:
+    """Group (s, r)'s part of the pipeline schedule, its microbatches numbered from `base`."""
     steps: list[Step] = []
     for a in plan.actions[s]:
-        steps += action_steps(plan, s, r, a.op, a.microbatch, a.chunk)
-    if plan.dp > 1:
-        ar = reduce or allreduce(plan, s)
-        steps = overlapped(plan, s, r, steps, ar) if plan.mech.overlap else [*steps, ar]
+        steps += action_steps(plan, s, r, a.op, a.microbatch + base, a.chunk)
+    return steps
+
+
+def lower_group(plan: Plan, s: int, r: int, reduce: AllReduce | None = None) -> Program:
+    name = group_name(s, r)
+    if plan.diloco is not None:  # one sync period (testbed/plan/diloco.py)
+        from testbed.plan.diloco import period_steps
+
+        m = plan.microbatches
+        steps = period_steps(plan, s, r, lambda h: pipeline_steps(plan, s, r, h * m), reduce or allreduce(plan, s))
+    else:
+        steps = pipeline_steps(plan, s, r)
+        if plan.dp > 1:
+            ar = reduce or allreduce(plan, s)
+            steps = overlapped(plan, s, r, steps, ar) if plan.mech.overlap else [*steps, ar]
     pipes = tuple(pipe(plan, s, r, q) for q in peers(plan, s))
     dc = plan.stage_dc[r][s]
     return Program(name, s, r, dc, host_index(plan, s, r), port(plan, s, r), plan.replica_offset_s[r],
@@ -162,6 +174,8 @@ def program_shape(plan: Plan, s: int, r: int) -> tuple:
     """What group (s, r)'s steps depend on besides r itself: groups of one stage with equal shapes have
     the same steps, their peers being the neighbouring stages of their own replica (lower_group). The
     simulator lowers one group per shape and shares its steps (tests/test_lower.py checks this)."""
+    if plan.diloco is not None:  # the inner all-reduce's ring is the DC's
+        return (s, plan.fwd_s[r][s], plan.bwd_s[r][s], plan.stage_dc[r][s])
     if plan.virtual_stages > 1:
         return (s, tuple(plan.chunk_fwd_s[r][s]), tuple(plan.chunk_bwd_s[r][s]))
     if plan.wgrad_s:

@@ -12,6 +12,7 @@ from typing import Literal
 
 Placement = Literal["dp-wan", "pp-even", "atlas"]
 Transport = Literal["nccl", "one"]
+Outer = Literal["", "diloco", "streaming"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,10 @@ class Mechanisms:
     # goes on, parameters all-gathered while the next forward starts (plan/buckets.py); off: one all-reduce after
     # the last backward
     overlap: bool = False
+    # low-communication training: each DC trains its own replicas for H inner steps, then the DCs average the
+    # outer gradient over the WAN ("diloco": the whole model at once; "streaming": fragments in turn, each sync
+    # overlapping the next inner steps); "" = synchronous training
+    outer: Outer = ""
 
 
 BASES: dict[str, Mechanisms] = {
@@ -36,6 +41,8 @@ BASES: dict[str, Mechanisms] = {
     "pp-wan": Mechanisms("pp-even", multi_tcp=False, temporal=False, stagger=False),
     "pp-1tcp": Mechanisms("pp-even", multi_tcp=False, temporal=False, stagger=False, transport="one"),
     "atlas": Mechanisms("atlas", multi_tcp=True, temporal=True, stagger=True, warmup=True),
+    "diloco": Mechanisms("dp-wan", multi_tcp=False, temporal=False, stagger=False, outer="diloco"),
+    "streaming-diloco": Mechanisms("dp-wan", multi_tcp=False, temporal=False, stagger=False, outer="streaming"),
 }
 BASE_HELP = {
     "dp-wan": "whole pipelines inside each DC, Megatron-Core's distributed optimizer across DCs: bucketed gradient "
@@ -43,6 +50,10 @@ BASE_HELP = {
     "pp-wan": "Megatron-LM's pipeline across DCs over NCCL sockets (tp streams per boundary, NCCL's sockets each)",
     "pp-1tcp": "a pipeline across DCs over one TCP connection per stage boundary",
     "atlas": "Atlas: greedy placement, multi-TCP, temporal sharing with stagger, latency-aware warm-up",
+    "diloco": "DiLoCo: whole pipelines inside each DC train H inner steps, then the outer gradient is averaged "
+              "across DCs over the WAN",
+    "streaming-diloco": "Streaming DiLoCo: DiLoCo whose model fragments sync in turn, overlapping inner steps, with "
+                        "quantised outer gradients",
 }
 # (field values when switched on, field values when switched off)
 MODIFIERS: dict[str, tuple[dict[str, object], dict[str, object]]] = {
@@ -78,11 +89,17 @@ def parse_scheduler(name: str) -> Mechanisms:
             raise ValueError(f"unknown mechanism {m!r} in {name!r}; use {mods_help}")
         on, off = MODIFIERS[m]
         if mech.placement == "dp-wan" and m in ("greedy", "stagger"):
-            raise ValueError(f"{name!r}: dp-wan keeps whole pipelines inside a DC; {sign}{m} applies to pipeline "
-                             "bases (pp-wan, pp-1tcp, atlas)")
+            raise ValueError(f"{name!r}: {match['base']} keeps whole pipelines inside a DC; {sign}{m} applies to "
+                             "pipeline bases (pp-wan, pp-1tcp, atlas)")
+        if mech.outer and m in ("temporal", "warmup", "bubbletea"):
+            raise ValueError(f"{name!r}: {sign}{m} is not built for {match['base']} (its WAN carries outer "
+                             "gradients only); use +mtcp or no mechanism")
         mech = replace(mech, **(on if sign == "+" else off))  # type: ignore[arg-type]
     if mech.stagger and not mech.temporal:
         raise ValueError(f"{name!r}: +stagger interleaves turns; it needs +temporal")
+    if mech.outer and mech.overlap:
+        raise ValueError(f"{name!r}: the overlap mechanism's bucketed collectives inside a sync period are not "
+                         "supported yet; drop +overlap")
     if mech.bubbletea and mech.overlap:
         raise ValueError(f"{name!r}: BubbleTea with the overlap mechanism's bucketed collectives is not supported "
                          "yet; add -overlap (e.g. dp-wan-overlap+bubbletea)")

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from testbed.net.wire import FRAME_BYTES
+from testbed.plan.diloco import DiLoCoPlan
 from testbed.plan.mechanisms import Mechanisms
 from testbed.plan.schedules import Action
 
@@ -91,6 +92,13 @@ class Plan:
     # the embedding's last, with little compute (plan/buckets.py)
     edge_grad_bytes: list[tuple[float, float]] = field(default_factory=list)
     bucket_bytes: float = 0.0  # gradient bytes per group in one overlapped reduce-scatter's bucket (plan/buckets.py)
+    diloco: DiLoCoPlan | None = None  # low-communication training: a program is one sync period
+    token_efficiency: float = 1.0  # tokens synchronous training needs / tokens this plan needs, for one loss
+
+    @property
+    def steps_per_program(self) -> int:
+        """Training iterations (optimizer steps) one program runs: H for low-communication training, else 1."""
+        return self.diloco.inner_steps if self.diloco is not None else 1
 
     @property
     def gpus(self) -> int:
@@ -126,6 +134,8 @@ class Plan:
             if D > 1:
                 for h in zip(ring, ring[1:] + ring[:1], strict=True):
                     load[h] = sum(2 * (D - 1) / D * g for g in self.grad_bytes)
+                    if self.diloco is not None:  # the whole model's quantised outer gradient once per H steps
+                        load[h] *= self.diloco.outer_bits / 16 / self.diloco.inner_steps
         else:
             for r in range(self.dp):
                 row = self.stage_dc[r]

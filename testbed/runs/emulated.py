@@ -140,6 +140,9 @@ def check_programs(plan, compute: str) -> None:
     if problems:
         raise SpecError("schedulers", f"{plan.scheduler}: the lowered programs do not fit together: {problems[0]}",
                         "report it: a plan should always lower")
+    if compute == "torch" and plan.diloco is not None:
+        raise NotYetError(f"{plan.scheduler}: torch compute of a sync period (real outer gradients in the workers); "
+                          "use modeled compute, or examples/diloco.py under testbed launch")
     if compute == "torch" and any(isinstance(st, AllReduce) and st.algorithm == "hierarchical"
                                   for p in programs.values() for st in p.steps):
         raise NotYetError(f"{plan.scheduler}: torch compute with a stage's replicas in several DCs (a hierarchical "

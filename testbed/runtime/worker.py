@@ -31,11 +31,14 @@ from testbed.program import (
     BackwardWeight,
     Exchange,
     Forward,
+    Optimizer,
+    OuterSync,
     Recv,
     ReduceScatter,
     Send,
     await_slot,
     collective_exchanges,
+    collectives,
     exchanges,
     program_from_dict,
 )
@@ -440,10 +443,13 @@ class Modeled:
         self.wait(st.seconds)
         return None
 
-    def allreduce(self, steps: list[Exchange], peers: dict[str, Striped], inbox: Inbox, it: int) -> None:
+    def allreduce(self, steps: list[Exchange], peers: dict[str, Striped], inbox: Inbox, it: int, kind: bytes = b"r",
+                  base: int = 0) -> None:
+        """The exchanges in order; messages are keyed (kind, iteration, base + exchange), `base` telling apart the
+        collectives of one program (a sync period's inner all-reduces, b"o" its OuterSyncs)."""
         for k, ex in enumerate(steps):
-            peers[ex.send_to].send(b"r", it, k, max(1, round(ex.bytes / self.cfg.scale)), lambda a, b: None)
-            inbox.wait((b"r", it, k))
+            peers[ex.send_to].send(kind, it, base + k, max(1, round(ex.bytes / self.cfg.scale)), lambda a, b: None)
+            inbox.wait((kind, it, base + k))
 
     def step(self) -> None:
         self.wait(self.cfg.optimizer_s)
@@ -501,7 +507,8 @@ class TorchCompute(Modeled):
             y.backward(from_bytes(grad, self.shape).to(self.device))
         return None if self.first else to_bytes(x.grad)
 
-    def allreduce(self, steps: list[Exchange], peers: dict[str, Striped], inbox: Inbox, it: int) -> None:
+    def allreduce(self, steps: list[Exchange], peers: dict[str, Striped], inbox: Inbox, it: int, kind: bytes = b"r",
+                  base: int = 0) -> None:
         """Ring all-reduce (reduce-scatter, then all-gather) of the flattened gradients, averaged, around
         the program's ring (the emulator refuses a hierarchical one with torch compute)."""
         from testbed.runtime.torch_stage import to_bytes
@@ -539,7 +546,6 @@ class TorchCompute(Modeled):
         self.opt.zero_grad(set_to_none=True)
 
 
-COLLECTIVES = (AllReduce, ReduceScatter, AllGather)  # steps whose exchanges go over the ring connections
 BUCKET_KIND = {"ReduceScatter": "reduce_scatter", "AllGather": "all_gather"}  # as the simulator's intervals
 EXCHANGES_PER_SLOT = 4096  # a bucketed collective's exchange k travels as message slot * this + k
 
@@ -602,6 +608,29 @@ class Buckets:
             if not ok:
                 raise TimeoutError(f"waited {WAIT_TIMEOUT:g} s for {st.collective} of bucket {st.bucket}")
             return self.done.pop(key)
+class OuterSyncThread:
+    """A fragment's OuterSync running beside the inner steps it overlaps (messages keyed b"o"); `join` waits for
+    it and raises what it raised."""
+
+    def __init__(self, comp: Modeled, steps: list[Exchange], peers: dict[str, Striped], inbox: Inbox, it: int,
+                 st: OuterSync, rec) -> None:
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(comp, steps, peers, inbox, it, st, rec), daemon=True)
+        self.thread.start()
+
+    def _run(self, comp: Modeled, steps, peers, inbox, it: int, st: OuterSync, rec) -> None:
+        t0 = time.monotonic()
+        try:
+            comp.allreduce(steps, peers, inbox, it, b"o", st.fragment << 12)
+        except BaseException as e:  # handed to join, in the worker's main thread
+            self.error = e
+            return
+        rec("outersync", st.fragment, t0, time.monotonic(), st.bytes)
+
+    def join(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            raise RuntimeError(f"outer sync failed: {self.error}") from self.error
 
 
 # The IP TOS of a worker's connections by purpose: the all-reduce's get a class of their own on a host's NIC
@@ -655,8 +684,8 @@ def window_of(cfg: WorkerConfig, peer: str, purpose: str) -> int:
     if purpose == "pipe":
         w = next((p.window_bytes for p in prog.pipes if p.peer == peer), 0.0)
     else:
-        ar = next((st for st in prog.steps if isinstance(st, AllReduce | ReduceScatter)), None)
-        if ar is None or not ar.wan_window_bytes:
+        ar = next((c for c in ring_steps(prog) if getattr(c, "wan_window_bytes", ())), None)
+        if ar is None:
             return 0
         me = next(k for k, ring in enumerate(ar.rings) if prog.group in ring)
         them = next(k for k, ring in enumerate(ar.rings) if peer in ring)
@@ -670,10 +699,17 @@ def listen_window(cfg: WorkerConfig) -> int:
     """The largest window of the WAN connections this worker may accept (its pipes' and its ring peers')."""
     prog = cfg.program
     wins = [window_of(cfg, p.peer, "pipe") for p in prog.pipes]
-    for st in prog.steps:
-        if isinstance(st, COLLECTIVES):
-            wins += [window_of(cfg, ex.recv_from, "ring") for ex in collective_exchanges(st, prog.group)]
+    for st in ring_steps(prog):
+        wins += [window_of(cfg, ex.recv_from, "ring") for ex in collective_exchanges(st, prog.group)]
     return max(wins, default=0)
+
+
+def ring_steps(prog) -> list:
+    """The program's collectives over the ring connections, each distinct one once (a sync period repeats its
+    inner all-reduce H times): all-reduces, OuterSyncs as all-reduces, and bucketed reduce-scatters and
+    all-gathers."""
+    bucketed = [st for st in prog.steps if isinstance(st, ReduceScatter | AllGather)]
+    return list(dict.fromkeys([*collectives(prog.steps), *bucketed]))
 
 
 def connections_to_open(cfg: WorkerConfig) -> dict[str, tuple[int, str]]:
@@ -681,14 +717,13 @@ def connections_to_open(cfg: WorkerConfig) -> dict[str, tuple[int, str]]:
     only), and one to each peer it sends all-reduce exchanges to (the WAN ring's share of the NCCL connections)."""
     prog = cfg.program
     out: dict[str, tuple[int, str]] = {p.peer: (p.connections, "pipe") for p in prog.pipes}
-    for st in prog.steps:
-        if isinstance(st, COLLECTIVES):
-            local = next(r for r in st.rings if prog.group in r)
-            k = st.rings.index(local)
-            conns = getattr(st, "wan_connections", ())
-            wan = max(1, conns[k] // len(local)) if conns else 1
-            for ex in collective_exchanges(st, prog.group):
-                out.setdefault(ex.send_to, (1 if ex.send_to in local else wan, "ring"))
+    for st in ring_steps(prog):
+        local = next(r for r in st.rings if prog.group in r)
+        k = st.rings.index(local)
+        conns = getattr(st, "wan_connections", ())
+        wan = max(1, conns[k] // len(local)) if conns else 1
+        for ex in collective_exchanges(st, prog.group):
+            out.setdefault(ex.send_to, (1 if ex.send_to in local else wan, "ring"))
     return out
 
 
@@ -698,19 +733,15 @@ def connections_to_accept(cfg: WorkerConfig, peers: dict[str, WorkerConfig] | No
     (or the WAN ring's share) from each peer it receives all-reduce exchanges from."""
     prog = cfg.program
     n = sum(p.connections for p in prog.pipes)
-    seen: set[str] = set()  # each peer opens its ring connections once, whatever the collectives over them
-    for st in prog.steps:
-        if isinstance(st, COLLECTIVES):
-            local = next(r for r in st.rings if prog.group in r)
-            conns = getattr(st, "wan_connections", ())
-            for peer in dict.fromkeys(ex.recv_from for ex in collective_exchanges(st, prog.group)):
-                if peer in seen:
-                    continue
-                seen.add(peer)
-                ring = next(r for r in st.rings if peer in r)
-                k = st.rings.index(ring)
-                n += 1 if peer in local else max(1, conns[k] // len(ring)) if conns else 1
-    return n
+    peers: dict[str, int] = {}  # each peer opens one set of ring connections, whatever collectives use it
+    for st in ring_steps(prog):
+        local = next(r for r in st.rings if prog.group in r)
+        conns = getattr(st, "wan_connections", ())
+        for peer in dict.fromkeys(ex.recv_from for ex in collective_exchanges(st, prog.group)):
+            ring = next(r for r in st.rings if peer in r)
+            k = st.rings.index(ring)
+            peers.setdefault(peer, 1 if peer in local else max(1, conns[k] // len(ring)) if conns else 1)
+    return n + sum(peers.values())
 
 
 def main(cfg_path: str, ctl_path: str) -> None:
@@ -818,6 +849,8 @@ def main(cfg_path: str, ctl_path: str) -> None:
         bt.wait_until(t_start + p_it.offset_s, rec)  # the replica's stagger, serving prefill meanwhile
         data = out_data = None  # the last message in (for the next compute), the last compute's output
         ahead = 0.0  # how long ago the next compute may have started (an Await's lead): it takes that much less
+        n_ar = 0  # all-reduces so far (their messages' keys)
+        syncs: dict[int, OuterSyncThread] = {}  # fragment -> its OuterSync in flight
         for st in p_it.steps:
             t = type(st)
             if t is Recv:
@@ -838,13 +871,27 @@ def main(cfg_path: str, ctl_path: str) -> None:
                 pipes[st.peer].send(st.kind.encode(), it, st.microbatch, nbytes, sent(st.bytes, st.microbatch, pending),
                                     sidecars.get(st.peer), r, out_data, p_it.pipe(st.peer).connections, st.chunk)
                 sends += 1
-            else:  # AllReduce
+            elif t is AllReduce:
                 t0 = time.monotonic()
-                comp.allreduce(exchanges(st, prog.group), ring, inbox, it)
+                comp.allreduce(exchanges(st, prog.group), ring, inbox, it, b"r", n_ar << 12)
+                n_ar += 1
                 rec("allreduce", -1, t0, time.monotonic(), st.bytes)
-        t0 = time.monotonic()
-        comp.step()
-        rec("optimizer", -1, t0, time.monotonic())
+            elif t is Optimizer:  # an inner step's (a sync period's program)
+                t0 = time.monotonic()
+                if torch_mode:
+                    comp.step()
+                else:
+                    comp.wait(st.seconds)
+                rec("optimizer", -1, t0, time.monotonic())
+            elif t is OuterSync:
+                syncs[st.fragment] = OuterSyncThread(comp, exchanges(st.as_allreduce(), prog.group), ring, inbox, it,
+                                                     st, rec)
+            else:  # OuterWait
+                syncs.pop(st.fragment).join()
+        if not any(type(st) is Optimizer for st in p_it.steps):
+            t0 = time.monotonic()
+            comp.step()
+            rec("optimizer", -1, t0, time.monotonic())
         for _ in range(sends):
             pending.acquire()
         bt.drain(rec)  # jobs planned after this worker's last training op (the drain bubble)

@@ -19,8 +19,9 @@ A transfer that follows soon after another gets only what the one before left fr
 one before's bytes come back, as a TCP window slides. After a stage's last
 backward on every replica its gradients are all-reduced (ring inside the DC; hierarchical with a
 ring across DCs for dp-wan-overlap). With the `overlap` mechanism the programs issue bucketed
-reduce-scatters and all-gathers instead and wait for them where they need them (sim/collectives.py). The
-iteration ends when every all-reduce or collective is done.
+reduce-scatters and all-gathers instead and wait for them where they need them (sim/collectives.py). A sync
+period's program (DiLoCo, testbed/plan/diloco.py) instead JOINs each of its collectives and waits for its end
+where the program says (testbed/sim/sync.py). The iteration ends when every all-reduce or collective is done.
 
 Replicas that are provably symmetric (the same placement, costs and start time) would run identical
 timelines, but where their transfers meet on a fair-shared WAN link the round robin serves them one turn of
@@ -60,6 +61,9 @@ from testbed.program import (
     Backward,
     BackwardWeight,
     Forward,
+    Optimizer,
+    OuterSync,
+    OuterWait,
     Recv,
     ReduceScatter,
     Send,
@@ -68,10 +72,11 @@ from testbed.program import (
 from testbed.sim.collectives import Collectives
 from testbed.sim.linkchange import LiveLinks, WanSchedule
 from testbed.sim.network import Flow, LinkState
+from testbed.sim.sync import SyncCollectives
 from testbed.timeline import Timeline, group_name
 
 # compiled step opcodes (the first item of a step tuple)
-RECV, SEND, COMPUTE, ALLREDUCE, ISSUE, AWAIT = range(6)
+RECV, SEND, COMPUTE, ALLREDUCE, ISSUE, AWAIT, JOIN = range(7)
 # event codes (the first item of an event tuple)
 EV_FLOW, EV_SEND, EV_CALL = range(3)
 INF = float("inf")
@@ -224,12 +229,17 @@ def peer_offsets(s: int, r: int, pp: int, wrap: bool) -> dict[str, tuple[int, in
     return {group_name(prv, r): (prv - s, 1), group_name(nxt, r): (nxt - s, 0)}
 
 
-def compile_steps(steps: tuple, s: int, r: int, m: int, pp: int = 0, wrap: bool = False) -> tuple[tuple, ...]:
+def compile_steps(steps: tuple, s: int, r: int, m: int, pp: int = 0, wrap: bool = False,
+                  blocking: bool = False) -> tuple[tuple, ...]:
     """Group (s, r)'s steps as tuples the event loop reads without attribute lookups; a message's index
     in the receiver's arrival flags is `message_index`. Peers are the neighbouring stages of the same replica
-    (`peer_offsets`)."""
+    (`peer_offsets`). With `blocking` (a sync period's program: testbed/plan/diloco.py) each collective is a
+    JOIN and the end it waits for is a flag after the messages': the h-th AllReduce's at 2m + h (a RECV right
+    after it), fragment f's OuterSync's at 2m + (AllReduces) + f (its OuterWait's RECV)."""
     peers = peer_offsets(s, r, pp, wrap)
     out: list[tuple] = []
+    n_ar = sum(1 for st in steps if type(st) is AllReduce) if blocking else 0
+    h = 0
     for st in steps:
         t = type(st)
         if t is Recv:
@@ -242,18 +252,27 @@ def compile_steps(steps: tuple, s: int, r: int, m: int, pp: int = 0, wrap: bool 
             out.append((SEND, off, st.kind, st.microbatch, st.bytes, idx, d))
         elif t is Forward or t is Backward or t is BackwardWeight:  # W is backward work on the timeline
             out.append((COMPUTE, st.seconds, "fwd" if t is Forward else "bwd", st.microbatch))
+        elif t is AllReduce and blocking:
+            out += [(JOIN, st, 2 * m + h, ("ar", h)), (RECV, 2 * m + h)]
+            h += 1
         elif t is AllReduce:
             out.append((ALLREDUCE, st))
         elif t is ReduceScatter or t is AllGather:
             out.append((ISSUE, st, st.after_s if t is ReduceScatter else 0.0))
         elif t is Await:
             out.append((AWAIT, 2 * m + await_slot(st.collective, st.bucket), st.lead_s))
+        elif t is Optimizer:
+            out.append((COMPUTE, st.seconds, "optimizer", -1))
+        elif t is OuterSync:
+            out.append((JOIN, st, 2 * m + n_ar + st.fragment, ("os", st.fragment)))
+        elif t is OuterWait:
+            out.append((RECV, 2 * m + n_ar + st.fragment))
         else:
             raise TypeError(f"{group_name(s, r)}: the simulator does not execute {t.__name__} steps")
     return tuple(out)
 
 
-class Simulation:
+class Simulation(SyncCollectives):
     event_order = staticmethod(_order)  # the order of events at one time (None: push order)
 
     def __init__(self, plan: Plan, wan: WanSchedule | None = None, t0: float = 0.0) -> None:
@@ -264,7 +283,8 @@ class Simulation:
         self.copies = self._classes()
         self.reps = list(self.copies)  # simulated replicas; group g = k * pp + s for replica reps[k]
         self.weight = [len(self.copies[r]) for r in self.reps]
-        P, m = plan.pp, plan.microbatches
+        P, m = plan.pp, plan.microbatches * plan.steps_per_program  # messages per program
+        self.msgs = m
         n = P * len(self.reps)
         self.steps = self._compile()  # index g = k * pp + s
         self.ptr = [0] * n  # each group's next step
@@ -272,9 +292,11 @@ class Simulation:
         self.waits = [-1] * n  # the message a blocked group waits for (-1: none)
         # when each message reaches its group (INF: not sent yet): [g][microbatch] activations, [g][m + microbatch]
         # gradients
-        # then [g][2m + await_slot] when each of its bucketed collectives ends
+        # then [g][2m + await_slot] when each of its bucketed collectives ends, or a sync period's collectives'
+        # ends after the messages' flags (compile_steps)
         slots = max((x[1] + 1 for steps in self.steps for x in steps if x[0] == AWAIT), default=0)
-        self.arrival = [[INF] * max(slots, 2 * m * plan.virtual_stages) for _ in range(n)]
+        extra = plan.steps_per_program + plan.diloco.fragments if plan.diloco is not None else 0
+        self.arrival = [[INF] * max(slots, 2 * m * plan.virtual_stages + extra) for _ in range(n)]
         self.collectives = Collectives(self)
         self.stage_done = [0] * P
         self.out: list[tuple] = []  # (group, kind, microbatch, start, end, bytes)
@@ -321,6 +343,7 @@ class Simulation:
         # (an ordered set: the sidecar re-ranks just these, not every flow on the link)
         self.on_link: dict[tuple, dict[Flow, None]] = defaultdict(dict)
         self.wan_ar: dict[int, dict] = {}  # stage -> pending cross-DC all-reduce state
+        self.init_collectives()
         self.events = 0
         self.wan = LiveLinks(self, wan, t0) if wan is not None else None  # the schedule's clock is t0 + now
 
@@ -342,8 +365,8 @@ class Simulation:
             for s in range(p.pp):
                 key = program_shape(p, s, r)
                 if key not in shared:
-                    shared[key] = compile_steps(lower_group(p, s, r, reduces[s]).steps, s, r, p.microbatches, p.pp,
-                                                p.virtual_stages > 1)
+                    shared[key] = compile_steps(lower_group(p, s, r, reduces[s]).steps, s, r, self.msgs, p.pp,
+                                                p.virtual_stages > 1, p.diloco is not None)
                 out.append(shared[key])
         return out
 
@@ -454,7 +477,7 @@ class Simulation:
                     push_event(t, (EV_CALL, t0, self.stage_finished, (g % P, g, st[1])))
                 elif op == ISSUE:  # a bucketed collective, issued st[2] into the compute that follows
                     push_event(t + st[2], (EV_CALL, t0, self.collectives.issue, (g, st[1])))
-                else:  # AWAIT: the next compute may start st[2] before the collective ends
+                elif op == AWAIT:  # the next compute may start st[2] before the collective ends
                     ta = a[st[1]]
                     if ta == INF:
                         waits[g] = st[1]
@@ -462,6 +485,8 @@ class Simulation:
                     if ta - st[2] > t:
                         out_append((g, "allreduce", -1, t, ta - st[2], 0.0))  # the collective's exposed time
                         t = ta - st[2]
+                else:  # JOIN: a sync period's collective (testbed/sim/sync.py)
+                    push_event(t, (EV_CALL, t0, self.join, (g, st[1], st[2], st[3])))
                 k += 1
             ptr[g] = k
             clock[g] = t
@@ -546,6 +571,9 @@ class Simulation:
             return
         if kind == "rs":  # a bucket's reduce-scatter across DCs (sim/collectives.py)
             src[0](*src[1:])
+            return
+        if kind == "os":  # an outer sync's hop across DCs (sim/sync.py)
+            self.outer_part_done(src, i, lp, t_issue)
             return
         key = (lp.src, lp.dst)
         if link.temporal:

@@ -82,6 +82,12 @@ LAYERS = whole(1, 100_000, "layers", "transformer layers")
 WIDTH = whole(1, 10_000_000, "", "hidden or FFN width")
 HEADS = whole(1, 1_000_000, "heads", "attention heads")
 VOCAB = whole(1, 100_000_000, "tokens", "vocabulary size")
+INNER_STEPS = whole(1, 1_000_000, "steps", "inner steps between syncs; DiLoCo's paper uses 500")
+FRAGMENTS = whole(1, 100_000, "fragments", "parts of the model synced in turn")
+OUTER_BITS = whole(1, 32, "bits", "per outer-gradient value; Streaming DiLoCo sends 4, fp32 is 32")
+OVERLAP_STEPS = whole(0, 1_000_000, "steps", "inner steps a fragment's sync may overlap")
+EFFICIENCY = real(0, 10, "", "tokens synchronous training needs / tokens this one needs, for the same loss",
+                  lo_open=True)
 # --- experiment ------------------------------------------------------------------------------------
 RATE_SCALE = real(0, 10_000, "x", "trace time compression; 10,000x the Azure trace is 55,000 requests/s", lo_open=True)
 TRACE_START_S = real(0, 1e9, "s", "an offset into the trace")

@@ -9,10 +9,15 @@ from pydantic import model_validator
 from testbed.spec.bounds import (
     DDP_BUCKET_PARAMS,
     DP,
+    EFFICIENCY,
+    FRAGMENTS,
     HEADS,
+    INNER_STEPS,
     LABEL,
     LAYERS,
     MFU,
+    OUTER_BITS,
+    OVERLAP_STEPS,
     PP,
     SEQ_LEN,
     SEQUENCES,
@@ -40,6 +45,16 @@ class CustomModel(Strict):
         if self.hidden % self.heads:
             raise ValueError(f"hidden={self.hidden} is not divisible by heads={self.heads}; pick heads dividing hidden")
         return self
+
+
+class DiLoCo(Strict):
+    """Low-communication training (schedulers `diloco`, `streaming-diloco`); a field left out takes the
+    scheduler's published default (testbed/plan/diloco.py, docs/families.md)."""
+
+    inner_steps: INNER_STEPS | None = None  # H: inner steps between two syncs of a fragment
+    fragments: FRAGMENTS | None = None  # F: fragments synced in turn (DiLoCo: 1, the whole model)
+    outer_bits: OUTER_BITS | None = None  # bits per outer-gradient value on the WAN
+    overlap_steps: OVERLAP_STEPS | None = None  # tau: inner steps a fragment's sync overlaps (DiLoCo: 0)
 
 
 class Workload(Strict):
@@ -72,6 +87,10 @@ class Workload(Strict):
     # pins the pipeline's DCs, in order, with their number of stages (as `testbed plan` prints them);
     # pipeline placements only: dp-wan keeps whole pipelines inside each DC
     stages_per_dc: dict[str, PP] | None = None
+    diloco: DiLoCo = DiLoCo()
+    # tokens to a loss under synchronous training / tokens under this scheduler's (1: as good); None: the
+    # family's default from published results (testbed/plan/efficiency.py)
+    token_efficiency: EFFICIENCY | None = None
 
     def sequence_parallel_at(self, tp: int | None = None) -> bool:
         """Whether sequence parallelism is on at this tp (default: the workload's): as set, else when tp > 1."""
