@@ -68,8 +68,8 @@ def auto_scale(spec: LaunchSpec, nproc: int, say) -> float:
     """The smallest k this machine carries for the topology and rank count, from a probe of its headroom. Without
     GPUs the job's backend is gloo (one connection per rank pair); with them NCCL's sockets may stripe."""
     from testbed.emu.containers import gpu_ids
-    from testbed.emu.wan_headroom import probe
     from testbed.emu.scale import HEADROOM_SHARE, choose_scale
+    from testbed.emu.wan_headroom import probe
 
     ranks = {d.name: d.hosts * nproc for d in spec.topology.dcs}
     room = probe(spec.prefix, spec.delay)
