@@ -46,6 +46,11 @@ ALLOWED = {
     ("testbed.runtime.decode", "testbed.costs.models"),
     ("testbed.runtime.prefill", "testbed.costs.models"),
     ("testbed.runtime.tiny_llama", "testbed.costs.models"),
+    # the memory model counts the microbatches in flight under Megatron's interleaved schedule (its warm-up)
+    ("testbed.costs.stage", "testbed.plan.schedules"),
+    # a spec validates GPU names against the zoo and registers its own GPUs and calibration there
+    ("testbed.spec.topology", "testbed.costs.gpus"),
+    ("testbed.spec.experiment", "testbed.costs.calibration"),
 }
 
 

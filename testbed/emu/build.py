@@ -20,29 +20,27 @@ from testbed.emu.backends import Backend, Node, make_backend
 from testbed.emu.kernel import delay_method, require_root
 from testbed.emu.names import AddressPlan, address_plan, host_name
 from testbed.emu.rungroup import run_gid, secure_dir
-from testbed.emu.scale import FOREIGN_SHARE, MAX_LAN_BPS, MIN_WINDOW, check_scale, receive_buffer  # noqa: F401
+from testbed.emu.scale import (  # noqa: F401
+    FOREIGN_SHARE,
+    MAX_LAN_BPS,
+    MIN_WINDOW,
+    MSS,
+    MTU,
+    TCP_HEADERS,
+    check_scale,
+    emulated_window,
+    receive_buffer,
+)
 from testbed.emu.sh import EmuError
 from testbed.emu.shaping import htb_commands, lan_commands
 from testbed.runtime.htb import GSO_SEGMENTS, link_mtu
 from testbed.spec.experiment import warm_windows as default_warm_windows
 from testbed.spec.topology import Topology
 
-MTU = 9000
-TCP_HEADERS = 52  # IPv4 and TCP headers with the timestamp option
-MSS = MTU - TCP_HEADERS  # TCP payload per jumbo packet
-
 
 def link_mss(link_bps: float) -> int:
     """TCP payload per packet on an emulated WAN path whose link carries `link_bps` (bits/s)."""
     return link_mtu(link_bps) - TCP_HEADERS
-
-
-def emulated_window(window_bytes: float, scale: float, mss: int = MSS) -> int:
-    """A real-world window as one emulated connection carries it: divided by k, at least 64 KiB, and a whole
-    number of segments of `mss` (a receiver advertises, and a sender fills, a window in whole segments; bench
-    tcp_fidelity.py measured a 128 KiB clamp carrying 14 segments' worth)."""
-    w = max(window_bytes / scale, MIN_WINDOW)
-    return max(1, round(w / mss)) * mss
 
 
 @dataclass

@@ -10,6 +10,17 @@ from testbed.errors import SpecError
 from testbed.spec.topology import Topology
 
 MIN_WINDOW = 64 * 1024  # below this one TCP connection no longer behaves like one (MSS is ~9 KB)
+MTU = 9000
+TCP_HEADERS = 52  # IPv4 and TCP headers with the timestamp option
+MSS = MTU - TCP_HEADERS  # TCP payload per jumbo packet
+
+
+def emulated_window(window_bytes: float, scale: float, mss: int = MSS) -> int:
+    """A real-world window as one emulated connection carries it: divided by k, at least 64 KiB, and a whole
+    number of segments of `mss` (a receiver advertises, and a sender fills, a window in whole segments; bench
+    tcp_fidelity.py measured a 128 KiB clamp carrying 14 segments' worth)."""
+    w = max(window_bytes / scale, MIN_WINDOW)
+    return max(1, round(w / mss)) * mss
 # Linux advertises the share of a receive buffer that it measures per connection (scaling_ratio: a received
 # segment's length over its memory, since kernel 6.6; 1/2 before): 0.75 to 0.95 of the buffer here with MTU
 # 9000, varying with the buffer's size, between connections and with how promptly the reader reads
@@ -66,7 +77,6 @@ def wan_demand_bps(topo: Topology, scale: float, ranks_per_dc: dict[str, int], m
     as many as cover the link's bandwidth-delay product), each connection a window per round trip
     (testbed.costs.tcp)."""
     from testbed.costs.tcp import connections_for, striped_rate
-    from testbed.emu.build import emulated_window
 
     total = 0.0
     for link in topo.links:

@@ -11,15 +11,11 @@ of its 2(D - 1) ring steps arrives a latency after it leaves, its first window a
 from __future__ import annotations
 
 from collections import defaultdict, deque
-from typing import TYPE_CHECKING
 
 from testbed.plan.plan import LinkPlan
 from testbed.program import AllGather, ReduceScatter, await_slot
 from testbed.sim.network import Flow
 from testbed.timeline import group_name
-
-if TYPE_CHECKING:
-    from testbed.sim.executor import Simulation
 
 KIND = {"ReduceScatter": "reduce_scatter", "AllGather": "all_gather"}  # the timeline's interval kinds
 
@@ -37,7 +33,7 @@ def step_correction_s(step_bytes: float, window_bytes: float, lp: LinkPlan) -> f
 
 
 class Collectives:
-    def __init__(self, sim: Simulation) -> None:
+    def __init__(self, sim) -> None:
         self.sim = sim
         self.issued: dict[tuple, int] = defaultdict(int)  # collective -> replicas that issued it
         self.queue: dict[tuple, deque] = defaultdict(deque)  # stream -> collectives ready, in order
