@@ -1,7 +1,8 @@
 """Bytes that cross the WAN per training iteration, from the lowered programs: one place for every family.
 
 A program's WAN bytes are its Sends on pipes that cross the WAN, and the WAN part of each collective: the
-exchanges of an AllReduce (or of an OuterSync, as its hierarchical all-reduce) whose peer is in another DC.
+exchanges of an AllReduce (or of an OuterSync, as its hierarchical all-reduce, or of a bucket's reduce-scatter)
+whose peer is in another DC.
 Summed over every group's program and divided by the training iterations one program runs (H for a sync period
 of DiLoCo, else 1): the mean per iteration over a sync period. Real-world bytes (an emulation sends them / k).
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from testbed.plan.lower import lower_group
 from testbed.plan.plan import Plan
-from testbed.program import Program, Send, collectives, exchanges
+from testbed.program import AllGather, Program, ReduceScatter, Send, collective_exchanges, collectives
 
 
 def program_wan_bytes(prog: Program) -> float:
@@ -18,11 +19,12 @@ def program_wan_bytes(prog: Program) -> float:
     wan = {p.peer for p in prog.pipes if p.wan is not None}
     total = sum(st.bytes for st in prog.steps if type(st) is Send and st.peer in wan)
     seen: dict[int, float] = {}
-    for ar in collectives(prog.steps):
+    bucketed = [st for st in prog.steps if isinstance(st, ReduceScatter | AllGather)]
+    for ar in [*collectives(prog.steps), *bucketed]:
         key = id(ar)  # one lowering shares a step object between its repeats: count its exchanges once each
         if key not in seen:
             local = next(r for r in ar.rings if prog.group in r)
-            seen[key] = sum(ex.bytes for ex in exchanges(ar, prog.group) if ex.send_to not in local)
+            seen[key] = sum(ex.bytes for ex in collective_exchanges(ar, prog.group) if ex.send_to not in local)
         total += seen[key]
     return total
 

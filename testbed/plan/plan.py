@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from testbed.net.wire import FRAME_BYTES
-from testbed.plan.diloco import DiLoCoPlan
 from testbed.plan.mechanisms import Mechanisms
+from testbed.plan.period import DiLoCoPlan
 from testbed.plan.schedules import Action
 
 

@@ -16,7 +16,7 @@ collective runs and each member's flag is set at its end:
 from __future__ import annotations
 
 from testbed.program import AllReduce, OuterSync
-from testbed.sim.network import Flow
+from testbed.sim.network import Flow, SlidingWindow
 from testbed.timeline import group_name
 
 
@@ -111,7 +111,6 @@ class SyncCollectives:
         window = st.wan_connections[i] * lp.window_bytes
         win = state["win"][i]
         if win is None:
-            from testbed.sim.executor import SlidingWindow  # (executor imports this module)
 
             win = state["win"][i] = SlidingWindow(window, lp.rtt_s)
         left = state["left"][i]
