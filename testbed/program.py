@@ -209,6 +209,12 @@ def collectives(steps) -> list[AllReduce]:
             if isinstance(st, AllReduce | OuterSync)]
 
 
+def ring_collectives(steps) -> list[AllReduce | ReduceScatter | AllGather]:
+    """Every collective that runs over the ring connections, in order: the all-reduces (`collectives`) and the
+    bucketed reduce-scatters and all-gathers; `collective_exchanges` spells out a group's part of each."""
+    return [*collectives(steps), *(st for st in steps if isinstance(st, ReduceScatter | AllGather))]
+
+
 
 Step = (Forward | Backward | BackwardWeight | Send | Recv | AllReduce | ReduceScatter | AllGather | Await | Optimizer
         | OuterSync | OuterWait)

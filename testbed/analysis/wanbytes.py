@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from testbed.plan.lower import lower_group
 from testbed.plan.plan import Plan
-from testbed.program import AllGather, Program, ReduceScatter, Send, collective_exchanges, collectives
+from testbed.program import Program, Send, collective_exchanges, ring_collectives
 
 
 def program_wan_bytes(prog: Program) -> float:
@@ -19,8 +19,7 @@ def program_wan_bytes(prog: Program) -> float:
     wan = {p.peer for p in prog.pipes if p.wan is not None}
     total = sum(st.bytes for st in prog.steps if type(st) is Send and st.peer in wan)
     seen: dict[int, float] = {}
-    bucketed = [st for st in prog.steps if isinstance(st, ReduceScatter | AllGather)]
-    for ar in [*collectives(prog.steps), *bucketed]:
+    for ar in ring_collectives(prog.steps):
         key = id(ar)  # one lowering shares a step object between its repeats: count its exchanges once each
         if key not in seen:
             local = next(r for r in ar.rings if prog.group in r)

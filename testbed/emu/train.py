@@ -25,7 +25,7 @@ from testbed.emu.sh import EmuError
 from testbed.emu.shaping import MIN_QUEUE_BYTES
 from testbed.plan.lower import dry_run, lower
 from testbed.plan.plan import Plan
-from testbed.program import AllGather, ReduceScatter, collective_exchanges, collectives
+from testbed.program import collective_exchanges, ring_collectives
 from testbed.runtime.access import grant, listen_unix, log, peer_cred
 from testbed.runtime.config import Endpoint, WorkerConfig
 from testbed.runtime.htb import IDLE_PRIO, JUMBO_MTU, class_args, kv_class, trickle_bps
@@ -57,8 +57,8 @@ def worker_configs(plan: Plan, emu: Emulation, compute: str = "modeled", torch_c
     where = {g: Endpoint(host[g].ip, p.port) for g, p in programs.items()}
     cfgs = {}
     for g, p in programs.items():
-        steps = [*collectives(p.steps), *(st for st in p.steps if isinstance(st, ReduceScatter | AllGather))]
-        peers = {q.peer for q in p.pipes} | {x for st in dict.fromkeys(steps) for ex in collective_exchanges(st, g)
+        peers = {q.peer for q in p.pipes} | {x for st in dict.fromkeys(ring_collectives(p.steps))
+                                              for ex in collective_exchanges(st, g)
                                               for x in (ex.send_to, ex.recv_from)}
         sidecars = {q.peer: sidecar_socket(emu, *q.wan) for q in p.pipes
                     if q.flow_class is not None and q.wan and plan.links[q.wan].temporal}

@@ -38,9 +38,9 @@ from testbed.program import (
     Send,
     await_slot,
     collective_exchanges,
-    collectives,
     exchanges,
     program_from_dict,
+    ring_collectives,
 )
 from testbed.runtime.config import WorkerConfig
 from testbed.runtime.htb import ALLREDUCE_TOS
@@ -708,8 +708,7 @@ def ring_steps(prog) -> list:
     """The program's collectives over the ring connections, each distinct one once (a sync period repeats its
     inner all-reduce H times): all-reduces, OuterSyncs as all-reduces, and bucketed reduce-scatters and
     all-gathers."""
-    bucketed = [st for st in prog.steps if isinstance(st, ReduceScatter | AllGather)]
-    return list(dict.fromkeys([*collectives(prog.steps), *bucketed]))
+    return list(dict.fromkeys(ring_collectives(prog.steps)))
 
 
 def connections_to_open(cfg: WorkerConfig) -> dict[str, tuple[int, str]]:
