@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import errno
 import io
 import json
 import os
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import IO
 
 from testbed.errors import SpecError
+
+FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # a results disk that takes no more: one line, not a traceback
 
 
 @contextlib.contextmanager
@@ -30,9 +33,12 @@ def atomic_open(path: str | Path, mode: str = "w") -> Iterator[IO]:
         with os.fdopen(fd, mode, newline="" if "b" not in mode else None) as f:
             yield f
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.errno in FULL:
+            raise SpecError("--out", f"{e.strerror.lower()} writing {path}: it was not written (files already there "
+                            f"are whole)", "free space there or pick another --out") from None
         raise
 
 

@@ -60,6 +60,7 @@ class Emulation:
     # slow start after idle is on, whose restart would otherwise be to the same window
     warm_windows: bool = True
     congestion_control: str = "cubic"  # net.ipv4.tcp_congestion_control on every host
+    user_timeout_s: float = 30.0  # TCP_USER_TIMEOUT of the workers' connections (network.tcp_user_timeout_s)
     claimed: bool = False  # `up` made this process the prefix's owner, so `down` gives it back
 
     def node(self, name: str) -> Node:
@@ -131,8 +132,8 @@ def window_notes(topo: Topology, scale: float) -> list[str]:
 
 def up(topo: Topology, *, backend: str = "netns", prefix: str | None = "gdtb0", scale: float = 1.0,
        delay: str = "auto", lan_gpus_per_host: int = 1, slow_start_after_idle: bool = False,
-       congestion_control: str = "cubic", mounts: list[str] | None = None, warm_windows: bool | None = None
-       ) -> Emulation:
+       congestion_control: str = "cubic", mounts: list[str] | None = None, warm_windows: bool | None = None,
+       user_timeout_s: float = 30.0) -> Emulation:
     """Build the topology (prefix None: the first free gdtb<N>). On any failure (or Ctrl-C) everything
     built so far is removed. `mounts`: host folders the container backends bind-mount at the same path in
     every host container."""
@@ -157,7 +158,7 @@ def up(topo: Topology, *, backend: str = "netns", prefix: str | None = "gdtb0", 
                         lan_gpus_per_host=lan_gpus_per_host, slow_start_after_idle=slow_start_after_idle,
                         warm_windows=(default_warm_windows("auto", slow_start_after_idle) if warm_windows is None
                                       else warm_windows),
-                        congestion_control=congestion_control, claimed=claimed)
+                        congestion_control=congestion_control, user_timeout_s=user_timeout_s, claimed=claimed)
         secure_dir(state.run_dir(prefix), run_gid(emu.backend))  # 0750, the run's group: its sockets live here
     except BaseException:
         if claimed:

@@ -65,7 +65,8 @@ def worker_configs(plan: Plan, emu: Emulation, compute: str = "modeled", torch_c
         cfgs[(p.stage, p.replica)] = WorkerConfig(
             program=p, ip=host[g].ip, peers={x: where[x] for x in sorted(peers)}, scale=emu.scale, compute=compute,
             dp=plan.dp, host_index=host[g].index, sidecars=sidecars, torch=(torch_cfg or {}).get(p.stage),
-            optimizer_s=plan.optimizer_s[p.replica][p.stage] if plan.optimizer_s else 0.0)
+            optimizer_s=plan.optimizer_s[p.replica][p.stage] if plan.optimizer_s else 0.0,
+            user_timeout_s=emu.user_timeout_s)
     return cfgs
 
 
@@ -293,8 +294,10 @@ class Controller:
             _check(procs)
             self.watch()
             if errors:
+                _check_soon(procs)
                 raise EmuError(f"waiting for {key}: {errors[0]}")
         if errors:
+            _check_soon(procs)
             raise EmuError(f"waiting for {key}: {errors[0]}")
         return out
 
@@ -361,6 +364,15 @@ def check_delaylines(emu: Emulation) -> None:
             how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
             raise EmuError(f"the delay line of WAN link {ns} died ({how}): the link stopped (its log: "
                            f"{state.run_dir(emu.prefix) / (ns + '.delay.log')})")
+
+
+def _check_soon(procs: list[subprocess.Popen], wait_s: float = 1.0) -> None:
+    """A worker's control connection closed: its exit status and last words, once it has exited, say why better
+    than the closed connection does (it closes as the process exits, before the exit can be reaped)."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and all(p.poll() is None for p in procs):
+        time.sleep(0.02)
+    _check(procs)
 
 
 def _check(procs: list[subprocess.Popen]) -> None:

@@ -45,6 +45,7 @@ class WorkerConfig:
     optimizer_s: float = 0.0  # the cost model's AdamW step after the all-reduce (modeled compute waits it)
     bubbletea: str | None = None  # the BubbleTea service's socket
     prefill: PrefillConfig | None = None  # with `bubbletea`: what its jobs run
+    user_timeout_s: float = 30.0  # TCP_USER_TIMEOUT of its connections: data unacknowledged this long ends the run
 
     def to_json(self) -> str:
         d = asdict(self)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
+import os
 import queue
 import selectors
 import socket
@@ -33,6 +35,7 @@ from testbed.program import (
     Forward,
     Optimizer,
     OuterSync,
+    Program,
     Recv,
     ReduceScatter,
     Send,
@@ -150,7 +153,7 @@ class _Incoming:
         self.dst: memoryview | None = None  # where the payload goes (torch compute), else discarded
 
 
-def reader(socks: list[socket.socket], inbox: Inbox, window: int = 0) -> None:
+def reader(socks: list[socket.socket], inbox: Inbox, window: int = 0, route: str = "") -> None:
     """Read the chunks arriving on a group of connections (a pipe's, or a ring peer's) in one thread: as NCCL's
     socket threads serve several sockets each, and because 70 threads, one per connection, each woken for its
     5 KB of a message, cost milliseconds per message on a busy machine (docs/fidelity.md). Reads never block
@@ -165,7 +168,9 @@ def reader(socks: list[socket.socket], inbox: Inbox, window: int = 0) -> None:
             for key, _ in sel.select():
                 _read(key.fileobj, key.data, inbox, buf, window)  # type: ignore[arg-type]
     except (ConnectionError, OSError) as e:
-        inbox.fail(e)
+        if e.errno == errno.ETIMEDOUT:  # the link carried nothing for the user timeout: end with one line
+            abort(f"its connections {route} failed: {send_failure(e, socks)}")
+        inbox.fail(OSError(e.errno, f"its connections {route}: {e.strerror or e}") if route else e)
     finally:
         sel.close()
 
@@ -227,10 +232,11 @@ class Striped:
     less than a thread per connection and a header segment each, which cost milliseconds per message on
     70 connections (docs/fidelity.md)."""
 
-    def __init__(self, socks: list[socket.socket], wakes: WaitStats | None = None) -> None:
+    def __init__(self, socks: list[socket.socket], wakes: WaitStats | None = None, route: str = "") -> None:
         self.socks = socks
         self.queue: queue.Queue = queue.Queue()
         self.wakes = wakes  # how late the sender thread starts a message it was idle for (timing health)
+        self.route = route  # how an error names these connections (their peer and WAN link)
         threading.Thread(target=self._sender, daemon=True).start()
 
     def _sender(self) -> None:
@@ -246,6 +252,8 @@ class Striped:
                     self.wakes.add(0.0, time.monotonic() - max(t_put, free_since))
                 try:
                     _send_all(sel, parts)
+                except OSError as e:  # nothing else waits on this thread: end the worker with one line
+                    abort(f"its connections {self.route} failed: {send_failure(e, self.socks)}")
                 finally:
                     done()
                     free_since = time.monotonic()
@@ -321,6 +329,22 @@ def _send_all(sel: selectors.BaseSelector, parts: list[tuple[socket.socket, list
         for sock in corked:  # a send that failed part-way: leave no socket corked
             with contextlib.suppress(OSError):
                 _cork(sock, False)
+
+
+def send_failure(e: OSError, socks: list[socket.socket]) -> str:
+    """Why a connection failed, in the user's words: a timed-out connection is a link that carried nothing."""
+    if e.errno == errno.ETIMEDOUT:
+        ms = max(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) for s in socks)
+        return (f"nothing acknowledged for {ms / 1000:g} s (network.tcp_user_timeout_s): the link carried nothing "
+                f"that long")
+    return str(e)
+
+
+def abort(line: str) -> None:
+    """End this worker now with `line` as its last words (the orchestrator reports a worker's last stderr line)."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def _cork(sock: socket.socket, on: bool) -> None:
@@ -637,13 +661,17 @@ class OuterSyncThread:
 PURPOSE_TOS = {"ring": ALLREDUCE_TOS}
 
 
-def connect(ip: str, port: int, hello: dict, deadline: float, window: int = 0, tos: int = 0) -> socket.socket:
+def connect(ip: str, port: int, hello: dict, deadline: float, window: int = 0, tos: int = 0,
+            user_timeout_s: float = 0.0) -> socket.socket:
     """A connection to a peer's `listen`ing socket, as every WAN connection of a worker is set up: the fixed
-    receive buffer for `window` (0: the kernel's), IP TOS `tos`, no Nagle, then `hello` (what `accept` returns)."""
+    receive buffer for `window` (0: the kernel's), IP TOS `tos`, no Nagle, TCP_USER_TIMEOUT `user_timeout_s`
+    (0: the kernel's retries), then `hello` (what `accept` returns)."""
     while True:
         try:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             set_buffer(s, window)
+            if user_timeout_s > 0:
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, round(user_timeout_s * 1000))
             if tos:
                 s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
             s.settimeout(5)
@@ -660,6 +688,12 @@ def connect(ip: str, port: int, hello: dict, deadline: float, window: int = 0, t
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)  # the peer's listener is not up yet (start-up only)
+
+
+def route_of(prog: Program, peer: str) -> str:
+    """How an error names this group's connections to `peer`: with the WAN link a pipe to it crosses."""
+    wan = next((p.wan for p in prog.pipes if p.peer == peer and p.wan), None)
+    return f"to {peer} over WAN link {wan[0]}-{wan[1]}" if wan else f"to {peer}"
 
 
 def listen(ip: str, port: int, window: int = 0) -> socket.socket:
@@ -771,14 +805,15 @@ def main(cfg_path: str, ctl_path: str) -> None:
         ep = cfg.peers[peer]
         window = window_of(cfg, peer, purpose)
         socks = [connect(ep.ip, ep.port, {"group": prog.group, "purpose": purpose}, deadline, window,
-                         PURPOSE_TOS.get(purpose, 0)) for _ in range(n)]
-        out[(peer, purpose)] = Striped(socks, wakes)
+                         PURPOSE_TOS.get(purpose, 0), cfg.user_timeout_s) for _ in range(n)]
+        out[(peer, purpose)] = Striped(socks, wakes, route_of(prog, peer))
     acc.join(CONNECT_TIMEOUT)
     if acc.is_alive():
         raise TimeoutError("peers did not connect in time")
     # one reader per group of connections, before anyone is ready: nothing is sent before the first "go"
     for (peer, purpose), socks in [*((k, v.socks) for k, v in out.items()), *accepted.items()]:
-        threading.Thread(target=reader, args=(socks, inbox, window_of(cfg, peer, purpose)), daemon=True).start()
+        threading.Thread(target=reader, args=(socks, inbox, window_of(cfg, peer, purpose), route_of(prog, peer)),
+                         daemon=True).start()
     # a worker sends on the connections it opened and receives on those it accepted
     pipes = {p.peer: out[(p.peer, "pipe")] for p in prog.pipes}
     ring = {peer: st for (peer, purpose), st in out.items() if purpose == "ring"}

@@ -37,6 +37,10 @@ class NetworkOptions(Strict):
     # HyStart and cubic took 2-4 iterations to open the windows (docs/fidelity.md); `auto`: `window`, or
     # `kernel` with tcp_slow_start_after_idle, whose restart from a window-sized initial window would be none
     tcp_initial_window: Literal["auto", "window", "kernel"] = "auto"
+    # how long a worker's connection may hold data the far end has not acknowledged before the run ends with one
+    # line naming its link (TCP_USER_TIMEOUT on every worker connection): a WAN link that carries nothing for this
+    # long is down, not slow. Linux's own retries give up only after about 15 minutes (tcp_retries2).
+    tcp_user_timeout_s: Annotated[float, Field(ge=1, le=3600)] = 30.0
 
     @model_validator(mode="after")
     def _restart(self) -> NetworkOptions:
@@ -50,7 +54,8 @@ class NetworkOptions(Strict):
         """The emulated hosts' TCP settings, as `testbed.emu.build.up` takes them."""
         return {"slow_start_after_idle": self.tcp_slow_start_after_idle,
                 "congestion_control": self.tcp_congestion_control,
-                "warm_windows": warm_windows(self.tcp_initial_window, self.tcp_slow_start_after_idle)}
+                "warm_windows": warm_windows(self.tcp_initial_window, self.tcp_slow_start_after_idle),
+                "user_timeout_s": self.tcp_user_timeout_s}
 
     @property
     def nccl_sockets(self) -> int:
