@@ -232,6 +232,13 @@ def test_fsdp_microbatch_exposes_the_backward_gathers_and_is_bound_by_its_collec
         assert fsdp_microbatch_s(compute, 2 * params, 8, bw) > t  # more weights, more to gather
         assert fsdp_microbatch_s(compute, params, 8, 2 * bw) < t  # a faster network exposes less
     assert fsdp_microbatch_s(1.0, params, 1, bw) == 1.0  # one GPU gathers nothing
+    for compute in (0.01, 1.0):  # BACKWARD_PRE hides the backward's gathers; SHARD_GRAD_OP gathers once
+        assert fsdp_microbatch_s(compute, params, 8, bw, "pre") == max(compute, 3 * gather)
+        assert fsdp_microbatch_s(compute, params, 8, bw, "kept") == max(compute, 2 * gather)
+        assert fsdp_microbatch_s(compute, params, 8, bw, "kept") <= fsdp_microbatch_s(compute, params, 8, bw, "pre") \
+            <= fsdp_microbatch_s(compute, params, 8, bw, "post")
+    with pytest.raises(ValueError, match="fsdp backward"):
+        fsdp_microbatch_s(1.0, params, 8, bw, "early")
 
 
 def test_a_published_row_with_an_unknown_attention_kernel_is_refused(tmp_path):

@@ -30,6 +30,10 @@ NIC_BYTES_S = {"A100": 25e9, "H100": 50e9}
 NIC_EFF = 0.9
 GPUS_PER_NODE = 8
 BF16_BYTES = 2
+# the CSV's `sharding`: FSDP FULL_SHARD under BACKWARD_POST (Composer's default), under BACKWARD_PRE, and
+# SHARD_GRAD_OP (the forward's gathered weights kept for the backward); anything else: no FSDP
+FSDP_BACKWARD = {"fsdp": "post", "fsdp_pre": "pre", "fsdp_grad_op": "kept"}
+FSDP_MODES = frozenset(FSDP_BACKWARD)
 
 
 def busbw_bytes_s(gpu: str, gpus: int) -> float:
@@ -60,6 +64,7 @@ class Row:
     attention: str = "best"  # the attention kernel the stack ran (operators.ATTENTION_KERNELS)
     end_layers: int = 0  # layers on the first and on the last stage where the row gives them (0: L / pp everywhere)
     dropout: bool | None = None  # whether the model ran dropout (None: GPT-style models do, gated ones not)
+    fsdp_backward: str = "post"  # FSDP's backward gathers: `post` (BACKWARD_POST), `pre` (BACKWARD_PRE), `kept`
 
 
 def _flag(text: str) -> bool | None:
@@ -77,27 +82,34 @@ def load_rows(path: str | Path) -> list[Row]:
                                 int(r["ffn_hidden"]), int(r["vocab"]), int(r["seq"]), r["gated_mlp"] == "True")
                 out.append(Row(r["source"], m, r["gpu"], int(r["gpus"]), int(r["tp"]), int(r["pp"]), int(r["dp"]),
                                int(r["global_batch"]), int(r["microbatch"]), r["recompute"],
-                               int(r["virtual_stages"] or 1), r["sequence_parallel"] == "True", r["sharding"] == "fsdp",
+                               int(r["virtual_stages"] or 1), r["sequence_parallel"] == "True",
+                               r["sharding"] in FSDP_MODES,
                                float(r["measured"]), r["unit"], r.get("attention") or "best",
-                               int(r.get("end_layers") or 0), _flag(r.get("dropout") or "")))
-                if out[-1].attention not in ATTENTION_KERNELS:
-                    raise ValueError(out[-1].attention)
+                               int(r.get("end_layers") or 0), _flag(r.get("dropout") or ""),
+                               FSDP_BACKWARD.get(r["sharding"], "post")))
+                if out[-1].attention not in ATTENTION_KERNELS or r["sharding"] not in ("", *FSDP_MODES):
+                    raise ValueError(r["attention"], r["sharding"])
             except (KeyError, ValueError):
-                raise SpecError(f"{path}:{line}", "a missing or non-numeric field", "fix or remove the row") from None
+                raise SpecError(f"{path}:{line}", "a missing, non-numeric or unknown field",
+                                f"fix or remove the row (attention: {', '.join(ATTENTION_KERNELS)}; sharding: empty "
+                                f"or {', '.join(sorted(FSDP_MODES))})") from None
     return out
 
 
-def fsdp_microbatch_s(compute_s: float, params: float, dp: int, bw_bytes_s: float) -> float:
-    """One microbatch under PyTorch FSDP FULL_SHARD as Composer 0.16 (llm-foundry v0.3.0's pin) runs it:
-    `backward_prefetch='BACKWARD_POST'`, mixed precision DEFAULT (bf16 weights, gradients reduced in bf16),
-    and a gradient sync on every microbatch (Composer's no_sync applies to DDP only). Every microbatch
-    gathers the bf16 weights for the forward and again for the backward and reduce-scatters the gradients.
-    The forward's gathers run ahead of compute (the CPU issues the next layer's while the GPU computes);
-    BACKWARD_POST issues a layer's backward gather only after the layer above finished its gradients, so
-    the backward waits for every gather (one whole-model gather per microbatch exposed) while each
-    reduce-scatter overlaps the next layer's backward. Collectives that need longer still bound it."""
-    gather_s = params * BF16_BYTES * (dp - 1) / dp / bw_bytes_s  # a reduce-scatter moves the same bytes
-    return max(compute_s + gather_s, 3 * gather_s)
+def fsdp_microbatch_s(compute_s: float, params: float, dp: int, bw_bytes_s: float, backward: str = "post") -> float:
+    """One microbatch under PyTorch FSDP (gradients synced every microbatch: Composer's no_sync applies to DDP
+    only). FULL_SHARD gathers the bf16 weights for the forward and again for the backward; SHARD_GRAD_OP
+    (`backward="kept"`) keeps the forward's; the gradients are reduce-scattered (the same bytes as a
+    gather). The forward's gathers run ahead of compute (the CPU issues the next layer's while the GPU
+    computes). `backward="post"` (BACKWARD_POST, Composer's default) issues a layer's backward gather only
+    after the layer above finished its gradients, so the backward waits for every gather: one whole-model
+    gather per microbatch exposed, each reduce-scatter overlapping the next layer's backward. `pre`
+    (BACKWARD_PRE) issues it before, hidden like the forward's. Collectives that need longer still bound it."""
+    if backward not in ("post", "pre", "kept"):
+        raise ValueError(f"fsdp backward {backward!r}: use post, pre or kept")
+    gather_s = params * BF16_BYTES * (dp - 1) / dp / bw_bytes_s
+    collectives = (2 if backward == "kept" else 3) * gather_s
+    return max(compute_s + (gather_s if backward == "post" else 0.0), collectives)
 
 
 def iteration_s(row: Row, overhead: float = COMPUTE_OVERHEAD) -> float:
@@ -118,7 +130,7 @@ def iteration_s(row: Row, overhead: float = COMPUTE_OVERHEAD) -> float:
     params = m_cfg.total_params() / (row.tp * row.pp)
     bw = busbw_bytes_s(row.gpu, row.dp * row.tp)
     if row.fsdp:
-        compute = m * fsdp_microbatch_s(compute / m, params, row.dp, bw)
+        compute = m * fsdp_microbatch_s(compute / m, params, row.dp, bw, row.fsdp_backward)
         shard = params / row.dp
         grad = 0.0
     else:
