@@ -45,9 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"overhead fitted on {a.fit_on or 'nothing'} ({len(fitted)} rows): {overhead:.3f} "
           f"(testbed/costs/operators.py ships COMPUTE_OVERHEAD = {COMPUTE_OVERHEAD})")
     by: dict[str, list[float]] = {}
+    worst = (0.0, "")
     for r in rows:
         err = predicted(r, overhead) / r.measured - 1
         by.setdefault(r.source, []).append(err)
+        if r.source != a.fit_on and abs(err) > abs(worst[0]):
+            worst = (err, f"{r.source} {r.model.name} on {r.gpus} {r.gpu}, s={r.model.seq_len}, mb={r.microbatch}")
         if a.rows:
             print(f"  {r.source:26s} {r.model.name:12s} {r.gpu:5s} gpus={r.gpus:<6d} tp={r.tp} pp={r.pp:<3d} "
                   f"s={r.model.seq_len:<5d} B={r.global_batch:<5d} mb={r.microbatch:<3d} {r.recompute:5s} "
@@ -61,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         if src != a.fit_on:
             held += absd
     if held:
-        print(f"held out: {len(held)} rows, median |err| {median(held):.1%}, worst |err| {max(held):.1%}")
+        print(f"held out: {len(held)} rows, median |err| {median(held):.1%}, worst |err| {max(held):.1%} "
+              f"({worst[1]}: {worst[0]:+.1%})")
     return 0
 
 
