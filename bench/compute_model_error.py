@@ -45,23 +45,27 @@ def main(argv: list[str] | None = None) -> int:
     print(f"overhead fitted on {a.fit_on or 'nothing'} ({len(fitted)} rows): {overhead:.3f} "
           f"(testbed/costs/operators.py ships COMPUTE_OVERHEAD = {COMPUTE_OVERHEAD})")
     by: dict[str, list[float]] = {}
+    worst = (0.0, "")
     for r in rows:
         err = predicted(r, overhead) / r.measured - 1
         by.setdefault(r.source, []).append(err)
+        if r.source != a.fit_on and abs(err) > abs(worst[0]):
+            worst = (err, f"{r.source} {r.model.name} on {r.gpus} {r.gpu}, s={r.model.seq_len}, mb={r.microbatch}")
         if a.rows:
-            print(f"  {r.source:22s} {r.model.name:12s} {r.gpu:5s} gpus={r.gpus:<6d} tp={r.tp} pp={r.pp:<3d} "
+            print(f"  {r.source:26s} {r.model.name:12s} {r.gpu:5s} gpus={r.gpus:<6d} tp={r.tp} pp={r.pp:<3d} "
                   f"s={r.model.seq_len:<5d} B={r.global_batch:<5d} mb={r.microbatch:<3d} {r.recompute:5s} "
                   f"measured {r.measured:9.1f} predicted {predicted(r, overhead):9.1f} {r.unit}  {err:+.1%}")
-    print(f"{'source':22s} {'rows':>4s} {'median |err|':>12s} {'worst |err|':>11s} {'median err':>10s}  fitted")
+    print(f"{'source':26s} {'rows':>4s} {'median |err|':>12s} {'worst |err|':>11s} {'median err':>10s}  fitted")
     held: list[float] = []
     for src, errs in by.items():
         absd = [abs(e) for e in errs]
-        print(f"{src:22s} {len(errs):4d} {median(absd):12.1%} {max(absd):11.1%} {median(errs):+10.1%}  "
+        print(f"{src:26s} {len(errs):4d} {median(absd):12.1%} {max(absd):11.1%} {median(errs):+10.1%}  "
               f"{'yes' if src == a.fit_on else 'no'}")
         if src != a.fit_on:
             held += absd
     if held:
-        print(f"held out: {len(held)} rows, median |err| {median(held):.1%}, worst |err| {max(held):.1%}")
+        print(f"held out: {len(held)} rows, median |err| {median(held):.1%}, worst |err| {max(held):.1%} "
+              f"({worst[1]}: {worst[0]:+.1%})")
     return 0
 
 

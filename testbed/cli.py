@@ -275,7 +275,9 @@ def plan(
     console.print(f"simulate it: testbed sim EXP.yaml --set workload.tp={lay.tp} --set workload.pp={lay.pp} "
                   f"--set workload.dp={lay.dp} --set workload.microbatch={lay.microbatch} "
                   f"--set workload.sequence_parallel={str(exp.workload.sequence_parallel).lower()} "
-                  f"--set 'workload.stages_per_dc={{{stages}}}'", soft_wrap=True, highlight=False)
+                  + (f"--set workload.virtual_stages={exp.workload.virtual_stages} "
+                     if exp.workload.virtual_stages > 1 else "")
+                  + f"--set 'workload.stages_per_dc={{{stages}}}'", soft_wrap=True, highlight=False)
     console.print(f"wrote {out} (every layout; columns in docs/planner.md)")
 
 

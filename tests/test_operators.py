@@ -192,3 +192,67 @@ def test_attention_without_flash_pays_for_the_scores_it_materialises(gpu):
         assert unfused_attention_s(b, s, h, d, gpu) > unfused_attention_s(b, s, h, d, gpu, dropout=False)
     # its share grows with the sequence: at 8K tokens it costs more than FlashAttention's causal kernel
     assert unfused_attention_s(1, 8192, 8, 128, gpu) > attention_s(1, 8192, 8, 128, gpu)
+
+
+@pytest.mark.parametrize("gpu", ["A100", "H100", "B200"])
+def test_flashattention_in_triton_is_slower_than_fa2_by_its_stated_ratios(gpu):
+    from testbed.costs.operators import FA2_OVER_TRITON
+
+    for s, d, backward in itertools.product((512, 2048, 8192), (64, 128), (False, True)):
+        best, fa2, triton = (attention_s(2, s, 16, d, gpu, backward=backward, kernel=k)
+                             for k in ("best", "fa2", "triton"))
+        assert best <= fa2 < triton
+        spec = gpu_specs.compute_spec(gpu)
+        ratio = attention_eff(s, d, spec, backward, "fa2") / attention_eff(s, d, spec, backward, "triton")
+        assert ratio == pytest.approx(FA2_OVER_TRITON[1 if backward else 0])
+    with pytest.raises(ValueError, match="attention kernel"):
+        attention_eff(1024, 128, gpu_specs.compute_spec(gpu), False, "fa4")
+
+
+def test_dropout_costs_memory_time_only_where_the_model_runs_it():
+    gpt = MODELS["gpt3-175b"]  # GPT-style: dropout by default
+    kw = {"tp": 1, "microbatch": 1, "recompute": "none"}
+    default, off, on = (layer_times(gpt, "H100", dropout=x, **kw) for x in (None, False, True))
+    assert default.parts["memory"] == on.parts["memory"] > off.parts["memory"]
+    assert default.parts["gemm"] == off.parts["gemm"] and default.parts["attention"] == off.parts["attention"]
+    llama = MODELS["llama3-70b"]  # gated: no dropout unless asked
+    gated = layer_times(llama, "H100", **kw).parts["memory"]
+    assert gated == layer_times(llama, "H100", dropout=False, **kw).parts["memory"]
+
+
+def test_fsdp_microbatch_exposes_the_backward_gathers_and_is_bound_by_its_collectives():
+    from testbed.costs.published import fsdp_microbatch_s
+
+    params, bw = 13e9, 360e9
+    gather = params * 2 * 7 / 8 / bw
+    for compute in (0.01, 0.2, 1.0, 5.0):
+        t = fsdp_microbatch_s(compute, params, 8, bw)
+        assert t >= compute + gather  # BACKWARD_POST: the backward waits for every gather
+        assert t >= 3 * gather  # two gathers and a reduce-scatter per microbatch
+        assert fsdp_microbatch_s(compute, 2 * params, 8, bw) > t  # more weights, more to gather
+        assert fsdp_microbatch_s(compute, params, 8, 2 * bw) < t  # a faster network exposes less
+    assert fsdp_microbatch_s(1.0, params, 1, bw) == 1.0  # one GPU gathers nothing
+    for compute in (0.01, 1.0):  # BACKWARD_PRE hides the backward's gathers; SHARD_GRAD_OP gathers once
+        assert fsdp_microbatch_s(compute, params, 8, bw, "pre") == max(compute, 3 * gather)
+        assert fsdp_microbatch_s(compute, params, 8, bw, "kept") == max(compute, 2 * gather)
+        assert fsdp_microbatch_s(compute, params, 8, bw, "kept") <= fsdp_microbatch_s(compute, params, 8, bw, "pre") \
+            <= fsdp_microbatch_s(compute, params, 8, bw, "post")
+    with pytest.raises(ValueError, match="fsdp backward"):
+        fsdp_microbatch_s(1.0, params, 8, bw, "early")
+
+
+def test_a_published_row_with_an_unknown_attention_kernel_is_refused(tmp_path):
+    import csv
+
+    from testbed.costs.published import load_rows
+    from tests.conftest import ROOT
+
+    with open(ROOT / "bench" / "data" / "published_training.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    rows[-1]["attention"] = "fa9"
+    with open(tmp_path / "x.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows[-2:])
+    with pytest.raises(SpecError, match="x.csv:3"):
+        load_rows(tmp_path / "x.csv")

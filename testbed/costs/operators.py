@@ -62,14 +62,24 @@ def attention_flops(batch: int, seq: int, heads: int, head_dim: int, cached: int
 # FlashAttention-2 on Hopper (a stack without FlashAttention-3 or cuDNN's fused attention): the FA3 paper's
 # FA2 baseline on H100, about 35 % of peak forward and 30 % backward at head dimension 128
 FA2_ON_HOPPER = (0.35, 0.30)
+# FlashAttention's Triton implementation (the FlashAttention-1 algorithm; llm-foundry's `attn_impl: triton`):
+# FlashAttention-2 is "around 1.3-1.5x faster than FlashAttention in Triton in the forward pass and around 2x
+# faster in the backward pass" (Dao, FlashAttention-2, arXiv:2307.08691, section 4.1): forward, backward
+FA2_OVER_TRITON = (1.4, 2.0)
+ATTENTION_KERNELS = ("best", "fa2", "triton", "unfused")
 
 
 def attention_eff(seq: int, head_dim: int, spec: ComputeSpec, backward: bool, kernel: str = "best") -> float:
     """Fraction of peak FlashAttention reaches: rises with the sequence and the head dimension.
-    `kernel`: `best` (the GPU's own: FA2 on Ampere, FA3 / cuDNN on Hopper and later) or `fa2`."""
+    `kernel`: `best` (the GPU's own: FA2 on Ampere, FA3 / cuDNN on Hopper and later), `fa2`, or `triton`
+    (FlashAttention in Triton: FA2's rate over FA2_OVER_TRITON)."""
+    if kernel not in ATTENTION_KERNELS[:3]:
+        raise ValueError(f"attention kernel {kernel!r}: use one of {', '.join(ATTENTION_KERNELS[:3])}")
     base = spec.attn_bwd_eff if backward else spec.attn_fwd_eff
-    if kernel == "fa2":
+    if kernel in ("fa2", "triton"):
         base = min(base, FA2_ON_HOPPER[1] if backward else FA2_ON_HOPPER[0]) if spec.tile_n > spec.tile_m else base
+    if kernel == "triton":
+        base /= FA2_OVER_TRITON[1] if backward else FA2_OVER_TRITON[0]
     head = (head_dim / (head_dim + 32)) / (128 / 160)
     return min(0.95, base * seq / (seq + spec.attn_seq_half) * head)
 
@@ -140,16 +150,17 @@ def layer_gemms(model: ModelConfig, tokens: int, tp: int) -> list[tuple[int, int
             (tokens, h, model.ffn_hidden // tp)]
 
 
-def memory_bound_bytes(model: ModelConfig, tokens: int, tp: int, sequence_parallel: bool) -> tuple[float, int]:
+def memory_bound_bytes(model: ModelConfig, tokens: int, tp: int, sequence_parallel: bool,
+                       dropout: bool | None = None) -> tuple[float, int]:
     """Bytes the forward's memory-bound kernels move, and how many kernels: two norms (read, write),
-    two residual adds (two reads, a write), dropout masks (models without a gated MLP, GPT-style),
-    rotary on Q and K (gated, Llama-style), the MLP's activation. Norms, residuals and dropouts run on
-    1/tp of the tokens under sequence parallelism, on all of them otherwise."""
+    two residual adds (two reads, a write), dropout masks (`dropout`; by default models without a gated
+    MLP, GPT-style, have them), rotary on Q and K (gated, Llama-style), the MLP's activation. Norms,
+    residuals and dropouts run on 1/tp of the tokens under sequence parallelism, on all of them otherwise."""
     h, f = model.hidden, model.ffn_hidden
     rows = tokens / tp if sequence_parallel else tokens
     per_row = (4 + 6) * h * BF16  # 2 norms x (read + write), 2 residuals x (2 reads + write)
     kernels = 4
-    if not model.gated_mlp:
+    if (not model.gated_mlp) if dropout is None else dropout:
         per_row += 2 * h  # two dropout masks (1 byte per element) written
         kernels += 2
     total = rows * per_row
@@ -164,11 +175,12 @@ def memory_bound_bytes(model: ModelConfig, tokens: int, tp: int, sequence_parall
 
 
 def layer_times(model: ModelConfig, gpu_name: str, *, tp: int, microbatch: int, recompute: str,
-                sequence_parallel: bool = False, attention: str = "best",
+                sequence_parallel: bool = False, attention: str = "best", dropout: bool | None = None,
                 overhead: float = COMPUTE_OVERHEAD) -> LayerTimes:
     """Forward and backward of one layer per microbatch at the model's sequence length, every time
-    multiplied by `overhead`. `attention`: `best` (the GPU's FlashAttention), `fa2`, or `unfused` (the
-    scores materialised, as stacks before FlashAttention ran it)."""
+    multiplied by `overhead`. `attention`: `best` (the GPU's FlashAttention), `fa2`, `triton`, or `unfused`
+    (the scores materialised, as stacks before FlashAttention ran it). `dropout`: whether the model runs
+    dropout (None: GPT-style models without a gated MLP do, Llama-style ones do not)."""
     s, b = model.seq_len, microbatch
     tokens = s * b
     gemm_f = sum(gemm_s(m, n, k, gpu_name) for m, n, k in layer_gemms(model, tokens, tp))
@@ -176,13 +188,13 @@ def layer_times(model: ModelConfig, gpu_name: str, *, tp: int, microbatch: int, 
     gemm_b = sum(gemm_s(m, k, n, gpu_name) + gemm_s(k, n, m, gpu_name) for m, n, k in layer_gemms(model, tokens, tp))
     heads = model.heads // tp if model.heads >= tp else 1
     if attention == "unfused":
-        drop = not model.gated_mlp  # GPT-style models keep Megatron's attention dropout
+        drop = (not model.gated_mlp) if dropout is None else dropout  # GPT-style: Megatron's attention dropout
         attn_f = unfused_attention_s(b, s, heads, model.head_dim, gpu_name, dropout=drop)
         attn_b = unfused_attention_s(b, s, heads, model.head_dim, gpu_name, backward=True, dropout=drop)
     else:
         attn_f = attention_s(b, s, heads, model.head_dim, gpu_name, kernel=attention)
         attn_b = attention_s(b, s, heads, model.head_dim, gpu_name, backward=True, kernel=attention)
-    mem_bytes, kernels = memory_bound_bytes(model, tokens, tp, sequence_parallel)
+    mem_bytes, kernels = memory_bound_bytes(model, tokens, tp, sequence_parallel, dropout)
     mem_f = memory_s(mem_bytes, gpu_name, kernels)
     mem_b = memory_s(2 * mem_bytes, gpu_name, kernels)
     comm = 2 * allreduce_s(tokens * model.hidden * BF16, tp, gpu_name)  # after attention, after the MLP

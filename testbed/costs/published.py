@@ -4,8 +4,8 @@ prediction of each row: one iteration of the row's layout, from `costs/operators
 An iteration of a row: m = global_batch / (dp x microbatch) microbatches through a pipeline of pp
 stages (L/pp layers each, the output head on the last), with the pipeline bubble of the row's schedule
 ((pp - 1) / v stage times, v = virtual stages, 1 for plain 1F1B); the data-parallel gradient
-all-reduce after it, exposed, over the row's inter-node network (FSDP: its gathers and reduce-scatters
-overlap compute; only what exceeds compute shows); then the AdamW step. Every time is multiplied by
+all-reduce after it, exposed, over the row's inter-node network (FSDP: per microbatch, as
+`fsdp_microbatch_s` says); then the AdamW step. Every time is multiplied by
 `overhead` (1: the operators alone), the one constant the bench fits, on one source only.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 from testbed.costs.gpu_specs import compute_spec
 from testbed.costs.gpus import GPUS
 from testbed.costs.models import ModelConfig
-from testbed.costs.operators import COMPUTE_OVERHEAD, layer_times, model_flops_per_token
+from testbed.costs.operators import ATTENTION_KERNELS, COMPUTE_OVERHEAD, layer_times, model_flops_per_token
 from testbed.costs.stage import optimizer_step_s
 from testbed.errors import SpecError
 
@@ -29,6 +29,11 @@ from testbed.errors import SpecError
 NIC_BYTES_S = {"A100": 25e9, "H100": 50e9}
 NIC_EFF = 0.9
 GPUS_PER_NODE = 8
+BF16_BYTES = 2
+# the CSV's `sharding`: FSDP FULL_SHARD under BACKWARD_POST (Composer's default), under BACKWARD_PRE, and
+# SHARD_GRAD_OP (the forward's gathered weights kept for the backward); anything else: no FSDP
+FSDP_BACKWARD = {"fsdp": "post", "fsdp_pre": "pre", "fsdp_grad_op": "kept"}
+FSDP_MODES = frozenset(FSDP_BACKWARD)
 
 
 def busbw_bytes_s(gpu: str, gpus: int) -> float:
@@ -56,8 +61,16 @@ class Row:
     fsdp: bool
     measured: float
     unit: str
-    attention: str = "best"  # the FlashAttention kernel the stack ran (`fa2` where it predates FA3)
+    attention: str = "best"  # the attention kernel the stack ran (operators.ATTENTION_KERNELS)
     end_layers: int = 0  # layers on the first and on the last stage where the row gives them (0: L / pp everywhere)
+    dropout: bool | None = None  # whether the model ran dropout (None: GPT-style models do, gated ones not)
+    fsdp_backward: str = "post"  # FSDP's backward gathers: `post` (BACKWARD_POST), `pre` (BACKWARD_PRE), `kept`
+
+
+def _flag(text: str) -> bool | None:
+    if text not in ("", "True", "False"):
+        raise ValueError(text)
+    return None if text == "" else text == "True"
 
 
 def load_rows(path: str | Path) -> list[Row]:
@@ -69,19 +82,42 @@ def load_rows(path: str | Path) -> list[Row]:
                                 int(r["ffn_hidden"]), int(r["vocab"]), int(r["seq"]), r["gated_mlp"] == "True")
                 out.append(Row(r["source"], m, r["gpu"], int(r["gpus"]), int(r["tp"]), int(r["pp"]), int(r["dp"]),
                                int(r["global_batch"]), int(r["microbatch"]), r["recompute"],
-                               int(r["virtual_stages"] or 1), r["sequence_parallel"] == "True", r["sharding"] == "fsdp",
+                               int(r["virtual_stages"] or 1), r["sequence_parallel"] == "True",
+                               r["sharding"] in FSDP_MODES,
                                float(r["measured"]), r["unit"], r.get("attention") or "best",
-                               int(r.get("end_layers") or 0)))
+                               int(r.get("end_layers") or 0), _flag(r.get("dropout") or ""),
+                               FSDP_BACKWARD.get(r["sharding"], "post")))
+                if out[-1].attention not in ATTENTION_KERNELS or r["sharding"] not in ("", *FSDP_MODES):
+                    raise ValueError(r["attention"], r["sharding"])
             except (KeyError, ValueError):
-                raise SpecError(f"{path}:{line}", "a missing or non-numeric field", "fix or remove the row") from None
+                raise SpecError(f"{path}:{line}", "a missing, non-numeric or unknown field",
+                                f"fix or remove the row (attention: {', '.join(ATTENTION_KERNELS)}; sharding: empty "
+                                f"or {', '.join(sorted(FSDP_MODES))})") from None
     return out
+
+
+def fsdp_microbatch_s(compute_s: float, params: float, dp: int, bw_bytes_s: float, backward: str = "post") -> float:
+    """One microbatch under PyTorch FSDP (gradients synced every microbatch: Composer's no_sync applies to DDP
+    only). FULL_SHARD gathers the bf16 weights for the forward and again for the backward; SHARD_GRAD_OP
+    (`backward="kept"`) keeps the forward's; the gradients are reduce-scattered (the same bytes as a
+    gather). The forward's gathers run ahead of compute (the CPU issues the next layer's while the GPU
+    computes). `backward="post"` (BACKWARD_POST, Composer's default) issues a layer's backward gather only
+    after the layer above finished its gradients, so the backward waits for every gather: one whole-model
+    gather per microbatch exposed, each reduce-scatter overlapping the next layer's backward. `pre`
+    (BACKWARD_PRE) issues it before, hidden like the forward's. Collectives that need longer still bound it."""
+    if backward not in ("post", "pre", "kept"):
+        raise ValueError(f"fsdp backward {backward!r}: use post, pre or kept")
+    gather_s = params * BF16_BYTES * (dp - 1) / dp / bw_bytes_s
+    collectives = (2 if backward == "kept" else 3) * gather_s
+    return max(compute_s + (gather_s if backward == "post" else 0.0), collectives)
 
 
 def iteration_s(row: Row, overhead: float = COMPUTE_OVERHEAD) -> float:
     """Predicted time of one training iteration of `row`'s layout."""
     m_cfg = row.model
     lt = layer_times(m_cfg, row.gpu, tp=row.tp, microbatch=row.microbatch, recompute=row.recompute,
-                     sequence_parallel=row.sequence_parallel, attention=row.attention, overhead=1.0)
+                     sequence_parallel=row.sequence_parallel, attention=row.attention, dropout=row.dropout,
+                     overhead=1.0)
     m = row.global_batch / (row.dp * row.microbatch)
     layer = lt.fwd_s + lt.bwd_s
     stage = m_cfg.layers / row.pp * layer
@@ -94,9 +130,7 @@ def iteration_s(row: Row, overhead: float = COMPUTE_OVERHEAD) -> float:
     params = m_cfg.total_params() / (row.tp * row.pp)
     bw = busbw_bytes_s(row.gpu, row.dp * row.tp)
     if row.fsdp:
-        # per microbatch: the weights gathered for forward and for backward; once: gradients reduce-scattered
-        gathers = (2 * m + 1) * params * 2 * (row.dp - 1) / row.dp
-        compute = max(compute, gathers / bw)
+        compute = m * fsdp_microbatch_s(compute / m, params, row.dp, bw, row.fsdp_backward)
         shard = params / row.dp
         grad = 0.0
     else:

@@ -15,12 +15,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from testbed.costs.models import ModelConfig
-from testbed.costs.stage import ADAMW_BYTES_PER_PARAM, BF16, WORKSPACE_GB, LayerCosts, layer_costs
+from testbed.costs.stage import ADAMW_BYTES_PER_PARAM, BF16, WORKSPACE_GB, LayerCosts, in_flight, layer_costs
 from testbed.errors import NotYetError
 from testbed.plan.build import link_plans
-from testbed.plan.layers import choose_layers
+from testbed.plan.layers import choose_layers, chunk_layers, empty_chunk
 from testbed.plan.mechanisms import Mechanisms
 from testbed.plan.plan import LinkPlan
+from testbed.plan.schedules import check_interleaving
 from testbed.spec.experiment import Experiment
 
 
@@ -69,14 +70,42 @@ def _pairs(pp: int) -> tuple[np.ndarray, np.ndarray]:
     return np.triu_indices(pp)
 
 
+def interleaved_pipe_s(fb: np.ndarray, d: np.ndarray, wrap_s: float, service_s: float, m: int, v: int) -> float:
+    """The pipeline of Megatron's interleaved 1F1B (v model chunks per stage, a chunk a v-th of the stage).
+
+    Steady state with period T per microbatch: a stage runs one chunk forward and one backward per slot of
+    T / v. In Megatron's order stage s runs microbatch i's chunk c forward at slot k and its backward
+    gap = W_s + (v - 1 - 2c) pp slots later (W_s = 2 (pp - s - 1) + (v - 1) pp warm-up forwards). Between
+    them the microbatch must go through every later piece (the rest of chunk c, then chunks c + 1 .. v - 1,
+    each crossing the boundaries and the wrap-around from the last stage to the first) and come back:
+    (T / v)(gap + 1) >= that path's compute and delays. Inside one chunk, stages s < t have 2 (t - s) slots of
+    slack between them (as 1F1B's s..t constraints). A WAN boundary carries v transfers per microbatch. Fill
+    and drain cost (pp - 1) / v of a stage's time and the boundaries' delays v times. Equal stages and free
+    links give (m + (pp - 1) / v) fb, the simulator's result (tests/test_interleaved.py)."""
+    pp = len(fb)
+    F = np.concatenate(([0.0], np.cumsum(fb)))  # F[t] - F[s]: stages s..t-1
+    D = np.concatenate(([0.0], np.cumsum(d)))  # D[t] - D[s]: boundaries s..t-1
+    period = max(float(fb.max()), v * service_s)
+    for s in range(pp):
+        for c in range(v):
+            later = v - 1 - c  # whole chunks after chunk c
+            compute = (F[pp] - F[s] + later * F[pp]) / v
+            delays = D[pp - 1] - D[s] + later * (wrap_s + D[pp - 1])
+            gap = 2 * (pp - s - 1) + (v - 1) * pp + (v - 1 - 2 * c) * pp
+            period = max(period, v * (compute + delays) / (gap + 1))
+        for t in range(s + 1, pp):
+            period = max(period, v * ((F[t + 1] - F[s]) / v + D[t] - D[s]) / (2 * (t - s) + 1))
+    return float(fb.sum()) / v + (m - 1 / v) * period + v * float(d.sum()) + (v - 1) * wrap_s
+
+
 class Estimator:
     """Estimates layouts of one job; caches per-layer costs by (GPU, tp, dp, microbatch) and stage
     costs by the GPUs along the pipeline."""
 
     def __init__(self, exp: Experiment, model: ModelConfig, mech: Mechanisms):
-        if exp.workload.virtual_stages > 1 or exp.workload.schedule == "zb":
-            raise NotYetError("the planner's estimate models plain 1F1B and GPipe only; virtual_stages > 1 and the "
-                              "zero-bubble schedule are not yet searched (simulate the layout with testbed sim)")
+        if exp.workload.schedule == "zb":
+            raise NotYetError("the planner's estimate models 1F1B (plain or interleaved) and GPipe; the zero-bubble "
+                              "schedule is not yet searched (simulate the layout with testbed sim)")
         self.exp, self.model, self.mech = exp, model, mech
         self.dc = {d.name: d for d in exp.topology.dcs}
         self._costs: dict[tuple, LayerCosts] = {}
@@ -115,7 +144,7 @@ class Estimator:
         weight, act, layer_s, fwd, bwd, gpu_bytes, hbm = np.repeat(
             [(c.weight_bytes, c.act_bytes, c.layer_s, c.fwd_s, c.bwd_s, c.gpu.memory_gb * 1e9, c.gpu.hbm_bytes_per_s)
              for c, _ in segs], [n for _, n in segs], axis=0).T
-        fl = np.minimum(pp - np.arange(pp), m) if w.schedule == "1f1b" else np.full(pp, m)
+        fl = np.array([in_flight(s, pp, m, w.schedule, w.virtual_stages) for s in range(pp)])
         fixed = np.full(pp, WORKSPACE_GB * 1e9)
         fixed[0] = lc[0].fixed_bytes(True, last == 0)
         fixed[last] = lc[last].fixed_bytes(last == 0, True)
@@ -126,7 +155,9 @@ class Estimator:
         layers, fits = choose_layers(model.layers, layer_s.tolist(), head, room, w.layer_split)
         n = np.array(layers, dtype=float)
         mem = (fixed + n * per_layer) / 1e9
-        problem = ""
+        problem = check_interleaving(pp, m, w.virtual_stages)
+        if not problem and w.virtual_stages > 1 and (bad := empty_chunk(chunk_layers(layers, w.virtual_stages))):
+            problem = f"stage {bad[0]}'s {layers[bad[0]]} layers leave chunk {bad[1]} of {w.virtual_stages} empty"
         if not fits:
             s = int(np.argmax(mem - gpu_bytes / 1e9))
             problem = (f"stage {s} needs {mem[s]:.0f} GB per {lc[s].gpu.name} GPU (it has "
@@ -171,6 +202,19 @@ class Estimator:
         b_next = np.concatenate((b[1:], [0.0]))
         lag_b = np.where(busy_b > b_next, burst_b * np.maximum(0.0, b - own_b), 0.0)
         return float(lag_f.sum() + lag_b.sum())
+
+    def wrap_s(self, lay: Layout, act_bytes: float, links: dict[tuple[str, str], LinkPlan]) -> float | None:
+        """Interleaved 1F1B's wrap-around (last stage to first and back, one activation and one gradient):
+        inside the DC when both ends are in it, else over the link between the two DCs (None: none)."""
+        first, last = lay.order[0], lay.order[-1]
+        if first == last:
+            d = self.dc[first]
+            return 2 * (act_bytes / (lay.tp * d.intra_gbps * 1e9 / 8) + d.intra_latency_us / 1e6)
+        pair = [links.get(k) for k in ((last, first), (first, last))]
+        if None in pair:
+            return None
+        return sum(lp.latency_s + act_bytes / min(lp.capacity_bytes_s / lay.dp, lp.transfer_cap_bytes_s)
+                   for lp in pair)
 
     def __call__(self, lay: Layout) -> Estimate:
         w, mech, model, dc = self.exp.workload, self.mech, self.model, self.dc
@@ -222,7 +266,13 @@ class Estimator:
                     if out is fd and A / alone > turn:  # as build.stagger_offsets
                         turn, group = A / alone, max(1, math.floor(lp.capacity_bytes_s / alone * (1 + 1e-12)))
         fd[pp - 1] = bd[pp - 1] = 0.0
-        if w.schedule == "1f1b":
+        if w.virtual_stages > 1:
+            wrap = self.wrap_s(lay, A, links)
+            if wrap is None:
+                return Estimate(float("inf"), st.layers, st.mem_gb, f"no link from {lay.order[-1]} back to "
+                                f"{lay.order[0]} for the interleaved schedule's wrap-around")
+            pipe = interleaved_pipe_s(fb, fd + bd, wrap, service, m, w.virtual_stages)
+        elif w.schedule == "1f1b":
             extra = np.zeros(pp)
             if mech.warmup and wan_caps:
                 # as build.latency_warmup: cover the downstream WAN round trips (one microbatch per compute
