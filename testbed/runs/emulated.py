@@ -127,6 +127,9 @@ def assess(plan, run, iteration_s: float, limit: float) -> tuple[dict[str, objec
 def check_emulable(exp: Experiment) -> None:
     if exp.emulation.backend == "mininet":
         raise NotYetError("emulated training runs on the mininet backend: use netns, docker or containernet")
+    if exp.bubbletea.fill is not None and any("+bubbletea" in s for s in exp.schedulers):
+        raise NotYetError("bubbletea.fill in an emulated run (the workers serve prefill only); simulate it "
+                          "(testbed sim), or remove bubbletea.fill")
 
 
 def check_programs(plan, compute: str) -> None:
