@@ -287,10 +287,13 @@ VALIDATION = CsvFile("validation.csv", "`testbed experiment run` (modeled comput
     ("metric", "", "a summary.csv column (`iteration_s`, `gpu_util`, `bubble_frac`), or `iteration_s@K` "
                    "(iteration K's length) and `iteration_s@K-L` (iterations K to L, those the changes fall in) "
                    "on a WAN that changes; with BubbleTea `served_in_bubbles@same_requests` (the share served in "
-                   "bubbles over the requests both engines were offered)"),
+                   "bubbles over the requests both engines were offered), `bubble_served_ratio@same_requests` "
+                   "(sim 1; emu: the emulated run's bubble-served requests over the simulator's, of those requests), "
+                   "`train_slowdown` (emu: measured inside the run) and `train_slowdown_vs_alone` (emu: against "
+                   "the separate run without BubbleTea), each beside the simulator's train_slowdown"),
     ("sim", "", "the simulator's value (the metric's unit)"),
     ("emu", "", "the emulated value (the metric's unit)"),
-    ("rel_error", "share", "(sim - emu) / emu"),
+    ("rel_error", "share", "(sim - emu) / emu; empty for the slowdowns (near 0 it means nothing: read sim - emu)"),
     ("degraded", "", "as in summary.csv"),
 ))
 

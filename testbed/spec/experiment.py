@@ -116,9 +116,9 @@ class BubbleTeaOptions(Strict):
     jitter_compute_cv: Annotated[float, Field(ge=0, le=1)] = 0.0
     jitter_wan_cv: Annotated[float, Field(ge=0, le=1)] = 0.0
     # the emulated run with modeled compute: ship each bubble-served request's KV cache (its modeled size over the
-    # emulation's scale) through the emulated WAN to its home DC's decode process (docs/bubbletea.md). Off by
-    # default: measured on a shared 2-core machine only, where it cannot tell the WAN's effect from CPU noise.
-    ship_kv: bool = False
+    # emulation's scale) through the emulated WAN to its home DC's decode process, in the KV class on the links and
+    # at the lowest CPU priority on the hosts (docs/bubbletea.md); false: the caches do not cross the emulated WAN
+    ship_kv: bool = True
     # fill work in what prefill leaves (None: none); the simulator without noise only, for now
     fill: FillOptions | None = None
 
