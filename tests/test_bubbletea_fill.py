@@ -156,3 +156,17 @@ def test_a_fill_trace_is_read_and_a_bad_row_names_its_line(tmp_path):
     with pytest.raises(SpecError, match="lacks the column"):
         (tmp_path / "cols.csv").write_text("arrival_s,batch\n1,1\n")
         trace_jobs(tmp_path / "cols.csv", 50.0)
+
+
+def test_the_knee_comparison_flags_whatever_fill_moved():
+    from bench.bubbletea_fill_knee import compare
+
+    base = {"knee_request_rate": "144.5", "goodput_rps": "144.4", "slo_attainment": "0.998", "train_slowdown": "0.0",
+            "served_in_bubbles": "0.89", "gpu_util": "0.86", "useful_util": "0.806"}
+    fill = {**base, "gpu_util": "0.95", "useful_util": "0.827", "fill_util": "0.09", "fill_goodput_jobs_per_s": "4.1",
+            "fill_goodput_tokens_per_s": "270000", "fill_deadline_met": "1.0"}
+    key = ("atlas+bubbletea", "sim")
+    lines, moved = compare({key: base}, {key: fill})
+    assert moved == [] and "86.0 % -> 95.0 %" in lines[-1]
+    _, moved = compare({key: base}, {key: {**fill, "slo_attainment": "0.97"}})
+    assert moved == ["atlas+bubbletea: slo_attainment 0.998 -> 0.97"]
