@@ -36,3 +36,17 @@ def test_slowdown_validation_pairs_each_emulated_slowdown_with_the_simulators():
         ("p00-atlas+bubbletea", "atlas+bubbletea", "train_slowdown", 0.004, 0.001, "", ""),
         ("p00-atlas+bubbletea", "atlas+bubbletea", "train_slowdown_vs_alone", 0.004, 0.02, "", ""),
     ]
+
+
+def test_the_kv_delay_line_takes_the_decode_ports_packets_both_ways_into_its_own_queues():
+    from types import SimpleNamespace
+
+    from testbed.emu.kvdelay import KV_QUEUES, _rules
+
+    w = SimpleNamespace(a="useast", b="uswest")
+    rules = _rules(w, 7900)
+    assert {(r[r.index("-i") + 1], r[r.index("-o") + 1], r[-1]) for r in rules} == {
+        ("useast", "uswest", str(KV_QUEUES[0])), ("uswest", "useast", str(KV_QUEUES[1]))}
+    assert sorted(r[6] for r in rules) == ["--dport", "--dport", "--sport", "--sport"]
+    assert all(r[r.index("--dport" if "--dport" in r else "--sport") + 1] == "7900" for r in rules)
+    assert not set(KV_QUEUES) & {0, 1}  # training's line binds 0 and 1 (testbed/emu/build.py start_delayline)

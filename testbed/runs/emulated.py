@@ -298,7 +298,9 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
 
                 res = run_bubbletea(plan, tl_sim.repeated(steady), exp.bubbletea, exp.seed,
                                     train_mfu(exp.workload.mfu, plan.tp, plan))
-                row_sim = summary_row(plan, res.timeline, lb, sweep, res.metrics, scale=scale)
+                slowed = float(res.metrics.get("train_slowdown", 0.0)) + 0.0  # + 0.0: no -0.0
+                row_sim = summary_row(plan, res.timeline, lb, sweep, {**res.metrics, "train_slowdown": slowed},
+                                      scale=scale)
                 tl_pred = res.timeline
                 sim_reqs = list(request_rows(plan.run_id, "sim", res.placements,
                                              kv_bytes_per_token(inference_model(exp.bubbletea.model))))
