@@ -170,3 +170,20 @@ def test_the_knee_comparison_flags_whatever_fill_moved():
     assert moved == [] and "86.0 % -> 95.0 %" in lines[-1]
     _, moved = compare({key: base}, {key: {**fill, "slo_attainment": "0.97"}})
     assert moved == ["atlas+bubbletea: slo_attainment 0.998 -> 0.97"]
+
+
+def test_the_knee_carries_fill_columns_only_when_the_sweep_has_fill_work():
+    from testbed.bubbletea.knee import KNEE_FILL_COLUMNS, KNEE_HEADER, knee_header, knees
+
+    row = {"scheduler": "atlas+bubbletea", "source": "sim", "requests": 10, "request_rate": 5.0, "sweep": "",
+           "gpu_util": 0.9, "useful_util": 0.8, "goodput_rps": 5.0, "slo_attainment": 1.0, "train_slowdown": 0.0,
+           "served_in_bubbles": 0.9}
+    assert knee_header([row]) == KNEE_HEADER
+    filled = {**row, **{c: 0.1 for c in KNEE_FILL_COLUMNS}}
+    header = knee_header([filled])
+    assert header == KNEE_HEADER + KNEE_FILL_COLUMNS
+    (out,) = knees([filled], extra=header[len(KNEE_HEADER):])
+    assert len(out) == len(header) and out[-len(KNEE_FILL_COLUMNS):] == (0.1,) * len(KNEE_FILL_COLUMNS)
+    late = {**filled, "slo_attainment": 0.5}  # no knee: its fill columns are empty too
+    (none,) = knees([late], extra=header[len(KNEE_HEADER):])
+    assert none[2] == "" and none[-len(KNEE_FILL_COLUMNS):] == ("",) * len(KNEE_FILL_COLUMNS)
