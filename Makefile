@@ -42,14 +42,21 @@ sim-paper: venv
 
 # BubbleTea on the real Azure traces when ../shared/data has them, else on the synthetic trace.
 AZURE := ../shared/data/azure-llm-inference-2023
+# The same sweep again with fill work (jobs without a latency SLO in what prefill leaves: docs/bubbletea.md), and
+# the knee without and with it side by side (bench/bubbletea_fill_knee.py fails if fill moved prefill or training)
+FILL = --set "schedulers=[pp-wan+bubbletea, atlas+bubbletea]" --set bubbletea.fill.jobs_per_s=40
 sim-bubbletea: venv
 	@if [ -f $(AZURE)/AzureLLMInferenceTrace_conv.csv ]; then \
 	  $(TESTBED) sim experiments/bubbletea-3dc.yaml --out $(RESULTS)/bubbletea-3dc && \
+	  $(TESTBED) sim experiments/bubbletea-3dc.yaml --out $(RESULTS)/bubbletea-3dc-fill $(FILL) && \
 	  $(TESTBED) sim experiments/bubbletea-3dc.yaml --out $(RESULTS)/bubbletea-3dc-code \
 	    --set bubbletea.trace=$(abspath $(AZURE))/AzureLLMInferenceTrace_code.csv \
 	    --set "schedulers=[atlas, atlas+bubbletea]" --sweep bubbletea.rate_scale=5,10,20,30,40,50; \
 	else echo "no Azure trace in $(AZURE): BubbleTea runs on the synthetic trace (same statistics)"; \
-	  $(TESTBED) sim experiments/bubbletea-3dc.yaml --out $(RESULTS)/bubbletea-3dc --set bubbletea.trace=synthetic; fi
+	  $(TESTBED) sim experiments/bubbletea-3dc.yaml --out $(RESULTS)/bubbletea-3dc --set bubbletea.trace=synthetic && \
+	  $(TESTBED) sim experiments/bubbletea-3dc.yaml --out $(RESULTS)/bubbletea-3dc-fill --set bubbletea.trace=synthetic \
+	    $(FILL); fi
+	$(BIN)/python bench/bubbletea_fill_knee.py $(RESULTS)/bubbletea-3dc $(RESULTS)/bubbletea-3dc-fill
 
 # Every simulated number of README.md and docs/*.md that carries a `check:` anchor, regenerated and compared
 # (bench/check_docs.py; the simulator is deterministic). CHECK_RUNS=paper,bubbletea checks only those runs

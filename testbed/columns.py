@@ -66,14 +66,16 @@ SUMMARY = CsvFile("summary.csv", "`testbed sim`, `testbed experiment run`",
     ("wan_bytes", "bytes", "real-world bytes that cross the WAN per iteration, averaged over a sync period: every "
                            "group's Sends on WAN pipes plus the cross-DC exchanges of its all-reduces and outer syncs, "
                            "from the lowered programs (testbed/analysis/wanbytes.py; the same in both engines)"),
-    ("gpu_util", "share", "share of GPU time computing: training forward/backward plus BubbleTea prefill"),
+    ("gpu_util", "share", "share of GPU time computing: training forward/backward plus BubbleTea prefill and fill "
+                          "work"),
     ("train_util", "share", "share of GPU time in training forward/backward only"),
     ("prefill_util", "share", "share of GPU time in BubbleTea prefill"),
     ("prefill_work_util", "share", "BubbleTea: prefill as useful work: its FLOPs as the GPU time they would take at "
                                    "the training's MFU (workload.mfu), as a share of GPU time"),
-    ("useful_util", "share", "BubbleTea: train_util + prefill_work_util (gpu_util counts prefill by time occupied)"),
+    ("useful_util", "share", "BubbleTea: train_util + prefill_work_util (+ fill_work_util) (gpu_util counts prefill "
+                             "and fill by time occupied)"),
     ("prefill_mfu", "share", "BubbleTea: the MFU prefill achieved in the bubbles (its FLOPs / (busy time x peak))"),
-    ("bubble_frac", "share", "share of GPU time idle (neither computing, all-reducing nor prefilling)"),
+    ("bubble_frac", "share", "share of GPU time idle (neither computing, all-reducing, prefilling nor filling)"),
     ("lower_bound_s", "s", "iteration time of the same placement with a WAN as good as the DC fabric"),
     ("wan_min_s", "s", "time the busiest WAN direction needs just to carry one iteration's bytes at capacity"),
     ("best_baseline", "", "per source and sweep point: the fastest scheduler that is not Atlas (mechanisms "
@@ -123,6 +125,17 @@ SUMMARY = CsvFile("summary.csv", "`testbed sim`, `testbed experiment run`",
     ("kv_ship_p50_ms", "ms", "BubbleTea: median time from a prefill's end to its KV cache in a home DC across the "
                              "WAN (a flow sharing the link with training; docs/bubbletea.md)"),
     ("kv_ship_p99_ms", "ms", "BubbleTea: 99th percentile of that shipping time"),
+    ("fill_util", "share", "BubbleTea with `bubbletea.fill` (these nine written only then, after the KV columns): "
+                           "share of GPU time running fill work (jobs without a latency SLO; docs/bubbletea.md)"),
+    ("fill_work_util", "share", "fill work's FLOPs as the GPU time they would take at the training's MFU, as a "
+                                "share of GPU time (as prefill_work_util)"),
+    ("fill_mfu", "share", "the MFU fill work achieved (its FLOPs / (busy time x peak))"),
+    ("fill_jobs", "jobs", "fill jobs offered during the run"),
+    ("fill_jobs_met", "jobs", "fill jobs whose every pass ended by their deadline"),
+    ("fill_jobs_open", "jobs", "fill jobs unfinished at the run's end with their deadline after it"),
+    ("fill_deadline_met", "share", "fill_jobs_met over the jobs decided (offered - open)"),
+    ("fill_goodput_jobs_per_s", "jobs/s", "fill jobs finished by their deadline per second of the run"),
+    ("fill_goodput_tokens_per_s", "tokens/s", "tokens of those jobs per second of the run"),
     ("kv_not_arrived", "caches", "BubbleTea, emulated with shipped KV caches (written only then): caches of "
                                  "bubble-served requests not at their decode process when the run stopped (the "
                                  "workers wait up to 5 s for them; docs/bubbletea.md)"),
@@ -224,8 +237,9 @@ KNEE = CsvFile("knee.csv", "`testbed sim` and `experiment run` with `+bubbletea`
     ("knee_request_rate", "requests/s", "the highest offered rate of the sweep at which >= 99 % of requests met the "
                                         "SLO and training slowed by < 1 % (empty: no point qualified)"),
     ("sweep", "", "the knee's sweep point"),
-    ("gpu_util", "share", "at the knee: GPU utilization, time occupancy (training + prefill)"),
-    ("useful_util", "share", "at the knee: GPU utilization as useful work (prefill FLOPs at the training's MFU)"),
+    ("gpu_util", "share", "at the knee: GPU utilization, time occupancy (training + prefill + fill work)"),
+    ("useful_util", "share", "at the knee: GPU utilization as useful work (prefill and fill FLOPs at the training's "
+                             "MFU)"),
     ("goodput_rps", "requests/s", "at the knee: requests per second meeting the SLO"),
     ("slo_attainment", "share", "at the knee: share of requests meeting the SLO"),
     ("train_slowdown", "share", "at the knee: training slowdown"),
@@ -235,6 +249,12 @@ KNEE = CsvFile("knee.csv", "`testbed sim` and `experiment run` with `+bubbletea`
                                         "the knee is the sweep's last point, not bracketed)"),
     ("next_slo_attainment", "share", "SLO attainment at that rate"),
     ("next_train_slowdown", "share", "training slowdown at that rate"),
+    ("fill_util", "share", "with `bubbletea.fill` (these five written only then): at the knee, fill work's share "
+                           "of GPU time"),
+    ("fill_work_util", "share", "at the knee: fill work's FLOPs at the training's MFU, as a share of GPU time"),
+    ("fill_deadline_met", "share", "at the knee: share of the decided fill jobs that met their deadline"),
+    ("fill_goodput_jobs_per_s", "jobs/s", "at the knee: fill jobs finished by their deadline per second"),
+    ("fill_goodput_tokens_per_s", "tokens/s", "at the knee: their tokens per second"),
 ))
 
 CPU_PREFILL = CsvFile("cpu_prefill.csv", "`experiment run` with `+bubbletea` and `compute: torch`",
@@ -267,10 +287,13 @@ VALIDATION = CsvFile("validation.csv", "`testbed experiment run` (modeled comput
     ("metric", "", "a summary.csv column (`iteration_s`, `gpu_util`, `bubble_frac`), or `iteration_s@K` "
                    "(iteration K's length) and `iteration_s@K-L` (iterations K to L, those the changes fall in) "
                    "on a WAN that changes; with BubbleTea `served_in_bubbles@same_requests` (the share served in "
-                   "bubbles over the requests both engines were offered)"),
+                   "bubbles over the requests both engines were offered), `bubble_served_ratio@same_requests` "
+                   "(sim 1; emu: the emulated run's bubble-served requests over the simulator's, of those requests), "
+                   "`train_slowdown` (emu: measured inside the run) and `train_slowdown_vs_alone` (emu: against "
+                   "the separate run without BubbleTea), each beside the simulator's train_slowdown"),
     ("sim", "", "the simulator's value (the metric's unit)"),
     ("emu", "", "the emulated value (the metric's unit)"),
-    ("rel_error", "share", "(sim - emu) / emu"),
+    ("rel_error", "share", "(sim - emu) / emu; empty for the slowdowns (near 0 it means nothing: read sim - emu)"),
     ("degraded", "", "as in summary.csv"),
 ))
 

@@ -1,8 +1,8 @@
 """The one timeline type shared by the simulator and the emulator, with CSV and Chrome-trace export.
 
 An interval is one thing a GPU group (the tp GPUs of one stage of one replica) did: compute
-(fwd, bwd), communication (send, recv, allreduce), the optimizer step, idle (a bubble), or prefill
-(BubbleTea).
+(fwd, bwd), communication (send, recv, allreduce), the optimizer step, idle (a bubble), prefill
+(BubbleTea) or fill work (BubbleTea's jobs without a latency SLO).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from testbed.plan.plan import Plan
 
 COMPUTE = ("fwd", "bwd")
-BUSY = ("fwd", "bwd", "allreduce", "optimizer", "prefill")  # what occupies the GPU; the rest is idle
+BUSY = ("fwd", "bwd", "allreduce", "optimizer", "prefill", "fill")  # what occupies the GPU; the rest is idle
 HEADER = ("run_id", "source", "iteration", "gpu", "dc", "stage", "replica", "kind", "microbatch",
           "start_s", "end_s", "bytes")
 

@@ -123,3 +123,18 @@ def test_the_exact_run_reports_kv_on_the_wan_and_fair_sharing_slows_training():
         assert row["kv_wan_bytes"] > 0 and row["kv_wan_gbps"] > 0 and ">" in row["kv_wan_link"]
     assert rows["pp-wan+bubbletea"]["train_slowdown"] > 0
     assert rows["atlas+bubbletea"]["train_slowdown"] == 0
+
+
+def test_kv_flows_on_a_fair_shared_link_take_one_share_together():
+    """The KV class on a spatial link: all caches together get what one replica's pipe gets (the emulator's one HTB
+    class per link), split fairly among them; what they cannot use goes to the others."""
+    from testbed.sim.network import Flow, allocate_spatial
+
+    inf = float("inf")
+    flows = [Flow(1.0, inf, ()), Flow(1.0, inf, (), weight=2)] + [Flow(1.0, inf, (), group="kv") for _ in range(3)]
+    rates = allocate_spatial(400.0, flows)
+    assert rates[:2] == [100.0, 100.0]  # the weight-2 flow counts twice: 100 + 2 x 100 + the KV class's 100
+    assert rates[2:] == pytest.approx([100 / 3] * 3)
+    capped = [Flow(1.0, inf, ()), Flow(1.0, 10.0, (), group="kv"), Flow(1.0, 5.0, (), group="kv")]
+    assert allocate_spatial(100.0, capped) == [85.0, 10.0, 5.0]
+    assert allocate_spatial(90.0, [Flow(1.0, inf, ()), Flow(1.0, 20.0, ())]) == [70.0, 20.0]  # no class: per flow

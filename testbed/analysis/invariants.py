@@ -8,7 +8,7 @@ from collections import defaultdict
 from testbed.plan.plan import Plan
 from testbed.timeline import Timeline
 
-EXCLUSIVE = ("fwd", "bwd", "prefill")  # a GPU group runs at most one of these at a time
+EXCLUSIVE = ("fwd", "bwd", "prefill", "fill")  # a GPU group runs at most one of these at a time
 
 
 def check_timeline(tl: Timeline, plan: Plan, tol: float = 1e-9) -> list[str]:

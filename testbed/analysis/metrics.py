@@ -36,6 +36,9 @@ KV_WAN_COLUMNS = ("kv_wan_bytes", "kv_wan_gbps", "kv_wan_link", "kv_wan_link_sha
 # the emulated run's KV caches that had not reached their decode process when it stopped (emulated BubbleTea with
 # shipped caches only: written after KV_WAN_COLUMNS, only when a row has it)
 KV_EMU_COLUMNS = ("kv_not_arrived",)
+# BubbleTea's fill work (testbed/bubbletea/fill.py): written after KV_EMU_COLUMNS, only when a row has them
+FILL_COLUMNS = ("fill_util", "fill_work_util", "fill_mfu", "fill_jobs", "fill_jobs_met", "fill_jobs_open",
+                "fill_deadline_met", "fill_goodput_jobs_per_s", "fill_goodput_tokens_per_s")
 # an emulated BubbleTea run against the separate run of training alone (`train_slowdown` is measured inside the
 # run: testbed/bubbletea/without_prefill.py); written last, only when a row has it
 SLOWDOWN_EMU_COLUMNS = ("train_slowdown_vs_alone", "train_slowdown_vs_alone_p25", "train_slowdown_vs_alone_p75")
@@ -87,8 +90,8 @@ def summary_row(plan: Plan, tl: Timeline, lower_bound_s: float, sweep: dict, bub
                 degraded: str = "", scale: float = 1.0) -> dict[str, object]:
     """One summary row; `scale`: the emulation's factor k for the rows of an emulated experiment (1 in the
     simulator; the plan itself is always in real-world units).
-    `gpu_util` counts training and prefill time; `useful_util` counts training time plus
-    prefill FLOPs at the training's MFU. BubbleTea columns are empty without it."""
+    `gpu_util` counts training, prefill and fill time; `useful_util` counts training time plus
+    prefill and fill FLOPs at the training's MFU. BubbleTea columns are empty without it."""
     it = mean(tl.iteration_s) / plan.steps_per_program  # a sync period's program runs H iterations
     hops = wan_links_used(plan)
     lat = s_to_ms(mean(plan.links[h].latency_s for h in hops)) if hops else 0.0
@@ -116,10 +119,11 @@ def summary_row(plan: Plan, tl: Timeline, lower_bound_s: float, sweep: dict, bub
         "token_efficiency": plan.token_efficiency,
         "effective_tokens_per_s": round(tokens * plan.token_efficiency, 3),
         "wan_bytes": round(wan_bytes(plan), 3),
-        "gpu_util": round(share(tl, (*COMPUTE, "prefill")), 6),
+        "gpu_util": round(share(tl, (*COMPUTE, "prefill", "fill")), 6),
         "train_util": round(share(tl, COMPUTE), 6),
         "prefill_util": round(share(tl, ("prefill",)), 6),
-        "useful_util": (round(share(tl, COMPUTE) + float(bubbletea["prefill_work_util"]), 6)
+        "useful_util": (round(share(tl, COMPUTE) + float(bubbletea["prefill_work_util"])
+                              + float(bubbletea.get("fill_work_util", 0.0)), 6)
                         if bubbletea and bubbletea.get("prefill_work_util", "") != "" else ""),
         "bubble_frac": round(share(tl, ("idle",)), 6),
         "lower_bound_s": round(lower_bound_s, 6),
@@ -127,7 +131,7 @@ def summary_row(plan: Plan, tl: Timeline, lower_bound_s: float, sweep: dict, bub
         "best_baseline": "",  # filled per sweep point by add_speedups
         "speedup_vs_best": "",
         **{k: (bubbletea or {}).get(k, "") for k in BUBBLETEA_COLUMNS},
-        **{k: bubbletea[k] for k in KV_WAN_COLUMNS + KV_EMU_COLUMNS if bubbletea and k in bubbletea},
+        **{k: bubbletea[k] for k in KV_WAN_COLUMNS + KV_EMU_COLUMNS + FILL_COLUMNS if bubbletea and k in bubbletea},
         "scale": scale,
         "sweep": ";".join(f"{k}={v}" for k, v in sweep.items()),
         "degraded": degraded,

@@ -27,7 +27,7 @@ class Bubble(NamedTuple):
 def extract_bubbles(tl: Timeline, *, skip_first: bool = False, min_s: float = 0.0) -> list[Bubble]:
     """Idle gaps between busy intervals (compute, all-reduce, prefill) per group and iteration.
     `skip_first` drops iteration 0 (warm-up) for emulated runs to keep the steady state."""
-    training = tuple(k for k in BUSY if k != "prefill")  # bubbles of training, whether or not prefill fills them
+    training = tuple(k for k in BUSY if k not in ("prefill", "fill"))  # bubbles of training, filled or not
     skip = skip_first and len(tl.iteration_s) > 1
     return [Bubble(g.gpu, g.dc, g.stage, g.replica, g.iteration, g.start_s, g.end_s)
             for g in group_gaps(tl.intervals, tl.iteration_s, training)

@@ -22,10 +22,21 @@ def meets(row: dict, slo_target: float = SLO_TARGET, slowdown_max: float = SLOWD
     return float(row["slo_attainment"]) >= slo_target and (slowdown == "" or float(slowdown) < slowdown_max)
 
 
-def knees(rows: Iterable[dict], slo_target: float = SLO_TARGET, slowdown_max: float = SLOWDOWN_MAX) -> list[tuple]:
+# the fill work's columns at the knee (testbed/bubbletea/fill.py), after KNEE_HEADER when the sweep has fill work
+KNEE_FILL_COLUMNS = ("fill_util", "fill_work_util", "fill_deadline_met", "fill_goodput_jobs_per_s",
+                     "fill_goodput_tokens_per_s")
+
+
+def knee_header(rows: list[dict]) -> tuple[str, ...]:
+    return KNEE_HEADER + (KNEE_FILL_COLUMNS if any("fill_util" in r for r in rows) else ())
+
+
+def knees(rows: Iterable[dict], slo_target: float = SLO_TARGET, slowdown_max: float = SLOWDOWN_MAX,
+          extra: tuple[str, ...] = ()) -> list[tuple]:
     """One row per (BubbleTea scheduler, source): the knee point's metrics (empty when no point of the
     sweep qualifies), how many points the sweep had, and the next offered rate above the knee (where
-    the criteria fail) so the knee's bracket is visible."""
+    the criteria fail) so the knee's bracket is visible; then the knee point's `extra` columns. Fill work
+    does not enter the criteria: it takes only what prefill leaves, so it moves neither."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
         if r.get("requests", "") not in ("", None):
@@ -42,5 +53,5 @@ def knees(rows: Iterable[dict], slo_target: float = SLO_TARGET, slowdown_max: fl
                     pick(k, "useful_util"), pick(k, "goodput_rps"), pick(k, "slo_attainment"),
                     pick(k, "train_slowdown"), pick(k, "served_in_bubbles"), len(rs),
                     nxt["request_rate"] if nxt else "", nxt["slo_attainment"] if nxt else "",
-                    nxt["train_slowdown"] if nxt else ""))
+                    nxt["train_slowdown"] if nxt else "", *(k.get(c, "") if k else "" for c in extra)))
     return out

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from statistics import mean, quantiles
 
 from testbed.bubbletea.bubbles import Bubble, extract_bubbles
+from testbed.bubbletea.fill import fill_jobs, fill_memory_gb, fill_metrics, run_fill
 from testbed.bubbletea.pool import FallbackPool, default_servers
 from testbed.bubbletea.scheduler import GroupCost, Placement, schedule
 from testbed.bubbletea.trace import Request, load_trace, synthetic_trace
@@ -95,16 +96,23 @@ def requests_for(opts: BubbleTeaOptions, horizon_s: float, seed: int) -> list[Re
 
 # --- costs --------------------------------------------------------------------------------------
 
-def group_costs(plan: Plan, opts: BubbleTeaOptions) -> tuple[dict[str, GroupCost], dict[int, int]]:
-    """Per DC GPU type: prefill costs; per stage: the prompt tokens whose KV fits beside training."""
+def free_gb(plan: Plan, opts: BubbleTeaOptions) -> dict[int, float]:
+    """Per stage: GPU memory left beside training and the prefill model's weights."""
+    model = inference_model(opts.model)
+    return {s: GPUS[plan.gpu_types[plan.stage_dc[0][s]]].memory_gb - plan.mem_gb[s] - weights_gb(model, plan.tp)
+            for s in range(plan.pp)}
+
+
+def group_costs(plan: Plan, opts: BubbleTeaOptions, reserve_gb: float = 0.0
+                ) -> tuple[dict[str, GroupCost], dict[int, int]]:
+    """Per DC GPU type: prefill costs; per stage: the prompt tokens whose KV fits beside training (and
+    `reserve_gb` kept for fill work)."""
     model = inference_model(opts.model)
     kv_tok = kv_bytes_per_token(model) / plan.tp
     per_dc: dict[str, GroupCost] = {}
     max_tokens: dict[int, int] = {}
-    for s in range(plan.pp):
-        gpu = plan.gpu_types[plan.stage_dc[0][s]]
-        free = GPUS[gpu].memory_gb - plan.mem_gb[s] - weights_gb(model, plan.tp)
-        max_tokens[s] = max(0, int(free * 1e9 / kv_tok))
+    for s, free in free_gb(plan, opts).items():
+        max_tokens[s] = max(0, int((free - reserve_gb) * 1e9 / kv_tok))
     for dc in plan.dcs_used():
         gpu = plan.gpu_types[dc]
         per_dc[dc] = GroupCost(functools.lru_cache(maxsize=None)(lambda n, g=gpu: prefill_time_s(model, g, plan.tp, n)),
@@ -167,10 +175,11 @@ def home_dcs(reqs: list[Request], dcs: list[str], seed: int) -> dict[int, str]:
 
 # --- the run ------------------------------------------------------------------------------------
 
-def group_cost_table(plan: Plan, opts: BubbleTeaOptions) -> tuple[dict[tuple[str, str], GroupCost], dict[int, int]]:
+def group_cost_table(plan: Plan, opts: BubbleTeaOptions, reserve_gb: float = 0.0
+                     ) -> tuple[dict[tuple[str, str], GroupCost], dict[int, int]]:
     """Prefill costs per group that can hold any prompt beside training ((group, dc) -> GroupCost), and each
     stage's KV capacity in tokens; an inference model that fits nowhere is a spec error."""
-    per_dc, max_tokens = group_costs(plan, opts)
+    per_dc, max_tokens = group_costs(plan, opts, reserve_gb)
     if all(v == 0 for v in max_tokens.values()):
         raise SpecError("bubbletea.model", f"{opts.model} does not fit beside training on any stage's GPUs",
                         "pick a smaller inference model, or raise workload.tp")
@@ -188,7 +197,9 @@ def run_bubbletea(plan: Plan, tl: Timeline, opts: BubbleTeaOptions, seed: int, t
     horizon = sum(tl.iteration_s)
     reqs = requests_for(opts, horizon, seed)
     bubbles = extract_bubbles(tl)
-    costs, max_tokens = group_cost_table(plan, opts)
+    jobs = fill_jobs(opts.fill, horizon, seed) if opts.fill else []
+    reserve = fill_memory_gb(opts.fill, opts.model, plan.tp, jobs) if opts.fill else 0.0
+    costs, max_tokens = group_cost_table(plan, opts, reserve)
     homes = home_dcs(reqs, plan.dcs_used(), seed)
     if opts.jitter_compute_cv or opts.jitter_wan_cv:
         return _realised(plan, tl, reqs, homes, costs, bubbles, opts, seed, train_mfu, max(max_tokens.values()))
@@ -213,6 +224,11 @@ def run_bubbletea(plan: Plan, tl: Timeline, opts: BubbleTeaOptions, seed: int, t
     m.update({**serving_metrics(outcomes, horizon, opts.ttft_slo_ms / 1e3), **pool_metrics(pool, horizon), **work,
               **kv_wan_metrics(plan, placements, per_token, horizon),
               "bubbles": len(bubbles), "kv_capacity_tokens": max(max_tokens.values())})
+    if opts.fill:
+        fits = {s: free >= reserve for s, free in free_gb(plan, opts).items()}
+        done = run_fill(plan, merged, opts.fill, jobs, opts.guard_ms / 1e3, fits)
+        merged = merged.with_busy(done.intervals)
+        m.update(fill_metrics(done, horizon, plan.pp * plan.dp, plan.tp, train_mfu))
     return BubbleTeaResult(merged, placements, bubbles, m, pool)
 
 

@@ -19,7 +19,10 @@ ended, how many packets waited) on the monotonic clock every namespace shares.
 No fail-open flag and no --queue-bypass: if this process dies, the link stops instead of silently
 losing its delay. Packet ids are 32-bit; at 10k packets/s they wrap after about 5 days (not handled).
 
-Usage: python -m testbed.emu.delayline [--stats-file F] [--control PATH] QNUM:DELAY_MS [QNUM:DELAY_MS ...]
+`--nice N` sets the process's CPU priority (default -10: the emulated link ahead of the workload; BubbleTea's KV
+caches get a line of their own at 19, testbed/emu/kvdelay.py).
+
+Usage: python -m testbed.emu.delayline [--stats-file F] [--control PATH] [--nice N] QNUM:DELAY_MS [QNUM:DELAY_MS ...]
 """
 
 from __future__ import annotations
@@ -346,9 +349,14 @@ def main(argv: list[str] | None = None) -> None:
         i = argv.index("--control")
         ctl_path = argv[i + 1]
         del argv[i : i + 2]
+    nice = -10  # the emulated link itself: ahead of the workload on a busy machine
+    if "--nice" in argv:
+        i = argv.index("--nice")
+        nice = int(argv[i + 1])
+        del argv[i : i + 2]
     line = DelayLine(parse_specs(argv))
-    with contextlib.suppress(OSError):  # the emulated link itself: ahead of the workload on a busy machine
-        os.nice(-10)
+    with contextlib.suppress(OSError):
+        os.nice(nice)
     ctl = None
     if ctl_path:
         with contextlib.suppress(FileNotFoundError):

@@ -488,6 +488,7 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
     sidecars: list[subprocess.Popen] = []
     hops: dict[tuple[str, str], dict[str, dict[str, int]]] = {}  # link -> dev -> replica -> class minor
     kv_hops: dict[tuple[str, str], dict[str, dict[str, int]]] = {}  # link -> dev -> "kv" -> KV_MINOR
+    kv_lines: list[str] = []  # WAN nodes whose KV caches have a delay line of their own (testbed/emu/kvdelay.py)
     service, service_results = None, None
     decoders: list[subprocess.Popen] = []
     bt_results: dict = {}
@@ -507,8 +508,11 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
             classify_kv(plan, emu, kv_hops, DECODE_PORT)
             service, sock, service_results = start_bubbletea(emu, bubbletea)
             where: dict[str, Endpoint] = {}
-            ship = bubbletea.get("ship_kv", False) and compute == "modeled"
+            ship = bubbletea.get("ship_kv", True) and compute == "modeled"
             if compute == "torch" or ship:
+                from testbed.emu.kvdelay import start_kv_delaylines
+
+                kv_lines = start_kv_delaylines(emu, DECODE_PORT)
                 decoders, where = start_decoders(plan, emu, sock, bubbletea["model"], bubbletea["decode_tokens"],
                                                  compute)
             # modeled compute ships filler of the modeled KV cache's size over the emulation's scale, on as many
@@ -609,6 +613,11 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
                 p.kill()
         remove_flow_classes(emu, hops)
         remove_kv_classes(emu, kv_hops)
+        if kv_lines:
+            from testbed.emu.bubbletea import DECODE_PORT
+            from testbed.emu.kvdelay import stop_kv_delaylines
+
+            stop_kv_delaylines(emu, DECODE_PORT, kv_lines)
         ctl.close()
     if service_results and os.path.exists(service_results):
         with open(service_results) as f:

@@ -74,7 +74,7 @@ def load_sweep(summary: pd.DataFrame, knees: pd.DataFrame, path: Path) -> Path:
 
 def _gantt_rows(ax, d: pd.DataFrame, t0: float) -> None:
     stages = sorted(d.stage.unique())
-    for kind in ("fwd", "bwd", "allreduce", "prefill"):
+    for kind in ("fwd", "bwd", "allreduce", "prefill", "fill"):  # fill: BubbleTea's jobs without a latency SLO
         k = d[d.kind == kind]
         for s in stages:
             ks = k[k.stage == s]
@@ -99,7 +99,7 @@ def gantt_pair(timeline: pd.DataFrame, run_id: str, path: Path, replica: int = 0
         its = sorted(d.iteration.unique())
         it = its[1] if len(its) > 1 else its[0]  # a steady iteration
         d = d[d.iteration == it]
-        busy = d[d.kind.isin(["fwd", "bwd", "allreduce", "prefill"])]
+        busy = d[d.kind.isin(["fwd", "bwd", "allreduce", "prefill", "fill"])]
         _gantt_rows(ax, d, float(busy.start_s.min()) if len(busy) else 0.0)
         n = (d.kind == "prefill").sum()
         ax.set_title(f"{'simulated' if src == 'sim' else 'emulated'}: iteration {it}, replica {replica}, "

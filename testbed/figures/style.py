@@ -8,7 +8,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 KIND_COLOURS = {"fwd": "#4C72B0", "bwd": "#55A868", "allreduce": "#8172B2", "prefill": "#DD8452",
-                "optimizer": "#CCB974", "idle": "#EEEEEE", "send": "#C44E52", "recv": "#937860"}
+                "optimizer": "#CCB974", "idle": "#EEEEEE", "send": "#C44E52", "recv": "#937860", "fill": "#8C8C8C"}
 SCHED_COLOURS = {"dp-wan": "#8c8c8c", "pp-wan": "#C44E52", "pp-wan+mtcp": "#DD8452", "pp-wan+temporal": "#CCB974",
                  "atlas": "#4C72B0", "atlas+bubbletea": "#55A868", "pp-wan+bubbletea": "#937860"}
 

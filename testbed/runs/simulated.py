@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from testbed.analysis.metrics import (
+    FILL_COLUMNS,
     HEALTH_COLUMNS,
     KV_EMU_COLUMNS,
     KV_WAN_COLUMNS,
@@ -22,7 +23,7 @@ from testbed.analysis.metrics import (
     summary_row,
 )
 from testbed.bubbletea.bubbles import BUBBLES_HEADER, bubble_rows, extract_bubbles
-from testbed.bubbletea.knee import KNEE_HEADER, knees
+from testbed.bubbletea.knee import KNEE_HEADER, knee_header, knees
 from testbed.bubbletea.run import REQUESTS_HEADER, request_rows, run_bubbletea, train_mfu
 from testbed.costs.prefill import inference_model, kv_bytes_per_token
 from testbed.errors import SpecError
@@ -236,6 +237,7 @@ def write_outputs(out: Path, results: list[RunResult]) -> list[Path]:
     # summary as it was)
     header = (SUMMARY_HEADER + (KV_WAN_COLUMNS if any("kv_wan_bytes" in r.summary for r in results) else ())
               + (KV_EMU_COLUMNS if any("kv_not_arrived" in r.summary for r in results) else ())
+              + (FILL_COLUMNS if any("fill_util" in r.summary for r in results) else ())
               + (("wan_stall_s",) if any("wan_stall_s" in r.summary for r in results) else ())
               + (SLOWDOWN_EMU_COLUMNS if any("train_slowdown_vs_alone" in r.summary for r in results) else ())
               + (HEALTH_COLUMNS if any("timing_error" in r.summary for r in results) else ()))
@@ -260,5 +262,6 @@ def write_outputs(out: Path, results: list[RunResult]) -> list[Path]:
         paths.append(out / "requests.csv")
         write_csv(paths[-1], REQUESTS_HEADER, reqs)
         paths.append(out / "knee.csv")
-        write_csv(paths[-1], KNEE_HEADER, knees(r.summary for r in results))
+        header = knee_header([r.summary for r in results])
+        write_csv(paths[-1], header, knees((r.summary for r in results), extra=header[len(KNEE_HEADER):]))
     return paths

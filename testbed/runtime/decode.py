@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 
+from testbed.runtime.lowcpu import lowest_cpu_priority
 from testbed.runtime.wire import recv_ctrl, recv_exact, send_ctrl
 
 
@@ -55,6 +56,8 @@ def serve(cfg: dict) -> None:
     """compute `torch` (the default): decode from the real cache; `modeled`: the cache is filler, received and
     timed, nothing decoded."""
     decode = _decoder(cfg) if cfg.get("compute", "torch") == "torch" else None
+    if decode is None:  # receive-only: it moves KV caches and nothing else
+        lowest_cpu_priority(whole_process=True)
     lock = threading.Lock()  # one decode at a time: one CPU thread, like one GPU
     svc = socket.socket(socket.AF_UNIX)
     svc.connect(cfg["service"])

@@ -31,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from testbed.runtime.lowcpu import lowest_cpu_priority
 from testbed.runtime.wire import chunk_sizes, recv_ctrl, recv_exact, send_ctrl
 
 TRAINING = ("fwd", "bwd", "allreduce")
@@ -141,8 +142,9 @@ class KvShipper:
 
     FILLER = bytes(1 << 20)
 
-    def __init__(self, decode: dict, connections: int = 1) -> None:
-        self.decode = decode
+    def __init__(self, decode: dict, connections: int = 1, low_cpu: bool = False) -> None:
+        """`low_cpu`: the sender threads at the lowest CPU priority (testbed/runtime/lowcpu.py)."""
+        self.decode, self.low_cpu = decode, low_cpu
         self.connections = max(1, connections)
         self.out: dict[str, queue.Queue] = {}
         self.pending = 0
@@ -168,6 +170,8 @@ class KvShipper:
             return self.pending
 
     def _sender(self, home: str, q: queue.Queue) -> None:
+        if self.low_cpu:
+            lowest_cpu_priority()
         ep = self.decode[home]
         sock = socket.create_connection((ep.ip, ep.port), timeout=30)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -205,7 +209,8 @@ class PrefillClient:
         self.kv_per_token = (prefill.kv_bytes_per_token if service and prefill is not None and self.torch is None
                              and prefill.decode else 0.0)
         self.shipper = (self.torch.shipper if self.torch is not None else
-                        KvShipper(prefill.decode, prefill.kv_connections) if self.kv_per_token > 0 else None)
+                        KvShipper(prefill.decode, prefill.kv_connections, low_cpu=True) if self.kv_per_token > 0
+                        else None)
         self.jobs: list[list] = []
         self.standby: list[list] = []  # later iterations' jobs: run now only where no job of this one fits
         self.gaps: dict[int, float] = {}  # gap -> its predicted usable length (the service's)

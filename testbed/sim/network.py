@@ -43,22 +43,47 @@ class Flow:
     start: float = 0.0
     seq: int = 0  # arrival order on its link: breaks priority ties deterministically
     window: float = math.inf  # bytes its connections keep in flight (n x W): its cap is window / RTT
+    group: str | None = None  # a traffic class: the flows of one group take one fair share together (spatial)
 
     def __post_init__(self) -> None:
         self.remaining = self.nbytes
 
 
-def allocate_spatial(capacity: float, flows: list[Flow]) -> list[float]:
-    """Max-min fair rates per copy with per-flow caps (weighted water-filling); in the order of `flows`."""
-    order = sorted(range(len(flows)), key=lambda i: flows[i].cap)
-    rates = [0.0] * len(flows)
-    left, weight = capacity, sum(f.weight for f in flows)
+def _water_fill(capacity: float, caps: list[float], weights: list[int]) -> list[float]:
+    """Max-min fair rates per copy with per-entry caps (weighted water-filling); in the order given."""
+    order = sorted(range(len(caps)), key=lambda i: caps[i])
+    rates = [0.0] * len(caps)
+    left, weight = capacity, sum(weights)
     for i in order:
-        f = flows[i]
-        r = min(f.cap, left / weight)
+        r = min(caps[i], left / weight)
         rates[i] = r
-        left -= r * f.weight
-        weight -= f.weight
+        left -= r * weights[i]
+        weight -= weights[i]
+    return rates
+
+
+def allocate_spatial(capacity: float, flows: list[Flow]) -> list[float]:
+    """Max-min fair rates per copy with per-flow caps (weighted water-filling); in the order of `flows`. The flows
+    of a `group` (a traffic class: BubbleTea's KV caches) are one entry of weight 1 capped at their caps' sum, as
+    one HTB class beside the replicas' in the emulator, and share what it gets max-min fairly among themselves."""
+    groups: dict[str, list[int]] = {}
+    for i, f in enumerate(flows):
+        if f.group is not None:
+            groups.setdefault(f.group, []).append(i)
+    if not groups:
+        return _water_fill(capacity, [f.cap for f in flows], [f.weight for f in flows])
+    alone = [i for i, f in enumerate(flows) if f.group is None]
+    keys = sorted(groups)
+    caps = [flows[i].cap for i in alone] + [sum(flows[i].cap * flows[i].weight for i in groups[k]) for k in keys]
+    shares = _water_fill(capacity, caps, [flows[i].weight for i in alone] + [1] * len(keys))
+    rates = [0.0] * len(flows)
+    for i, r in zip(alone, shares, strict=False):
+        rates[i] = r
+    for k, share in zip(keys, shares[len(alone):], strict=True):
+        members = groups[k]
+        for i, r in zip(members, _water_fill(share, [flows[i].cap for i in members],
+                                             [flows[i].weight for i in members]), strict=True):
+            rates[i] = r
     return rates
 
 

@@ -14,7 +14,8 @@ executor's.
 
 A prefill job that carries a KV cache (`PrefillJob.kv`: its request's last chunk) ships it to the home DC
 when it ends; from another DC that is a flow on the WAN link between the two, sharing the link with
-training's transfers under the link's own rules. With spatial sharing it takes a fair share like any pipe;
+training's transfers under the link's own rules. With spatial sharing the KV flows on a link are one class
+(`Flow.group`): together they take one fair share, as one replica's pipe does, and split it among themselves;
 under Atlas's temporal sharing it has the lowest priority (`KV_RANK`, after every replica's turn, idle
 replicas included): it gets only what training's flows leave (between turns, or beside a window-bound
 transfer), so training never waits for it, and the KV cache waits instead. Its cap is the link's
@@ -301,7 +302,7 @@ class Realisation(Simulation):
         if lp is None or ls is None:
             raise ValueError(f"no WAN link {ship.src} -> {ship.dst} for a KV cache (BubbleTea needs direct links)")
         flow = Flow(ship.nbytes, lp.transfer_cap_bytes_s, KV_RANK, (ship, None, "kv", -1, lp, self.now, ls),
-                    window=lp.connections * lp.window_bytes)
+                    window=lp.connections * lp.window_bytes, group="kv")
         self.kv_flows[flow] = ship
         ls.add(flow, self.now)
 

@@ -7,7 +7,22 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from testbed.spec.bounds import GUARD_MS, LABEL, LR, RATE_SCALE, REPLICAS, SCALE, SEED, TRACE_START_S, TTFT_SLO_MS
+from testbed.spec.bounds import (
+    FILL_BATCH,
+    FILL_DEADLINE_S,
+    FILL_JOBS_PER_S,
+    FILL_PASSES,
+    FILL_SEQ_LEN,
+    GUARD_MS,
+    LABEL,
+    LR,
+    RATE_SCALE,
+    REPLICAS,
+    SCALE,
+    SEED,
+    TRACE_START_S,
+    TTFT_SLO_MS,
+)
 from testbed.spec.topology import Strict, Topology
 from testbed.spec.workload import Workload
 
@@ -71,6 +86,22 @@ def warm_windows(initial_window: str, slow_start_after_idle: bool) -> bool:
     return initial_window == "window"
 
 
+class FillOptions(Strict):
+    """Fill work: jobs without a latency SLO (PipeFill-style batch inference, evaluation, embedding) in the idle
+    time training and SLO-bound prefill leave (testbed/bubbletea/fill.py). A job is `passes` forward passes of
+    `model` over `batch` sequences of `seq_len` tokens, due `deadline_s` after it arrives."""
+
+    # `generator`: Poisson arrivals at jobs_per_s of the shape below (seeded); or a CSV with the columns
+    # arrival_s, batch, seq_len, passes, deadline_s (relative to the experiment file)
+    trace: str = "generator"
+    model: str = "llama2-7b"
+    jobs_per_s: FILL_JOBS_PER_S = 4.0
+    batch: FILL_BATCH = 8
+    seq_len: FILL_SEQ_LEN = 512
+    passes: FILL_PASSES = 16
+    deadline_s: FILL_DEADLINE_S = 30.0
+
+
 class BubbleTeaOptions(Strict):
     """Prefill serving in bubbles. The inference model is sharded over each training TP group."""
 
@@ -90,9 +121,18 @@ class BubbleTeaOptions(Strict):
     jitter_compute_cv: Annotated[float, Field(ge=0, le=1)] = 0.0
     jitter_wan_cv: Annotated[float, Field(ge=0, le=1)] = 0.0
     # the emulated run with modeled compute: ship each bubble-served request's KV cache (its modeled size over the
-    # emulation's scale) through the emulated WAN to its home DC's decode process (docs/bubbletea.md). Off by
-    # default: measured on a shared 2-core machine only, where it cannot tell the WAN's effect from CPU noise.
-    ship_kv: bool = False
+    # emulation's scale) through the emulated WAN to its home DC's decode process, in the KV class on the links and
+    # at the lowest CPU priority on the hosts (docs/bubbletea.md); false: the caches do not cross the emulated WAN
+    ship_kv: bool = True
+    # fill work in what prefill leaves (None: none); the simulator without noise only, for now
+    fill: FillOptions | None = None
+
+    @model_validator(mode="after")
+    def _fill_exact(self) -> BubbleTeaOptions:
+        if self.fill is not None and (self.jitter_compute_cv or self.jitter_wan_cv):
+            raise ValueError("fill: not yet with timing noise (the online planner does not place fill work); set "
+                             "jitter_compute_cv and jitter_wan_cv to 0, or remove bubbletea.fill")
+        return self
 
 
 class MultiTcpOptions(Strict):

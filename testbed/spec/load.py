@@ -216,6 +216,10 @@ def experiment_data(path: str | Path) -> dict[str, Any]:
                 bt["trace"] = str((path.parent / tr).resolve())
             except (OSError, ValueError):
                 raise SpecError("bubbletea.trace", f"{bt['trace']!r} is not a usable path", "fix the path") from None
+    fill = bt.get("fill") if isinstance(bt, dict) else None
+    if (isinstance(fill, dict) and isinstance(fill.get("trace"), str) and fill["trace"] != "generator"
+            and not Path(fill["trace"]).is_absolute()):
+        fill["trace"] = str((path.parent / fill["trace"]).resolve())
     return data
 
 
