@@ -138,8 +138,8 @@ def add_kv_classes(emu: Emulation, kv_hops: dict, port: int, temporal: set[froze
     contend). There the KV class yields to the default class, which carries training at the NIC's rate."""
     from testbed.emu.flowctl import FlowControl
 
-    for w, link in zip(emu.addr.wans, emu.topo.links, strict=True):
-        rate, ceil, prio = kv_class(link.gbps * 1e9 / emu.scale, frozenset((w.a, w.b)) in temporal)
+    for w in emu.addr.wans:
+        rate, ceil, prio = kv_class(emu.link_bps(w.a, w.b), frozenset((w.a, w.b)) in temporal)
         devs = kv_hops.setdefault((w.a, w.b), {})
         for dev in (w.a, w.b):
             if "kv" not in devs.setdefault(dev, {}):

@@ -8,16 +8,16 @@ from testbed.costs.gpus import GPUS
 from testbed.costs.models import ModelConfig, resolve_model
 from testbed.costs.operators import model_flops_per_token
 from testbed.costs.stage import BF16, in_flight, layer_costs
-from testbed.costs.tcp import connections_for
 from testbed.errors import NotYetError, SpecError
-from testbed.net.wire import FRAME_BYTES
+from testbed.net.links import NetPlan
 from testbed.plan.buckets import bucket_bytes
 from testbed.plan.diloco import resolve as resolve_diloco
 from testbed.plan.efficiency import token_efficiency
 from testbed.plan.layers import chunk_layers, empty_chunk, stage_layers
 from testbed.plan.mechanisms import Mechanisms, parse_scheduler
+from testbed.plan.network import link_plans, lower_network
 from testbed.plan.placement import place
-from testbed.plan.plan import IntraDC, LinkPlan, Plan
+from testbed.plan.plan import IntraDC, Plan
 from testbed.plan.schedules import build_schedule, check_interleaving
 from testbed.spec.experiment import Experiment
 from testbed.spec.topology import Topology
@@ -101,12 +101,6 @@ def resolve_dp(exp: Experiment) -> int:
     raise SpecError("workload.dp", "no DP degree fits every scheduler's placement", "lower workload.tp or workload.pp")
 
 
-def boundary_connections(mech: Mechanisms, tp: int, net) -> int:
-    """TCP connections a stage boundary opens before multi-TCP. Megatron-LM sends 1/tp of a boundary's
-    activation from each TP rank, over NCCL's channels to the peer, each striped over NCCL's sockets."""
-    return 1 if mech.transport == "one" else tp * net.nccl_channels_per_peer * net.nccl_sockets
-
-
 def pinned_chain(exp: Experiment, mech: Mechanisms) -> tuple[list[str] | None, list[int] | None]:
     """`workload.stages_per_dc` as (DC order, stages per DC), for pipeline placements; (None, None) if unset."""
     w = exp.workload
@@ -121,30 +115,6 @@ def pinned_chain(exp: Experiment, mech: Mechanisms) -> tuple[list[str] | None, l
         raise SpecError("workload.stages_per_dc", f"{sum(w.stages_per_dc.values())} stages but pp={w.pp}",
                         "make the stage counts add up to workload.pp")
     return list(w.stages_per_dc), list(w.stages_per_dc.values())
-
-
-def transfer_connections(exp: Experiment, mech: Mechanisms, capacity_bytes_s: float, window_bytes: float,
-                         rtt_s: float) -> int:
-    """Connections one stage boundary's transfers use on a link of this capacity, window and RTT."""
-    base = boundary_connections(mech, exp.workload.tp, exp.network)
-    if mech.multi_tcp:
-        return max(base, connections_for(capacity_bytes_s, window_bytes, rtt_s, exp.network.max_tcp_connections))
-    return base
-
-
-def link_plans(exp: Experiment, mech: Mechanisms) -> dict[tuple[str, str], LinkPlan]:
-    """Both directions of every WAN link, with the connections one stage boundary's transfers use."""
-    topo, out = exp.topology, {}
-    for link in topo.links:
-        cap = link.gbps * 1e9 / 8
-        lat = link.latency_ms / 1e3
-        win = topo.window_mb(link) * 2**20
-        n = transfer_connections(exp, mech, cap, win, 2 * lat)
-        a, b = link.between
-        turn = link.round_robin_bytes or FRAME_BYTES
-        for src, dst in ((a, b), (b, a)):
-            out[(src, dst)] = LinkPlan(src, dst, cap, lat, win, n, mech.temporal, turn)
-    return out
 
 
 def stagger_offsets(row: list[str], act_bytes: list[float], links: dict, dp: int) -> list[float]:
@@ -225,10 +195,11 @@ def kept_placement(plan: Plan) -> dict[str, list]:
 
 def build_plan(
     exp: Experiment, scheduler: str, run_id: str = "run", dp: int | None = None, order: list[str] | None = None,
-    counts: list[int] | None = None,
+    counts: list[int] | None = None, built: NetPlan | None = None,
 ) -> Plan:
     """`order` pins the pipeline's DC chain and `counts` its stages per DC (DC selection); by default the
-    scheduler's placement decides."""
+    scheduler's placement decides. `built`: the network as the emulator builds it (testbed/plan/network.py
+    lower_network with its k), whose windows and turns the plan models; None for a simulation."""
     mech = parse_scheduler(scheduler)
     w, topo = exp.workload, exp.topology
     model = resolve_model(w.model, w.seq_len)
@@ -265,7 +236,8 @@ def build_plan(
     check_memory(stage_dc, topo, by_gpu)
     costs = [[by_gpu[topo.dc(d).gpu][s] for s, d in enumerate(row)] for row in stage_dc]
     ref = costs[0]
-    links = link_plans(exp, mech)
+    net = lower_network(topo, built=built)
+    links = link_plans(exp, mech, net)
     if mech.warmup and V == 1:  # interleaving keeps Megatron's warm-up: no WAN extras
         free = [GPUS[topo.dc(d).gpu].memory_gb - c.mem_gb for d, c in zip(stage_dc[0], ref, strict=True)]
         trips, busy = wan_round_trips(stage_dc[0], [c.act_bytes for c in ref], links, dp)
@@ -300,6 +272,7 @@ def build_plan(
         mem_gb=mem,
         actions=build_schedule(w.schedule, w.pp, m, extra if w.schedule == "1f1b" else None, V),
         links=links,
+        net=net,
         # one NIC per GPU; a TP group's transfers and all-reduces are split across its tp NICs
         intra={d.name: IntraDC(w.tp * d.intra_gbps * 1e9 / 8, d.intra_latency_us / 1e6) for d in topo.dcs},
         replica_offset_s=offsets,

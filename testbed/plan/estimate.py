@@ -17,9 +17,9 @@ import numpy as np
 from testbed.costs.models import ModelConfig
 from testbed.costs.stage import ADAMW_BYTES_PER_PARAM, BF16, WORKSPACE_GB, LayerCosts, layer_costs
 from testbed.errors import NotYetError
-from testbed.plan.build import link_plans
 from testbed.plan.layers import choose_layers
 from testbed.plan.mechanisms import Mechanisms
+from testbed.plan.network import link_plans
 from testbed.plan.plan import LinkPlan
 from testbed.spec.experiment import Experiment
 

@@ -8,19 +8,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from testbed.analysis.metrics import add_speedups, summary_row, wan_links_used
-from testbed.emu.build import down, emulated_window, link_mss, up
+from testbed.emu.build import down, up
 from testbed.emu.health import DEFAULT_BUDGET, PathLink, budget, critical_steps, summary_fields, verdict
 from testbed.emu.scale import auto_scale, check_scale, check_transfer_bytes
 from testbed.emu.train import run_training
 from testbed.errors import NotYetError, SpecError
 from testbed.plan.build import build_plan, resolve_dp
+from testbed.plan.network import lower_network
 from testbed.results import fmt, write_csv
 from testbed.runs.simulated import RunResult, WanRecord, lower_bound_s, simulate_changing_run, stall_rows
-from testbed.runtime.htb import turn_bytes
 from testbed.sim.executor import simulate
 from testbed.sim.linkchange import WanSchedule, union_length
 from testbed.spec.experiment import Experiment
-from testbed.spec.topology import Topology
 
 VALIDATED = ("iteration_s", "gpu_util", "bubble_frac")
 BUBBLETEA_VALIDATED = ("served_in_bubbles", "prefill_util")
@@ -33,40 +32,13 @@ FLOWS_HEADER = ("run_id", "scheduler", "link", "towards", "replica", "iteration"
 VALIDATION_HEADER = ("run_id", "scheduler", "metric", "sim", "emu", "rel_error", "degraded")  # (sim - emu) / emu
 
 
-def as_emulated(topo: Topology, scale: float) -> Topology:
-    """The topology the emulator really builds, in real-world terms: each window as one emulated connection carries
-    it (at least 64 KiB after scaling, a whole number of the path's segments: emu/build.py emulated_window), and
-    the round robin's turn on each link, k x its HTB quantum (runtime/htb.py turn_bytes)."""
-    links = []
-    for link in topo.links:
-        bps = link.gbps * 1e9 / scale
-        w = emulated_window(topo.window_mb(link) * 2**20, scale, link_mss(bps)) * scale / 2**20
-        links.append(link.model_copy(update={"tcp_window_mb": w, "round_robin_bytes": turn_bytes(bps, scale)}))
-    return topo.model_copy(update={"links": links})
-
-
-def opened_connections(exp: Experiment, scheduler: str, wan: WanSchedule) -> dict[tuple[str, str], int]:
-    """Per WAN hop, the most connections any iteration's plan stripes over on a changing WAN: the workers open
-    them all at the start, and each iteration uses as many as its plan says."""
-    from testbed.plan.build import transfer_connections
-    from testbed.plan.mechanisms import parse_scheduler
-
-    mech, topo, out = parse_scheduler(scheduler), exp.topology, {}
-    for link in topo.links:
-        states = wan.links.get(tuple(link.between), ([], []))[1]  # type: ignore[arg-type]
-        rates = [(link.gbps * 1e9 / 8, link.latency_ms / 1e3)] + [(st.capacity_bytes_s, st.latency_s) for st in states]
-        n = max(transfer_connections(exp, mech, c, topo.window_mb(link) * 2**20, 2 * lat) for c, lat in rates)
-        a, b = link.between
-        out[(a, b)] = out[(b, a)] = n
-    return out
-
-
 def changing_run(exp: Experiment, plan, sched: str, dp: int, emu, scale: float, progress, capture: bool,
                  wan: WanSchedule):
     """An emulated run on a WAN that changes, and the simulator's run of it; returns (emulated run, the
     simulated timeline, events, the simulator's record, the emulator's record)."""
     from testbed.emu.wanchange import LiveWan
     from testbed.plan.build import build_plan, kept_placement
+    from testbed.plan.network import opened_connections
     from testbed.sim.linkchange import Pair
 
     keep = kept_placement(plan)
@@ -74,7 +46,7 @@ def changing_run(exp: Experiment, plan, sched: str, dp: int, emu, scale: float, 
     def replan(t: float):
         """This iteration's plan from the WAN as it is now, on the run's placement (hosts do not move)."""
         at = exp.model_copy(update={"topology": wan.topology_at(exp.topology, t)})
-        return build_plan(at, sched, run_id=plan.run_id, dp=dp, **keep)
+        return build_plan(at, sched, run_id=plan.run_id, dp=dp, built=emu.net, **keep)
 
     hops: list[Pair] = []
     for row in plan.stage_dc:
@@ -82,9 +54,10 @@ def changing_run(exp: Experiment, plan, sched: str, dp: int, emu, scale: float, 
             if a != b and (a, b) not in hops and (b, a) not in hops:
                 hops.append((a, b))
     live = LiveWan(emu, wan, scale, hops)
+    rates = {pair: [(st.capacity_bytes_s, st.latency_s) for st in states] for pair, (_, states) in wan.links.items()}
     try:
         run = run_training(plan, emu, exp.iterations, progress, exp.emulation.compute, None, None, capture=capture,
-                           live=live, replan=replan, conns=opened_connections(exp, sched, wan))
+                           live=live, replan=replan, conns=opened_connections(exp, plan.mech, emu.net, rates))
     finally:
         live.close()
     durations = run.timeline.iteration_s
@@ -94,7 +67,7 @@ def changing_run(exp: Experiment, plan, sched: str, dp: int, emu, scale: float, 
     clock = [sum(durations[:k]) for k in range(len(durations))]
     for k, (c, d, st) in enumerate(zip(clock, durations, stall_rows(stalls, durations), strict=True)):
         rec.iterations.append((plan.run_id, "emu", sched, k, fmt(c, 6), fmt(d, 6), st))
-    _, tl_sim, events, sim_rec = simulate_changing_run(exp, sched, plan.run_id, dp, wan)
+    _, tl_sim, events, sim_rec = simulate_changing_run(exp, sched, plan.run_id, dp, wan, built=emu.net)
     return run, tl_sim, events, sim_rec, rec
 
 
@@ -183,10 +156,9 @@ def size_to_machine(points: list[tuple[Experiment, dict]], timing_budget: float,
                     point))
     exp = out[0][0]
     try:
-        same = exp.model_copy(update={"topology": as_emulated(exp.topology, exp.emulation.scale)})
-        dp = resolve_dp(same)
+        dp = resolve_dp(exp)
         for sched in exp.schedulers:
-            plan = build_plan(same, sched, dp=dp)
+            plan = build_plan(exp, sched, dp=dp, built=lower_network(exp.topology, exp.emulation.scale))
             hops = sum(1 for a, b in zip(plan.stage_dc[0], plan.stage_dc[0][1:], strict=False) if a != b)
             w = worker_warning(h, plan.pp, plan.dp, plan.microbatches, hops, simulate(plan)[0].iteration_s[0],
                                timing_budget)
@@ -204,10 +176,9 @@ def preflight(points: list[tuple[Experiment, dict]]) -> None:
         try:
             scale = exp.emulation.scale or auto_scale(exp.topology)
             check_scale(exp.topology, scale, lan_gpus_per_host=exp.workload.tp)
-            same = exp.model_copy(update={"topology": as_emulated(exp.topology, scale)})
-            dp = resolve_dp(same)
+            dp, built = resolve_dp(exp), lower_network(exp.topology, scale)
             for sched in exp.schedulers:
-                plan = build_plan(same, sched, dp=dp)
+                plan = build_plan(exp, sched, dp=dp, built=built)
                 check_transfer_bytes(plan.act_bytes, plan.grad_bytes, plan.dp, scale)
                 check_programs(plan, exp.emulation.compute)
         except SpecError as e:
@@ -226,8 +197,7 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
     `timing_budget` is marked degraded."""
     em = exp.emulation
     scale = em.scale or auto_scale(exp.topology)
-    same = exp.model_copy(update={"topology": as_emulated(exp.topology, scale)})
-    dp = resolve_dp(same)
+    dp = resolve_dp(exp)
     results: list[RunResult] = []
     validation: list[tuple] = []
     losses: list[tuple] = []
@@ -237,17 +207,17 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
     cpu = None
     emu = up(exp.topology, backend=em.backend, prefix=em.prefix, scale=scale, delay=em.delay,
              lan_gpus_per_host=exp.workload.tp, **exp.network.host_tcp)
-    wan = WanSchedule.from_topology(same.topology)
+    wan = WanSchedule.from_topology(exp.topology)
     try:
         if on_up is not None:
             on_up(emu)
         for sched in exp.schedulers:
             if wan is not None:
-                plan = build_plan(same, sched, run_id=f"p{index:02d}-{sched}", dp=dp)
-                results += _changing_point(same, plan, sched, dp, emu, scale, progress, capture, wan, sweep,
+                plan = build_plan(exp, sched, run_id=f"p{index:02d}-{sched}", dp=dp, built=emu.net)
+                results += _changing_point(exp, plan, sched, dp, emu, scale, progress, capture, wan, sweep,
                                            validation, flows, timing_budget)
                 continue
-            plan = build_plan(same, sched, run_id=f"p{index:02d}-{sched}", dp=dp)
+            plan = build_plan(exp, sched, run_id=f"p{index:02d}-{sched}", dp=dp, built=emu.net)
             torch_cfg = None
             if em.compute == "torch":
                 from testbed.costs.models import resolve_model
