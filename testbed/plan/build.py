@@ -215,36 +215,13 @@ def build_plan(
     gpu_of = {d: topo.dc(d).gpu for row in stage_dc for d in row}
     check_nodes(topo, w.tp, set(gpu_of))
     V = w.virtual_stages
-    if why := check_interleaving(w.pp, m, V):
-        raise SpecError("workload.virtual_stages", why,
-                        "make global_batch / (microbatch x dp) a multiple of pp, or set virtual_stages: 1")
-    if mech.overlap and dp > 1 and (V > 1 or w.schedule == "zb"):
-        raise NotYetError(f"{scheduler}: the overlap mechanism's bucketed collectives with "
-                          f"{'virtual_stages > 1' if V > 1 else 'the zero-bubble schedule'} are not supported yet; "
-                          f"use {scheduler}-overlap, or virtual_stages: 1 and schedule: 1f1b")
-    per_gpu = {g: layer_costs(model, g, tp=w.tp, dp=dp, microbatch=w.microbatch, mfu=w.mfu, recompute=w.recompute,
-                              distributed_optimizer=w.distributed_optimizer, sequence_parallel=w.sequence_parallel_at())
-               for g in sorted(set(gpu_of.values()))}
-    stage_gpus = [sorted({gpu_of[row[s]] for row in stage_dc}) for s in range(w.pp)]
-    # dp-wan keeps the even split: its iteration is bound by each stage's gradient all-reduce over the WAN,
-    # which balancing compute would make larger on the embedding's stage
-    split = "even" if mech.placement == "dp-wan" else w.layer_split
-    layers, _ = stage_layers(model.layers, [[per_gpu[g] for g in gs] for gs in stage_gpus], m, w.schedule, split, V)
-    by_gpu = {g: [c.stage(n, s == 0, s == w.pp - 1, in_flight(s, w.pp, m, w.schedule, V))
-                  for s, n in enumerate(layers)] for g, c in per_gpu.items()}
+    check_schedule(scheduler, mech, w, m, dp)
+    per_gpu, layers, costs = stage_costs(model, mech, w, topo, stage_dc, gpu_of, dp, m)
     chunks = model_chunks(layers, V)
-    check_memory(stage_dc, topo, by_gpu)
-    costs = [[by_gpu[topo.dc(d).gpu][s] for s, d in enumerate(row)] for row in stage_dc]
     ref = costs[0]
     net = lower_network(topo, built=built)
     links = link_plans(exp, mech, net)
-    if mech.warmup and V == 1:  # interleaving keeps Megatron's warm-up: no WAN extras
-        free = [GPUS[topo.dc(d).gpu].memory_gb - c.mem_gb for d, c in zip(stage_dc[0], ref, strict=True)]
-        trips, busy = wan_round_trips(stage_dc[0], [c.act_bytes for c in ref], links, dp)
-        extra = latency_warmup([c.fwd_s + c.bwd_s for c in ref], trips, free, [c.act_gb_per_microbatch for c in ref],
-                               m, w.schedule, busy)
-    else:
-        extra = [0] * w.pp
+    extra = warmup_extra(mech, w, topo, stage_dc[0], ref, links, dp, m)
     mem = [max(costs[r][s].mem_gb + extra[s] * costs[r][s].act_gb_per_microbatch for r in range(dp))
            for s in range(w.pp)]
 
@@ -289,9 +266,16 @@ def build_plan(
         bucket_bytes=bucket_bytes(w.ddp_bucket_params, dp, w.tp),
     )
     split_times(plan, w, per_gpu, gpu_of)
+    return finish_plan(plan, exp)
+
+
+def finish_plan(plan: Plan, exp: Experiment) -> Plan:
+    """What a plan decides from its own numbers: a low-communication sync period, the token efficiency, the turn
+    policy."""
+    w, mech, V = exp.workload, plan.mech, exp.workload.virtual_stages
     if mech.outer:
         if V > 1 or w.schedule == "zb":
-            raise NotYetError(f"{scheduler}: low-communication training with "
+            raise NotYetError(f"{plan.scheduler}: low-communication training with "
                               f"{'virtual_stages > 1' if V > 1 else 'the zero-bubble schedule'} is not supported "
                               "yet; use virtual_stages: 1 and schedule: 1f1b or gpipe")
         plan.diloco = resolve_diloco(mech.outer, w.diloco)
@@ -299,6 +283,49 @@ def build_plan(
     plan.token_efficiency = token_efficiency(mech.outer, len(plan.dcs_used()), plan.diloco, w.token_efficiency)
     plan.turn_policy = turn_policy(exp.network.turn_order, plan)
     return plan
+
+
+def check_schedule(scheduler: str, mech: Mechanisms, w, m: int, dp: int) -> None:
+    """The schedule can run this many microbatches per replica with these mechanisms, else the one-line error."""
+    V = w.virtual_stages
+    if why := check_interleaving(w.pp, m, V):
+        raise SpecError("workload.virtual_stages", why,
+                        "make global_batch / (microbatch x dp) a multiple of pp, or set virtual_stages: 1")
+    if mech.overlap and dp > 1 and (V > 1 or w.schedule == "zb"):
+        raise NotYetError(f"{scheduler}: the overlap mechanism's bucketed collectives with "
+                          f"{'virtual_stages > 1' if V > 1 else 'the zero-bubble schedule'} are not supported yet; "
+                          f"use {scheduler}-overlap, or virtual_stages: 1 and schedule: 1f1b")
+
+
+def stage_costs(model: ModelConfig, mech: Mechanisms, w, topo: Topology, stage_dc: list[list[str]],
+                gpu_of: dict[str, str], dp: int, m: int) -> tuple[dict, list[int], list[list]]:
+    """Each GPU type's layer costs, the layers each stage holds, and [replica][stage] the stage's costs on its
+    group's GPU; refused where a stage does not fit its GPU's memory."""
+    V = w.virtual_stages
+    per_gpu = {g: layer_costs(model, g, tp=w.tp, dp=dp, microbatch=w.microbatch, mfu=w.mfu, recompute=w.recompute,
+                              distributed_optimizer=w.distributed_optimizer, sequence_parallel=w.sequence_parallel_at())
+               for g in sorted(set(gpu_of.values()))}
+    stage_gpus = [sorted({gpu_of[row[s]] for row in stage_dc}) for s in range(w.pp)]
+    # dp-wan keeps the even split: its iteration is bound by each stage's gradient all-reduce over the WAN,
+    # which balancing compute would make larger on the embedding's stage
+    split = "even" if mech.placement == "dp-wan" else w.layer_split
+    layers, _ = stage_layers(model.layers, [[per_gpu[g] for g in gs] for gs in stage_gpus], m, w.schedule, split, V)
+    by_gpu = {g: [c.stage(n, s == 0, s == w.pp - 1, in_flight(s, w.pp, m, w.schedule, V))
+                  for s, n in enumerate(layers)] for g, c in per_gpu.items()}
+    check_memory(stage_dc, topo, by_gpu)
+    return per_gpu, layers, [[by_gpu[topo.dc(d).gpu][s] for s, d in enumerate(row)] for row in stage_dc]
+
+
+def warmup_extra(mech: Mechanisms, w, topo: Topology, row: list[str], ref: list, links: dict, dp: int,
+                 m: int) -> list[int]:
+    """The warm-up mechanism's extra microbatches per stage (latency_warmup) on the first replica's chain `row`
+    with its stages' costs `ref`; none without the mechanism or with interleaving (Megatron's warm-up)."""
+    if not mech.warmup or w.virtual_stages != 1:
+        return [0] * w.pp
+    free = [GPUS[topo.dc(d).gpu].memory_gb - c.mem_gb for d, c in zip(row, ref, strict=True)]
+    trips, busy = wan_round_trips(row, [c.act_bytes for c in ref], links, dp)
+    return latency_warmup([c.fwd_s + c.bwd_s for c in ref], trips, free, [c.act_gb_per_microbatch for c in ref],
+                          m, w.schedule, busy)
 
 
 def check_memory(stage_dc: list[list[str]], topo: Topology, by_gpu: dict) -> None:

@@ -172,17 +172,21 @@ class Estimator:
         lag_b = np.where(busy_b > b_next, burst_b * np.maximum(0.0, b - own_b), 0.0)
         return float(lag_f.sum() + lag_b.sum())
 
+    def gpu_segments(self, lay: Layout) -> tuple[tuple[str, int], ...]:
+        """The pipeline's chain as (GPU type, stages) runs: consecutive DCs with one GPU type make one."""
+        segs: list[tuple[str, int]] = []
+        for d, n in zip(lay.order, lay.counts, strict=True):
+            if segs and segs[-1][0] == self.dc[d].gpu:
+                segs[-1] = (self.dc[d].gpu, segs[-1][1] + n)
+            else:
+                segs.append((self.dc[d].gpu, n))
+        return tuple(segs)
+
     def __call__(self, lay: Layout) -> Estimate:
         w, mech, model, dc = self.exp.workload, self.mech, self.model, self.dc
         pp, tp, dp = lay.pp, lay.tp, lay.dp
         m = w.global_batch // (lay.microbatch * dp)
-        segs: list[tuple[str, int]] = []
-        for d, n in zip(lay.order, lay.counts, strict=True):
-            if segs and segs[-1][0] == dc[d].gpu:
-                segs[-1] = (dc[d].gpu, segs[-1][1] + n)
-            else:
-                segs.append((dc[d].gpu, n))
-        st = self.stages(tuple(segs), tp, dp, lay.microbatch)
+        st = self.stages(self.gpu_segments(lay), tp, dp, lay.microbatch)
         if st.problem:
             return Estimate(float("inf"), st.layers, st.mem_gb, st.problem)
         f, b = st.f, st.b
