@@ -154,8 +154,8 @@ def run_case(case: Case, timelines: Path | None = None, load: int = 0,
     from testbed.runs.emulated import run_point
 
     before = cpu_times()
-    results, validation, _losses, _flows, _cpu = run_point(case.experiment, case.index, {},
-                                                           timing_budget=timing_budget)
+    point = run_point(case.experiment, case.index, {}, timing_budget=timing_budget)
+    results, validation = point.results, point.validation
     steal = steal_share(before, cpu_times())
     if timelines is not None:
         from testbed.timeline import write_timelines

@@ -186,25 +186,31 @@ def preflight(points: list[tuple[Experiment, dict]]) -> None:
             raise SpecError(e.field, f"{e.problem} (at sweep point {where})" if where else e.problem, e.fix) from None
 
 
+@dataclass
+class PointResult:
+    """Everything one sweep point produced: the emulated runs (and, for modeled compute, the simulator's rows beside
+    them), the validation, the losses, the flows (HTB class counters, FLOWS_HEADER, or with a capture its flows.csv
+    rows: testbed.analysis.flows.FLOWS_HEADER) and, with BubbleTea and real compute, the prefill model fitted to this
+    CPU, pass by pass."""
+
+    results: list[RunResult] = field(default_factory=list)
+    validation: list[tuple] = field(default_factory=list)
+    losses: list[tuple] = field(default_factory=list)
+    flows: list[tuple] = field(default_factory=list)
+    cpu_prefill: list[tuple] = field(default_factory=list)
+    durations: dict[str, list[float]] = field(default_factory=dict)  # scheduler -> steady iterations (emulated)
+    cpu: object = None  # the CPU's prefill calibration, fitted once per point
+
+
 def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: bool = False, on_up=None,
-              timing_budget: float = DEFAULT_BUDGET
-              ) -> tuple[list[RunResult], list[tuple], list[tuple], list[tuple], list[tuple]]:
-    """Emulated runs (and, for modeled compute, the simulator's rows and the validation) of one point.
-    The fifth list: with BubbleTea and real compute, the prefill model fitted to this CPU, pass by pass.
-    The flows are HTB class counters (FLOWS_HEADER), or with `capture` a packet capture's flows.csv rows
-    (testbed.analysis.flows.FLOWS_HEADER). `on_up(emu)` runs once the network is up, before any training
-    (e.g. to measure the links). A run whose timing error (testbed/emu/health.py) exceeds
-    `timing_budget` is marked degraded."""
+              timing_budget: float = DEFAULT_BUDGET) -> PointResult:
+    """Emulated runs (and, for modeled compute, the simulator's rows and the validation) of one point, every
+    scheduler on one network. `on_up(emu)` runs once the network is up, before any training (e.g. to measure the
+    links). A run whose timing error (testbed/emu/health.py) exceeds `timing_budget` is marked degraded."""
     em = exp.emulation
     scale = em.scale or auto_scale(exp.topology)
     dp = resolve_dp(exp)
-    results: list[RunResult] = []
-    validation: list[tuple] = []
-    losses: list[tuple] = []
-    flows: list[tuple] = []
-    cpu_rows: list[tuple] = []
-    durations: dict[str, list[float]] = {}
-    cpu = None
+    out = PointResult()
     emu = up(exp.topology, backend=em.backend, prefix=em.prefix, scale=scale, delay=em.delay,
              lan_gpus_per_host=exp.workload.tp, **exp.network.host_tcp)
     wan = WanSchedule.from_topology(exp.topology)
@@ -212,93 +218,115 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
         if on_up is not None:
             on_up(emu)
         for sched in exp.schedulers:
-            if wan is not None:
-                plan = build_plan(exp, sched, run_id=f"p{index:02d}-{sched}", dp=dp, built=emu.net)
-                results += _changing_point(exp, plan, sched, dp, emu, scale, progress, capture, wan, sweep,
-                                           validation, flows, timing_budget)
-                continue
             plan = build_plan(exp, sched, run_id=f"p{index:02d}-{sched}", dp=dp, built=emu.net)
-            torch_cfg = None
-            if em.compute == "torch":
-                from testbed.costs.models import resolve_model
-                from testbed.emu.train import torch_config
-
-                torch_cfg = torch_config(plan, resolve_model(exp.workload.model, exp.workload.seq_len), em.lr)
-            svc, reqs = None, []
-            if plan.mech.bubbletea:
-                from testbed.emu.bubbletea import DECODE_TOKENS, calibrate_cpu, service_config
-
-                if em.compute == "torch" and cpu is None:
-                    cpu = calibrate_cpu(exp.bubbletea.model)
-                    cpu_rows = [(plan.run_id, exp.bubbletea.model, *r[:2], fmt(r[2], 6), fmt(r[3], 6), round(r[4], 4))
-                                for r in cpu.rows]
-                T = simulate(plan)[0].iteration_s[0]  # (real compute runs at the CPU's pace: ask for plenty)
-                horizon = 2.0 * max(1, exp.iterations - 1) * T if em.compute == "modeled" else 600.0
-                svc, reqs = service_config(plan, exp, horizon, cpu.calibration if cpu else None)
-                svc["decode_tokens"] = DECODE_TOKENS
-                svc["ship_kv"] = exp.bubbletea.ship_kv
-            run = run_training(plan, emu, exp.iterations, progress, em.compute, torch_cfg, svc, capture=capture)
-            flows += run.captured
-            durations[sched] = run.timeline.iteration_s[1:] or run.timeline.iteration_s
-            for k, loss in enumerate(run.losses):
-                losses.append((plan.run_id, sched, k, round(loss, 6)))
-            for it, t, link, dev, r, sent in run.flows:
-                gbps = next((lk.gbps for lk in exp.topology.links if "-".join(lk.between) == link), "")
-                flows.append((plan.run_id, sched, link, dev, r, it, fmt(t, 6), sent, scale, gbps))
-            tl_emu = run.timeline.steady()
-            health, note = assess(plan, run, sum(tl_emu.iteration_s) / len(tl_emu.iteration_s), timing_budget)
-            lb = lower_bound_s(plan)
-            bt_metrics, req_rows = None, []
-            if svc is not None:
-                bt_metrics, req_rows = _emulated_requests(plan, exp, svc, reqs, run, em.compute == "torch")
-                bt_metrics.update(_slowdown_in_run(plan, run.timeline))
-            row_emu = summary_row(plan, tl_emu, lb, sweep, bt_metrics, degraded=note, scale=scale) | health
-            results.append(RunResult(row_emu, tl_emu, 0, req_rows))
-            if em.compute != "modeled":
-                continue  # real compute on this CPU: the cost model's GPU times do not apply
-            tl_sim, events = simulate(plan)
-            steady = max(1, exp.iterations - 1)
-            sim_reqs: list[tuple] = []
-            if svc is not None:  # the prediction: the simulator's BubbleTea on the same trace and steady horizon
-                from testbed.bubbletea.run import request_rows, run_bubbletea, train_mfu
-                from testbed.costs.prefill import inference_model, kv_bytes_per_token
-
-                res = run_bubbletea(plan, tl_sim.repeated(steady), exp.bubbletea, exp.seed,
-                                    train_mfu(exp.workload.mfu, plan.tp, plan))
-                row_sim = summary_row(plan, res.timeline, lb, sweep, {**res.metrics, "train_slowdown": 0.0},
-                                      scale=scale)
-                tl_pred = res.timeline
-                sim_reqs = list(request_rows(plan.run_id, "sim", res.placements,
-                                             kv_bytes_per_token(inference_model(exp.bubbletea.model))))
+            if wan is not None:
+                out.results += _changing_point(exp, plan, sched, dp, emu, scale, progress, capture, wan, sweep,
+                                               out.validation, out.flows, timing_budget)
             else:
-                tl_pred = tl_sim.repeated(steady)
-                row_sim = summary_row(plan, tl_pred, lb, sweep, scale=scale)
-            row_emu = results[-1].summary
-            results.insert(-1, RunResult(row_sim, tl_pred, events, sim_reqs))
-            for m in VALIDATED + (BUBBLETEA_VALIDATED if svc is not None else ()):
-                a, b = float(row_sim[m]), float(row_emu[m])
-                validation.append((plan.run_id, sched, m, a, b, round((a - b) / b, 6) if b else "", note))
-            if svc is not None:  # like with like: the same requests (the engines' runs last different times)
-                from testbed.emu.bubbletea import served_same_requests
-
-                a, b, _n = served_same_requests(sim_reqs, results[-1].requests)
-                validation.append((plan.run_id, sched, "served_in_bubbles@same_requests", round(a, 6), round(b, 6),
-                                   round((a - b) / b, 6) if b else "", note))
+                _static_run(exp, plan, emu, scale, progress, capture, sweep, timing_budget, out)
     finally:
         down(emu)
-    if wan is not None:
-        add_speedups([r.summary for r in results])
-        return results, validation, losses, flows, cpu_rows
+    if wan is None:
+        _slowdowns_vs_alone(out)
+    add_speedups([r.summary for r in out.results])
+    return out
+
+
+def _service(exp: Experiment, plan, out: PointResult) -> tuple[dict | None, list]:
+    """The BubbleTea service's configuration and its requests for a BubbleTea scheduler (None, [] otherwise); with
+    real compute, the CPU's prefill is calibrated once per point."""
+    if not plan.mech.bubbletea:
+        return None, []
+    from testbed.emu.bubbletea import DECODE_TOKENS, calibrate_cpu, service_config
+
+    em = exp.emulation
+    if em.compute == "torch" and out.cpu is None:
+        out.cpu = cpu = calibrate_cpu(exp.bubbletea.model)
+        out.cpu_prefill = [(plan.run_id, exp.bubbletea.model, *r[:2], fmt(r[2], 6), fmt(r[3], 6), round(r[4], 4))
+                           for r in cpu.rows]
+    T = simulate(plan)[0].iteration_s[0]  # (real compute runs at the CPU's pace: ask for plenty)
+    horizon = 2.0 * max(1, exp.iterations - 1) * T if em.compute == "modeled" else 600.0
+    svc, reqs = service_config(plan, exp, horizon, out.cpu.calibration if out.cpu else None)  # type: ignore[attr-defined]
+    svc["decode_tokens"] = DECODE_TOKENS
+    svc["ship_kv"] = exp.bubbletea.ship_kv
+    return svc, reqs
+
+
+def _static_run(exp: Experiment, plan, emu, scale: float, progress, capture: bool, sweep: dict,
+                timing_budget: float, out: PointResult) -> None:
+    """One scheduler on a WAN that does not change: its emulated row and, for modeled compute, the simulator's
+    prediction beside it and their validation."""
+    em, sched = exp.emulation, plan.scheduler
+    torch_cfg = None
+    if em.compute == "torch":
+        from testbed.costs.models import resolve_model
+        from testbed.emu.train import torch_config
+
+        torch_cfg = torch_config(plan, resolve_model(exp.workload.model, exp.workload.seq_len), em.lr)
+    svc, reqs = _service(exp, plan, out)
+    run = run_training(plan, emu, exp.iterations, progress, em.compute, torch_cfg, svc, capture=capture)
+    out.flows += run.captured
+    out.durations[sched] = run.timeline.iteration_s[1:] or run.timeline.iteration_s
+    out.losses += [(plan.run_id, sched, k, round(loss, 6)) for k, loss in enumerate(run.losses)]
+    gbps = {"-".join(lk.between): lk.gbps for lk in exp.topology.links}  # the spec's rate, as configured
+    for it, t, link, dev, r, sent in run.flows:
+        out.flows.append((plan.run_id, sched, link, dev, r, it, fmt(t, 6), sent, scale, gbps.get(link, "")))
+    tl_emu = run.timeline.steady()
+    health, note = assess(plan, run, sum(tl_emu.iteration_s) / len(tl_emu.iteration_s), timing_budget)
+    bt_metrics, req_rows = None, []
+    if svc is not None:
+        bt_metrics, req_rows = _emulated_requests(plan, exp, svc, reqs, run, em.compute == "torch")
+        bt_metrics.update(_slowdown_in_run(plan, run.timeline))
+    row_emu = summary_row(plan, tl_emu, lower_bound_s(plan), sweep, bt_metrics, degraded=note, scale=scale) | health
+    out.results.append(RunResult(row_emu, tl_emu, 0, req_rows))
+    if em.compute == "modeled":  # real compute runs on this CPU: the cost model's GPU times do not apply
+        _predict(exp, plan, svc, sweep, scale, note, out)
+
+
+def _predict(exp: Experiment, plan, svc: dict | None, sweep: dict, scale: float, note: str, out: PointResult) -> None:
+    """The simulator's prediction of the emulated run just added to `out` (on the same trace and steady horizon for
+    BubbleTea), inserted before it, and the validation of each metric."""
+    sched, lb = plan.scheduler, lower_bound_s(plan)
+    tl_sim, events = simulate(plan)
+    steady = max(1, exp.iterations - 1)
+    sim_reqs: list[tuple] = []
+    if svc is not None:
+        from testbed.bubbletea.run import request_rows, run_bubbletea, train_mfu
+        from testbed.costs.prefill import inference_model, kv_bytes_per_token
+
+        res = run_bubbletea(plan, tl_sim.repeated(steady), exp.bubbletea, exp.seed,
+                            train_mfu(exp.workload.mfu, plan.tp, plan))
+        row_sim = summary_row(plan, res.timeline, lb, sweep, {**res.metrics, "train_slowdown": 0.0}, scale=scale)
+        tl_pred = res.timeline
+        sim_reqs = list(request_rows(plan.run_id, "sim", res.placements,
+                                     kv_bytes_per_token(inference_model(exp.bubbletea.model))))
+    else:
+        tl_pred = tl_sim.repeated(steady)
+        row_sim = summary_row(plan, tl_pred, lb, sweep, scale=scale)
+    row_emu = out.results[-1].summary
+    out.results.insert(-1, RunResult(row_sim, tl_pred, events, sim_reqs))
+    for m in VALIDATED + (BUBBLETEA_VALIDATED if svc is not None else ()):
+        a, b = float(row_sim[m]), float(row_emu[m])
+        out.validation.append((plan.run_id, sched, m, a, b, round((a - b) / b, 6) if b else "", note))
+    if svc is not None:  # like with like: the same requests (the engines' runs last different times)
+        from testbed.emu.bubbletea import served_same_requests
+
+        a, b, _n = served_same_requests(sim_reqs, out.results[-1].requests)
+        out.validation.append((plan.run_id, sched, "served_in_bubbles@same_requests", round(a, 6), round(b, 6),
+                               round((a - b) / b, 6) if b else "", note))
+
+
+def _slowdowns_vs_alone(out: PointResult) -> None:
+    """Each emulated `X+bubbletea` row's training slowdown against `X` alone in the same point (median and spread of
+    the paired steady iterations)."""
     from testbed.emu.bubbletea import slowdown
 
-    for r in results:
+    for r in out.results:
         name = str(r.summary["scheduler"])
-        if r.summary["source"] == "emu" and name.endswith("+bubbletea") and name[:-10] in durations:
-            med, p25, p75 = slowdown(durations[name], durations[name[:-10]])
+        if r.summary["source"] == "emu" and name.endswith("+bubbletea") and name[:-10] in out.durations:
+            med, p25, p75 = slowdown(out.durations[name], out.durations[name[:-10]])
             r.summary.update(train_slowdown_vs_alone=round(med, 6), train_slowdown_vs_alone_p25=round(p25, 6),
                              train_slowdown_vs_alone_p75=round(p75, 6))
-    add_speedups([r.summary for r in results])
-    return results, validation, losses, flows, cpu_rows
 
 
 def _slowdown_in_run(plan, timeline) -> dict:
@@ -400,13 +428,13 @@ def run_experiment(points: list[tuple[Experiment, dict]], check: bool, capture: 
     for i, (exp, point) in enumerate(points):
         if check and i == 0:
             line("measuring every WAN pair (links.csv)")
-        res, val, loss, flow, cpu = run_point(exp, i, point, step, capture,
-                                              on_up=measure if check and i == 0 else None, timing_budget=timing_budget)
-        run.results += res
-        run.validation += val
-        run.losses += loss
-        run.flows += flow
-        run.cpu_prefill += cpu
+        res = run_point(exp, i, point, step, capture, on_up=measure if check and i == 0 else None,
+                        timing_budget=timing_budget)
+        run.results += res.results
+        run.validation += res.validation
+        run.losses += res.losses
+        run.flows += res.flows
+        run.cpu_prefill += res.cpu_prefill
     return run
 
 
