@@ -25,6 +25,7 @@ from testbed.emu.sh import EmuError
 from testbed.emu.shaping import htb_commands, lan_commands
 from testbed.net.links import NetPlan
 from testbed.net.scale import MIN_WINDOW, MSS, MTU, TCP_HEADERS, EmulatedLink, emulated_window, link_mss  # noqa: F401
+from testbed.net.units import gbps_to_bps
 from testbed.net.wire import GSO_SEGMENTS
 from testbed.plan.network import lower_network
 from testbed.spec.experiment import warm_windows as default_warm_windows
@@ -86,7 +87,7 @@ class Emulation:
         """Shaped rate of a host's link into its DC (None: unshaped, when the scaled fabric exceeds
         what a veth carries here, about 2 Gbit/s)."""
         d = self.topo.dc(dc)
-        rate = d.intra_gbps * 1e9 * self.lan_gpus_per_host / self.scale
+        rate = gbps_to_bps(d.intra_gbps) * self.lan_gpus_per_host / self.scale
         return rate if rate <= MAX_LAN_BPS else None
 
     def host_window(self, dc: str) -> int:

@@ -9,6 +9,7 @@ import math
 
 from testbed.errors import SpecError
 from testbed.net.scale import MIN_WINDOW, MSS, MTU, TCP_HEADERS, emulated_window  # noqa: F401
+from testbed.net.units import gbps_to_bps, gbps_to_bytes_s, mib_to_bytes, ms_to_s
 from testbed.spec.topology import Topology
 
 # Linux advertises the share of a receive buffer that it measures per connection (scaling_ratio: a received
@@ -71,8 +72,8 @@ def wan_demand_bps(topo: Topology, scale: float, ranks_per_dc: dict[str, int], m
     total = 0.0
     for link in topo.links:
         a, b = link.between
-        cap = link.gbps * 1e9 / 8 / scale
-        win, rtt = emulated_window(topo.window_mb(link) * 2**20, scale), 2 * link.latency_ms / 1e3
+        cap = gbps_to_bytes_s(link.gbps) / scale
+        win, rtt = emulated_window(mib_to_bytes(topo.window_mb(link)), scale), ms_to_s(2 * link.latency_ms)
         per_pair = connections_for(cap, win, rtt, max_connections) if max_connections else 1
         pairs = ranks_per_dc.get(a, 0) * ranks_per_dc.get(b, 0)
         total += 2 * striped_rate(cap, pairs * per_pair, win, rtt) * 8 if pairs else 0.0
@@ -111,10 +112,11 @@ def check_scale(topo: Topology, scale: float, *, field: str = "emulation.scale",
         return
     slow = min(topo.links, key=lambda link: link.gbps)
     fast = max(topo.links, key=lambda link: link.gbps)
-    k_max = slow.gbps * 1e9 / MIN_EMULATED_BPS
-    k_min = fast.gbps * 1e9 / MAX_EMULATED_BPS
+    k_max = gbps_to_bps(slow.gbps) / MIN_EMULATED_BPS
+    k_min = gbps_to_bps(fast.gbps) / MAX_EMULATED_BPS
     if scale > k_max:
-        raise SpecError(field, f"k={_k(scale)} brings link {'-'.join(slow.between)} to {slow.gbps * 1e9 / scale:,.4g} "
+        raise SpecError(field, f"k={_k(scale)} brings link {'-'.join(slow.between)} to "
+                        f"{gbps_to_bps(slow.gbps) / scale:,.4g} "
                         f"bit/s, below the {MIN_EMULATED_BPS / 1e3:g} kbit/s an emulated link needs (the Atlas sidecar "
                         f"parks a paused flow at 1/100 of the link, 8 kbit/s at least)", f"use k <= {_k(k_max)}")
     if scale < k_min:
@@ -122,13 +124,13 @@ def check_scale(topo: Topology, scale: float, *, field: str = "emulation.scale",
                         f"Gbit/s, above the {MAX_EMULATED_BPS / 1e9:g} Gbit/s a veth and HTB can carry",
                         f"use k >= {_k(k_min)}")
     for link in topo.links:
-        w = max(int(topo.window_mb(link) * 2**20 / scale), MIN_WINDOW)
+        w = max(int(mib_to_bytes(topo.window_mb(link)) / scale), MIN_WINDOW)
         if receive_buffer(w) > MAX_SYSCTL_INT:
-            k = topo.window_mb(link) * 2**20 / (MAX_SYSCTL_INT * 0.75)
+            k = mib_to_bytes(topo.window_mb(link)) / (MAX_SYSCTL_INT * 0.75)
             raise SpecError(field, f"k={_k(scale)} leaves link {'-'.join(link.between)} a {w / 2**30:,.3g} GiB window, "
                             f"more than a kernel receive buffer holds (2 GiB)", f"use k >= {_k(k)}")
     for d in topo.dcs:
-        lan = d.intra_gbps * 1e9 * lan_gpus_per_host / scale
+        lan = gbps_to_bps(d.intra_gbps) * lan_gpus_per_host / scale
         if lan < MIN_EMULATED_BPS and lan <= MAX_LAN_BPS:
             raise SpecError(field, f"k={_k(scale)} brings DC {d.name}'s fabric to {lan:,.4g} bit/s per host, below "
                             f"{MIN_EMULATED_BPS / 1e3:g} kbit/s", f"use k <= {_k(lan * scale / MIN_EMULATED_BPS)}")
@@ -145,7 +147,7 @@ def window_notes(topo: Topology, scale: float) -> list[str]:
                          f"each connection to its link's, other processes (testbed launch) get the kernel's window "
                          f"for a receive buffer sized for the largest (a buffer is per host)")
     for link in topo.links:
-        w = topo.window_mb(link) * 2**20 / scale
+        w = mib_to_bytes(topo.window_mb(link)) / scale
         if w < MIN_WINDOW:
             a, b = link.between
             notes.append(f"{a}-{b}: window {topo.window_mb(link):g} MiB / scale {scale:g} = {w / 1024:.1f} KiB is "

@@ -10,6 +10,7 @@ from testbed.costs.operators import model_flops_per_token
 from testbed.costs.stage import BF16, in_flight, layer_costs
 from testbed.errors import NotYetError, SpecError
 from testbed.net.links import NetPlan
+from testbed.net.units import gbps_to_bytes_s
 from testbed.plan.buckets import bucket_bytes
 from testbed.plan.diloco import resolve as resolve_diloco
 from testbed.plan.efficiency import token_efficiency
@@ -251,7 +252,7 @@ def build_plan(
         links=links,
         net=net,
         # one NIC per GPU; a TP group's transfers and all-reduces are split across its tp NICs
-        intra={d.name: IntraDC(w.tp * d.intra_gbps * 1e9 / 8, d.intra_latency_us / 1e6) for d in topo.dcs},
+        intra={d.name: IntraDC(gbps_to_bytes_s(w.tp * d.intra_gbps), d.intra_latency_us / 1e6) for d in topo.dcs},
         replica_offset_s=offsets,
         turn_order=list(range(dp)),
         nccl_sockets=exp.network.nccl_sockets,

@@ -17,6 +17,7 @@ import numpy as np
 from testbed.costs.models import ModelConfig
 from testbed.costs.stage import ADAMW_BYTES_PER_PARAM, BF16, WORKSPACE_GB, LayerCosts, layer_costs
 from testbed.errors import NotYetError
+from testbed.net.units import gbps_to_bytes_s
 from testbed.plan.layers import choose_layers
 from testbed.plan.mechanisms import Mechanisms
 from testbed.plan.network import link_plans
@@ -205,7 +206,7 @@ class Estimator:
         service, wan_s, wan_caps, turn, group, s0 = 0.0, 0.0, [], 0.0, dp, 0
         for i, (name, n) in enumerate(zip(lay.order, lay.counts, strict=True)):
             d = dc[name]
-            bw, lat = tp * d.intra_gbps * 1e9 / 8, d.intra_latency_us / 1e6
+            bw, lat = gbps_to_bytes_s(tp * d.intra_gbps), d.intra_latency_us / 1e6
             fd[s0:s0 + n] = bd[s0:s0 + n] = A / bw + lat
             intra_bytes_s[s0:s0 + n], intra_lat[s0:s0 + n] = bw, lat
             s0 += n
