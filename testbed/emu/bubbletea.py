@@ -36,6 +36,7 @@ from testbed.costs.prefill import (
 )
 from testbed.plan.plan import Plan
 from testbed.spec.experiment import Experiment
+from testbed.timeline import group_name
 
 DECODE_PORT = 7900
 DECODE_TOKENS = 4
@@ -95,7 +96,7 @@ def service_config(plan: Plan, exp: Experiment, horizon_s: float, cal: Calibrati
         for s in range(plan.pp):
             if max_tokens[s]:
                 dc = plan.stage_dc[r][s]
-                workers[f"s{s}r{r}"] = {"dc": dc, "gpu": CPU if cal else plan.gpu_types[dc], "tp": plan.tp,
+                workers[group_name(s, r)] = {"dc": dc, "gpu": CPU if cal else plan.gpu_types[dc], "tp": plan.tp,
                                         "max_tokens": max_tokens[s]}
     kv_time = kv_transfer(plan, opts)
     per_tok = kv_bytes_per_token(inference_model(opts.model))
