@@ -92,3 +92,19 @@ EMULATOR = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "testbed" / "e
 def test_the_emulator_does_not_re_read_links_from_the_topology(path):
     hits = [line.strip() for line in (ROOT / path).read_text().splitlines() if RE_READS.search(line)]
     assert not hits, f"{path} re-derives a link from the topology: {hits}"
+
+
+def test_an_emulated_run_refuses_a_plan_of_another_scale():
+    """A plan built on the network at one k, run on an emulation at another, would have the simulator predict
+    windows and turns the emulator does not build: refused before anything starts."""
+    from testbed.emu.backends.netns import NetnsBackend
+    from testbed.emu.build import Emulation
+    from testbed.emu.names import address_plan
+    from testbed.emu.sh import EmuError
+    from testbed.emu.train import run_training
+
+    emu = Emulation("gdtbz", EXP.topology, NetnsBackend("gdtbz"), address_plan(EXP.topology, "gdtbz"), 500.0, "netem")
+    assert emu.net.links == lower_network(EXP.topology, 500.0).links  # the network `up` builds from
+    plan = build_plan(EXP, EXP.schedulers[0], dp=resolve_dp(EXP), built=lower_network(EXP.topology, 200.0))
+    with pytest.raises(EmuError, match="k=200.*k=500"):
+        run_training(plan, emu, 1)

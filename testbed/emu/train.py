@@ -663,6 +663,9 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
     `conns` the connections to open per WAN hop. Each resource the run starts (control socket, flow classes,
     sidecars, BubbleTea's service and decoders, workers, capture, meter) goes on one stack and is stopped or
     removed in reverse order whatever ends the run (an error, a timeout, Ctrl-C)."""
+    if plan.net is not None and plan.net.scale is not None and plan.net.scale != emu.scale:
+        raise EmuError(f"the plan models the network at k={plan.net.scale:g}, this one runs at k={emu.scale:g}: "
+                       "build the plan on it (build_plan(..., built=emu.net))")
     cfgs = worker_configs(plan, emu, compute, torch_cfg, conns)
     cap = None
     with contextlib.ExitStack() as stack:
