@@ -18,7 +18,6 @@ from testbed.emu.train import run_training
 from testbed.figures.draw import draw_all
 from testbed.plan.build import build_plan, resolve_dp
 from testbed.results import write_csv
-from testbed.runs.emulated import as_emulated
 from testbed.spec.load import load_experiment
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,13 +31,12 @@ def main() -> None:
     a = ap.parse_args()
     exp = load_experiment(ROOT / "experiments" / "emu-3dc.yaml", [f"iterations={a.iterations}"])[0][0]
     k = exp.emulation.scale
-    same = exp.model_copy(update={"topology": as_emulated(exp.topology, k)})
     emu = up(exp.topology, prefix=a.prefix, scale=k)
     rows: list[tuple] = []
     try:
         for name, temporal in (("sidecar", True), ("fifo", False)):
             sched = "pp-wan+mtcp+temporal" if temporal else "pp-wan+mtcp"  # without: no sidecar, the link's FIFO
-            plan = build_plan(same, sched, run_id=name, dp=resolve_dp(same))
+            plan = build_plan(exp, sched, run_id=name, dp=resolve_dp(exp), built=emu.net)
             plan.replica_offset_s = [0.0] * plan.dp
             run = run_training(plan, emu, a.iterations, capture=True)
             print(f"{name}: {run.capture_summary}")

@@ -71,8 +71,8 @@ def pipe_rate_bps(gbps: float, latency_ms: float, window_bytes: float, connectio
 
 def choose_scale(fastest_gbps: float) -> float:
     """k: the fastest link at TARGET_MBPS, as the emulator's own auto scale does (testbed/emu/scale.py). Where
-    that takes the window under the 64 KiB floor, both engines run the floored window (runs/emulated.py
-    as_emulated): holding k lower to keep the drawn window ran the fastest link at up to twice the rate the
+    that takes the window under the 64 KiB floor, both engines run the floored window (plan/network.py
+    lower_network): holding k lower to keep the drawn window ran the fastest link at up to twice the rate the
     emulator is sized for, and every host's LAN at twice that (docs/fidelity.md, the scale rule)."""
     return float(f"{max(1.0, fastest_gbps * 1e3 / TARGET_MBPS):.3g}")
 
@@ -154,8 +154,8 @@ def run_case(case: Case, timelines: Path | None = None, load: int = 0,
     from testbed.runs.emulated import run_point
 
     before = cpu_times()
-    results, validation, _losses, _flows, _cpu = run_point(case.experiment, case.index, {},
-                                                           timing_budget=timing_budget)
+    point = run_point(case.experiment, case.index, {}, timing_budget=timing_budget)
+    results, validation = point.results, point.validation
     steal = steal_share(before, cpu_times())
     if timelines is not None:
         from testbed.timeline import write_timelines

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fidelity  # noqa: E402  (bench/fidelity.py: the same cases from the same seed)
 
 from testbed.plan.build import build_plan, resolve_dp  # noqa: E402
-from testbed.runs.emulated import as_emulated  # noqa: E402
+from testbed.plan.network import lower_network  # noqa: E402
 from testbed.sim.executor import simulate  # noqa: E402
 from testbed.sim.realised import Jitter, realise  # noqa: E402
 
@@ -39,12 +39,12 @@ def main() -> None:
     print("topology scheduler | simulated: exact, with noise | emulated | error: exact, with noise")
     for case in fidelity.cases(args.seed, n, None, 3, fidelity.SCHEDULERS):
         exp = case.experiment
-        same = exp.model_copy(update={"topology": as_emulated(exp.topology, exp.emulation.scale)})
-        dp = resolve_dp(same)
+        built = lower_network(exp.topology, exp.emulation.scale)
+        dp = resolve_dp(exp)
         for sched in exp.schedulers:
             if (case.index, sched) not in emu:
                 continue
-            plan = build_plan(same, sched, run_id=f"p{case.index:02d}-{sched}", dp=dp)
+            plan = build_plan(exp, sched, run_id=f"p{case.index:02d}-{sched}", dp=dp, built=built)
             exact = simulate(plan)[0].iteration_s[0]
             noisy = mean(realise(plan, Jitter(1000 + d, *args.cv)).timeline.iteration_s[0] for d in range(args.draws))
             e = emu[(case.index, sched)]

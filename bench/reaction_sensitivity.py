@@ -22,7 +22,7 @@ import fidelity  # noqa: E402  (the bench's own case draw)
 import testbed.sim.executor as executor  # noqa: E402
 from testbed.emu.scale import auto_scale  # noqa: E402
 from testbed.plan.build import build_plan, resolve_dp  # noqa: E402
-from testbed.runs.emulated import as_emulated  # noqa: E402
+from testbed.plan.network import lower_network  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,12 +44,11 @@ def main(argv: list[str] | None = None) -> int:
             if case.index not in runs:
                 continue
             exp = case.experiment
-            same = exp.model_copy(update={"topology": as_emulated(exp.topology, exp.emulation.scale
-                                                                  or auto_scale(exp.topology))})
+            built = lower_network(exp.topology, exp.emulation.scale or auto_scale(exp.topology))
             sims = []
             for reaction in reactions:
                 executor.SIDECAR_REACTION_S = reaction
-                sims.append(executor.simulate(build_plan(same, "atlas", run_id="r", dp=resolve_dp(same)))[0]
+                sims.append(executor.simulate(build_plan(exp, "atlas", run_id="r", dp=resolve_dp(exp), built=built))[0]
                             .iteration_s[-1])
             results.append((int(case.params["dp"]), float(runs[case.index]["emu_s"]), sims))
     print(f"{len(results)} atlas runs; median signed error (sim - emu) / emu by dp, and the largest change of a "

@@ -182,10 +182,12 @@ def test_launch_buffers_advertise_the_windows_whole_segments_and_not_one_more():
 
     from testbed.emu.build import FOREIGN_SHARE
     from testbed.launch.windows import launch_rmem
+    from testbed.plan.network import lower_network
 
     for k in (20, 50, 100):
         win = emulated_window(W, k)
-        emu = SimpleNamespace(topo=TOPO, host_window=lambda dc, w=win: w, window_bytes=lambda a, b, w=win: w,
+        emu = SimpleNamespace(topo=TOPO, net=lower_network(TOPO, k), host_window=lambda dc, w=win: w,
+                              window_bytes=lambda a, b, w=win: w,
                               mss=lambda a, b: MSS)
         advertised = launch_rmem(emu, "east") * FOREIGN_SHARE
         assert win < advertised < win + MSS  # the build's buffer advertised a few bytes either side of win

@@ -29,7 +29,7 @@ from testbed.errors import SpecError
 from testbed.plan.plan import Plan
 from testbed.results import fmt
 from testbed.spec.experiment import BubbleTeaOptions
-from testbed.timeline import Timeline
+from testbed.timeline import Timeline, group_name
 
 REQUESTS_HEADER = ("run_id", "source", "request_id", "arrival_s", "prompt_tokens", "gpu", "dc", "start_s", "end_s",
                    "ttft_s", "chunks", "in_bubble", "home_dc", "kv_bytes", "kv_ready_s", "queue_s", "pool_reason")
@@ -188,7 +188,7 @@ def group_cost_table(plan: Plan, opts: BubbleTeaOptions, reserve_gb: float = 0.0
         for s in range(plan.pp):
             if max_tokens[s]:
                 dc = plan.stage_dc[r][s]
-                costs[(f"s{s}r{r}", dc)] = GroupCost(per_dc[dc].full, per_dc[dc].chunk, max_tokens[s])
+                costs[(group_name(s, r), dc)] = GroupCost(per_dc[dc].full, per_dc[dc].chunk, max_tokens[s])
     return costs, max_tokens
 
 

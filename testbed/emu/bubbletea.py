@@ -36,6 +36,7 @@ from testbed.costs.prefill import (
 )
 from testbed.plan.plan import Plan
 from testbed.spec.experiment import Experiment
+from testbed.timeline import group_name
 
 DECODE_PORT = 7900
 DECODE_TOKENS = 4
@@ -95,7 +96,7 @@ def service_config(plan: Plan, exp: Experiment, horizon_s: float, cal: Calibrati
         for s in range(plan.pp):
             if max_tokens[s]:
                 dc = plan.stage_dc[r][s]
-                workers[f"s{s}r{r}"] = {"dc": dc, "gpu": CPU if cal else plan.gpu_types[dc], "tp": plan.tp,
+                workers[group_name(s, r)] = {"dc": dc, "gpu": CPU if cal else plan.gpu_types[dc], "tp": plan.tp,
                                         "max_tokens": max_tokens[s]}
     kv_time = kv_transfer(plan, opts)
     per_tok = kv_bytes_per_token(inference_model(opts.model))
@@ -128,28 +129,10 @@ def served_requests(plan: Plan, exp: Experiment, reqs: list[Request], homes: dic
     Otherwise the fallback pool (same size as the simulator's) serves it, queued from when the service
     sent it there (its arrival, or the re-plan or skip that gave up on the bubbles)."""
     opts = exp.bubbletea
-    tl_start = [sum(durations[:k]) for k in range(len(durations))]
-
-    def on_timeline(it: int, t: float) -> float:
-        return tl_start[it] + t - starts[it]
-
     shift, horizon_end = durations[0], sum(durations)
-    last_skip: dict[int, float] = {}
-    for rid, _w, it, t in results.get("skipped", []):
-        if it < len(starts):
-            last_skip[rid] = max(last_skip.get(rid, 0.0), on_timeline(it, t))
-    ran: dict[int, list] = {}
-    for rid, w, it, chunk, a, b, tokens, cached in results.get("ran", []):
-        if it < len(starts):
-            ran.setdefault(rid, []).append((w, chunk, on_timeline(it, a), on_timeline(it, b), tokens, cached, b))
-    decided = {int(d[0]): d for d in results.get("decisions", [])}
-    decoded = {int(d[0]): d for d in results.get("decoded", [])}
-    starts_by_abs = sorted(zip(starts, range(len(starts)), strict=True))
-
-    def abs_to_timeline(t: float) -> float:
-        k = max((i for s, i in starts_by_abs if s <= t), default=0)
-        return on_timeline(k, t)
-
+    rec = ServiceRecord.of(results, starts, durations)
+    last_skip, ran, decided, decoded = rec.last_skip, rec.ran, rec.decided, rec.decoded
+    abs_to_timeline = rec.abs_to_timeline
     outcomes, rows, pool_queue, chunks_ran = [], [], [], []
     # KV caches that crossed the emulated WAN: real compute always, modeled compute with `ship_kv`
     shipped = real_compute or opts.ship_kv
@@ -201,16 +184,55 @@ def served_requests(plan: Plan, exp: Experiment, reqs: list[Request], homes: dic
     m = {**serving_metrics(outcomes, horizon, opts.ttft_slo_ms / 1e3), **pool_metrics(pool, horizon),
          "prefill_skipped": round(len(results.get("skipped", [])) / handed, 6) if handed else 0.0}
     if shipped:  # as the simulator's columns (testbed/bubbletea/run.py kv_wan_metrics), measured
-        from testbed.bubbletea.run import _ms, _pct
-
-        m.update(kv_wan_bytes=int(kv_wan), kv_ship_p50_ms=_ms(_pct(ship_s, 50)), kv_ship_p99_ms=_ms(_pct(ship_s, 99)),
-                 kv_not_arrived=not_arrived)
+        m.update(_kv_metrics(kv_wan, ship_s, not_arrived))
     if not real_compute:
         from testbed.bubbletea.run import train_mfu
 
-        work = useful_work(plan, opts, chunks_ran, horizon, train_mfu(exp.workload.mfu, plan.tp, plan))
-        m.update(work)
+        m.update(useful_work(plan, opts, chunks_ran, horizon, train_mfu(exp.workload.mfu, plan.tp, plan)))
     return sorted(rows, key=lambda r: r[0]), m
+
+
+def _kv_metrics(kv_wan: float, ship_s: list[float], not_arrived: int) -> dict:
+    """The shipped KV caches' columns, as the simulator's (testbed/bubbletea/run.py kv_wan_metrics), measured."""
+    from testbed.bubbletea.run import _ms, _pct
+
+    return {"kv_wan_bytes": int(kv_wan), "kv_ship_p50_ms": _ms(_pct(ship_s, 50)),
+            "kv_ship_p99_ms": _ms(_pct(ship_s, 99)), "kv_not_arrived": not_arrived}
+
+
+@dataclass
+class ServiceRecord:
+    """What the BubbleTea service recorded, on the run's timeline clock: iteration k's monotonic start `starts[k]`
+    falls at the sum of the iterations before it (the barrier gaps removed)."""
+
+    starts: list[float]
+    tl_start: list[float]
+    last_skip: dict[int, float]  # request -> its last skip
+    ran: dict[int, list]  # request -> (worker, chunk, start, end, tokens, cached, monotonic end) per chunk run
+    decided: dict[int, list]  # request -> the service's decision
+    decoded: dict[int, list]  # request -> its KV cache's arrival at its decode process
+
+    @classmethod
+    def of(cls, results: dict, starts: list[float], durations: list[float]) -> ServiceRecord:
+        rec = cls(starts, [sum(durations[:k]) for k in range(len(durations))], {}, {},
+                  {int(d[0]): d for d in results.get("decisions", [])},
+                  {int(d[0]): d for d in results.get("decoded", [])})
+        for rid, _w, it, t in results.get("skipped", []):
+            if it < len(starts):
+                rec.last_skip[rid] = max(rec.last_skip.get(rid, 0.0), rec.on_timeline(it, t))
+        for rid, w, it, chunk, a, b, tokens, cached in results.get("ran", []):
+            if it < len(starts):
+                rec.ran.setdefault(rid, []).append((w, chunk, rec.on_timeline(it, a), rec.on_timeline(it, b), tokens,
+                                                    cached, b))
+        return rec
+
+    def on_timeline(self, it: int, t: float) -> float:
+        return self.tl_start[it] + t - self.starts[it]
+
+    def abs_to_timeline(self, t: float) -> float:
+        """A monotonic time on the timeline clock, in the iteration that had started by then."""
+        k = max((i for s, i in sorted(zip(self.starts, range(len(self.starts)), strict=True)) if s <= t), default=0)
+        return self.on_timeline(k, t)
 
 
 def served_same_requests(sim_rows: list[tuple], emu_rows: list[tuple]) -> tuple[float, float, int]:

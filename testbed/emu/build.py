@@ -20,27 +20,16 @@ from testbed.emu.backends import Backend, Node, make_backend
 from testbed.emu.kernel import delay_method, require_root
 from testbed.emu.names import AddressPlan, address_plan, host_name
 from testbed.emu.rungroup import run_gid, secure_dir
-from testbed.emu.scale import (  # noqa: F401
-    FOREIGN_SHARE,
-    MAX_LAN_BPS,
-    MIN_WINDOW,
-    MSS,
-    MTU,
-    TCP_HEADERS,
-    check_scale,
-    emulated_window,
-    receive_buffer,
-)
+from testbed.emu.scale import FOREIGN_SHARE, MAX_LAN_BPS, check_scale, receive_buffer, window_notes  # noqa: F401
 from testbed.emu.sh import EmuError
 from testbed.emu.shaping import htb_commands, lan_commands
-from testbed.runtime.htb import GSO_SEGMENTS, link_mtu
+from testbed.net.links import NetPlan
+from testbed.net.scale import MIN_WINDOW, MSS, MTU, TCP_HEADERS, EmulatedLink, emulated_window, link_mss  # noqa: F401
+from testbed.net.units import gbps_to_bps
+from testbed.net.wire import GSO_SEGMENTS
+from testbed.plan.network import lower_network
 from testbed.spec.experiment import warm_windows as default_warm_windows
 from testbed.spec.topology import Topology
-
-
-def link_mss(link_bps: float) -> int:
-    """TCP payload per packet on an emulated WAN path whose link carries `link_bps` (bits/s)."""
-    return link_mtu(link_bps) - TCP_HEADERS
 
 
 @dataclass
@@ -62,6 +51,15 @@ class Emulation:
     congestion_control: str = "cubic"  # net.ipv4.tcp_congestion_control on every host
     user_timeout_s: float = 30.0  # TCP_USER_TIMEOUT of the workers' connections (network.tcp_user_timeout_s)
     claimed: bool = False  # `up` made this process the prefix's owner, so `down` gives it back
+    net: NetPlan = None  # type: ignore[assignment]  # the WAN links as built: lower_network(topo, scale)
+
+    def __post_init__(self) -> None:
+        if self.net is None:
+            self.net = lower_network(self.topo, self.scale)
+
+    def link(self, a: str, b: str) -> EmulatedLink:
+        """The WAN link between DCs a and b as built (emulated units; testbed/net/scale.py applies k)."""
+        return self.net.emulated(a, b)
 
     def node(self, name: str) -> Node:
         return self.backend.nodes[name]
@@ -70,34 +68,32 @@ class Emulation:
         return self.node(self.addr.host(host).ns)
 
     def window_bytes(self, a: str, b: str) -> int:
-        link = self.topo.link(a, b)
-        return emulated_window(self.topo.window_mb(link) * 2**20, self.scale,  # type: ignore[arg-type]
-                               self.mss(a, b))
+        """One emulated connection's window between DCs a and b."""
+        return self.link(a, b).window_bytes
 
     def link_bps(self, a: str, b: str) -> float:
         """The emulated rate (bits/s) of the link between DCs a and b."""
-        return self.topo.link(a, b).gbps * 1e9 / self.scale  # type: ignore[union-attr]
+        return self.link(a, b).rate_bps
 
     def mtu(self, a: str, b: str) -> int:
-        """The packet size between DCs a and b (the hosts' route to the peer DC: runtime/htb.py link_mtu), from the
+        """The packet size between DCs a and b (the hosts' route to the peer DC: net/wire.py link_mtu), from the
         rate the link was built at: a link that changes keeps its hosts' routes, and its HTB classes their quantum."""
-        return link_mtu(self.link_bps(a, b))
+        return self.link(a, b).mtu
 
     def mss(self, a: str, b: str) -> int:
         """TCP payload per packet between DCs a and b."""
-        return link_mss(self.link_bps(a, b))
+        return self.link(a, b).mss
 
     def lan_rate_bps(self, dc: str) -> float | None:
         """Shaped rate of a host's link into its DC (None: unshaped, when the scaled fabric exceeds
         what a veth carries here, about 2 Gbit/s)."""
         d = self.topo.dc(dc)
-        rate = d.intra_gbps * 1e9 * self.lan_gpus_per_host / self.scale
+        rate = gbps_to_bps(d.intra_gbps) * self.lan_gpus_per_host / self.scale
         return rate if rate <= MAX_LAN_BPS else None
 
     def host_window(self, dc: str) -> int:
         """A host's receive window cap: the largest of its DC's WAN links (a sysctl is per host, not per peer)."""
-        return max((self.window_bytes(*link.between) for link in self.topo.links if dc in link.between),
-                   default=MIN_WINDOW)
+        return max((self.window_bytes(dc, peer) for peer, _ in self.net.touching(dc)), default=MIN_WINDOW)
 
     def state(self) -> dict:
         return {
@@ -110,24 +106,6 @@ class Emulation:
 
     def save(self) -> None:
         state.save(self.prefix, self.state())
-
-
-def window_notes(topo: Topology, scale: float) -> list[str]:
-    notes = []
-    for dc in topo.dcs:
-        wins = {topo.window_mb(link) for link in topo.links if dc.name in link.between}
-        if len(wins) > 1:
-            notes.append(f"{dc.name}: its links have different TCP windows {sorted(wins)} MiB; training workers clamp "
-                         f"each connection to its link's, other processes (testbed launch) get the kernel's window "
-                         f"for a receive buffer sized for the largest (a buffer is per host)")
-    for link in topo.links:
-        w = topo.window_mb(link) * 2**20 / scale
-        if w < MIN_WINDOW:
-            a, b = link.between
-            notes.append(f"{a}-{b}: window {topo.window_mb(link):g} MiB / scale {scale:g} = {w / 1024:.1f} KiB is "
-                         f"below 64 KiB; emulated with 64 KiB, so one connection carries "
-                         f"{MIN_WINDOW / w:.1f}x more than the scaled real-world one")
-    return notes
 
 
 def up(topo: Topology, *, backend: str = "netns", prefix: str | None = "gdtb0", scale: float = 1.0,
@@ -227,13 +205,10 @@ def initial_windows(emu: Emulation, dc: str) -> dict[str, int]:
     if not emu.warm_windows:
         return {}
     out = {}
-    for link in emu.topo.links:
-        if dc not in link.between:
-            continue
-        peer = link.between[1] if link.between[0] == dc else link.between[0]
-        bdp = emu.link_bps(dc, peer) / 8 * 2 * link.latency_ms / 1e3
-        cwnd = min(emu.window_bytes(dc, peer), bdp)
-        out[peer] = max(LINUX_INITIAL_CWND, math.ceil(cwnd / emu.mss(dc, peer)))
+    for peer, _ in emu.net.touching(dc):
+        e = emu.link(dc, peer)
+        cwnd = min(e.window_bytes, e.capacity_bytes_s * e.rtt_s)
+        out[peer] = max(LINUX_INITIAL_CWND, math.ceil(cwnd / e.mss))
     return out
 
 
@@ -250,10 +225,7 @@ def peer_routes(emu: Emulation, dc: str) -> dict[str, list[str]]:
     segment is a thousandth of it; quick acks remove what only scaling made large."""
     cwnds = initial_windows(emu, dc)
     out = {}
-    for link in emu.topo.links:
-        if dc not in link.between:
-            continue
-        peer = link.between[1] if link.between[0] == dc else link.between[0]
+    for peer, _ in emu.net.touching(dc):
         route = ["mtu", "lock", str(emu.mtu(dc, peer)), "quickack", "1"]
         if peer in cwnds:
             route += ["initcwnd", str(cwnds[peer])]
@@ -266,7 +238,8 @@ def _build(emu: Emulation) -> None:
     allow_congestion_control(emu.congestion_control)
     from testbed.runtime.worker import socket_buffer
 
-    allow_receive_buffer(socket_buffer(max((emu.window_bytes(*link.between) for link in topo.links), default=0)))
+    allow_receive_buffer(socket_buffer(max((link.emulated.window_bytes for link in emu.net.links  # type: ignore[union-attr]
+                                            ), default=0)))
     gws: dict[str, Node] = {}
     for i, dc in enumerate(topo.dcs):
         gw_ns, gw_ip = addr.gateways[dc.name]
@@ -301,14 +274,13 @@ def _build(emu: Emulation) -> None:
             be.run(wan, ["ip", "addr", "add", f"{wan_ip}/30", "dev", dc])
             be.run(gw, ["ip", "route", "add", addr.lan_subnet[peer], "via", wan_ip])
             be.run(wan, ["ip", "route", "add", addr.lan_subnet[dc], "via", gw_ip])
-        rate = link.gbps * 1e9 / emu.scale
-        rtt = 2 * link.latency_ms / 1e3
-        netem = link.latency_ms if emu.delay == "netem" else None
+        e = emu.link(w.a, w.b)
+        netem = e.delay_ms if emu.delay == "netem" else None
         for dev in (w.a, w.b):  # egress towards that DC
-            for cmd in htb_commands(dev, rate, rtt, netem, emu.mtu(w.a, w.b)):
+            for cmd in htb_commands(dev, e.rate_bps, e.rtt_s, netem, e.mtu):
                 be.run(wan, cmd)
-        if emu.delay == "nfqueue" and max([link.latency_ms, *(p.latency_ms for p in link.trace or [])]) > 0:
-            start_delayline(emu, wan, w.a, w.b, link.latency_ms)
+        if emu.delay == "nfqueue" and max([e.latency_s, *(p.latency_ms for p in link.trace or [])]) > 0:
+            start_delayline(emu, wan, w.a, w.b, e.delay_ms)
     be.start()
 
 

@@ -225,8 +225,8 @@ class Capture:
         from testbed.emu.sh import EmuError
 
         emu, rdir = self.emu, state.run_dir(self.emu.prefix)
-        for w, link in zip(emu.addr.wans, emu.topo.links, strict=True):
-            rate = link.gbps * 1e9 / emu.scale
+        for w in emu.addr.wans:
+            rate = emu.link_bps(w.a, w.b)
             out = str(rdir / f"capture-{w.ns}.json")
             cfg = {"link": f"{w.a}-{w.b}", "seconds": self.seconds, "max_packets": self.max_packets,
                    "snaplen": self.snaplen, "out": out,

@@ -12,7 +12,7 @@ from testbed.costs.tcp import striped_rate
 from testbed.emu.build import Emulation
 from testbed.emu.measure import ping_stats
 from testbed.emu.sh import EmuError
-from testbed.net.units import bytes_s_to_mbps, bytes_to_kib, gbps_to_mbps, mbps_to_bytes_s, ms_to_s
+from testbed.net.units import bytes_s_to_mbps, bytes_to_kib, mbps_to_bytes_s
 
 LINKS_HEADER = ("link", "configured_mbps", "measured_mbps_1", "measured_mbps_n", "workers_mbps_1", "workers_mbps_n",
                 "streams", "model_mbps_1", "model_mbps_n", "configured_rtt_ms", "rtt_min_ms", "rtt_avg_ms",
@@ -78,15 +78,14 @@ WORKERS_WARMUP_S = 1.0  # left out of the workers' measurement: their connection
 def check_links(emu: Emulation, streams: int = 8, seconds: float = 3.0, pings: int = 40) -> list[dict]:
     """One links.csv row per WAN link: ping, iperf3 and the workers' transport with 1 and `streams` connections."""
     rows = []
-    for k, link in enumerate(emu.topo.links):
+    for k, link in enumerate(emu.net.links):
         a, b = link.between
+        e = emu.link(a, b)
         src, dst = f"{a}-h0", f"{b}-h0"
         rtt = ping(emu, src, emu.addr.host(dst).ip, pings)
         one = iperf(emu, src, dst, 5201 + k, seconds, 1)
         many = iperf(emu, src, dst, 5201 + k, seconds, streams)
-        cap = gbps_to_mbps(link.gbps) / emu.scale
-        win = emu.window_bytes(a, b)
-        rtt_s = 2 * ms_to_s(link.latency_ms)
+        cap, win, rtt_s = bytes_s_to_mbps(e.capacity_bytes_s), e.window_bytes, e.rtt_s
         ours = {n: bulk(emu, src, dst, 5301 + k, seconds, n, win, WORKERS_WARMUP_S)["received_mbps"]
                 for n in (1, streams)}
         model = {n: bytes_s_to_mbps(striped_rate(mbps_to_bytes_s(cap), n, win, rtt_s)) for n in (1, streams)}
@@ -95,7 +94,7 @@ def check_links(emu: Emulation, streams: int = 8, seconds: float = 3.0, pings: i
             "measured_mbps_1": round(one["received_mbps"], 3), "measured_mbps_n": round(many["received_mbps"], 3),
             "workers_mbps_1": round(ours[1], 3), "workers_mbps_n": round(ours[streams], 3),
             "streams": streams, "model_mbps_1": round(model[1], 3), "model_mbps_n": round(model[streams], 3),
-            "configured_rtt_ms": 2 * link.latency_ms, **{k2: (round(v, 3) if v is not None else "") for k2, v in
+            "configured_rtt_ms": 2 * e.delay_ms, **{k2: (round(v, 3) if v is not None else "") for k2, v in
                                                         rtt.items() if k2 != "samples"},
             "delay_method": emu.delay, "scale": emu.scale, "window_kib": round(bytes_to_kib(win), 1),
         })

@@ -88,9 +88,9 @@ class FlowControl:
     def leaf(self, minor: int, link_bps: float, verb: str = "add") -> list[str]:
         """The queue under class 1:<minor>: with netem, the link's delay (as `up` built it; a WAN that changes
         re-delays every leaf, emu/wanchange.py), or every packet this class carries would cross undelayed."""
-        latency_ms = self.emu.topo.link(self.a, self.b).latency_ms
-        netem = latency_ms if self.emu.delay == "netem" else None
-        return leaf_command(self.dev, minor, link_bps, 2 * latency_ms / 1e3, netem, verb)
+        e = self.emu.link(self.a, self.b)
+        return leaf_command(self.dev, minor, link_bps, e.rtt_s, e.delay_ms if self.emu.delay == "netem" else None,
+                            verb)
 
     def add_filter(self, minor: int, *, ports: tuple[int, int] | None = None,
                    sports: tuple[int, int] | None = None) -> None:

@@ -278,8 +278,7 @@ class Meter:
 
     def _links(self) -> list[tuple[str, str, float]]:
         """(link name, WAN node, round trip s) of every WAN link."""
-        return [(f"{w.a}-{w.b}", w.ns, 2 * link.latency_ms / 1e3)
-                for w, link in zip(self.emu.addr.wans, self.emu.topo.links, strict=True)]
+        return [(f"{w.a}-{w.b}", w.ns, self.emu.link(w.a, w.b).rtt_s) for w in self.emu.addr.wans]
 
     def _delay(self) -> dict[str, dict]:
         from testbed.emu import state

@@ -1,26 +1,17 @@
 """Choosing the emulation scale factor k (emulated links at 100-200 Mbit/s), and the range of k a
 topology can be emulated at: rates, windows and bytes divided by k must stay inside what HTB, the
-kernel's TCP buffers and the workers can carry. Checked before anything is built."""
+kernel's TCP buffers and the workers can carry. Checked before anything is built. Applying k to a link:
+testbed/net/scale.py."""
 
 from __future__ import annotations
 
 import math
 
 from testbed.errors import SpecError
+from testbed.net.scale import MIN_WINDOW, MSS, MTU, TCP_HEADERS, emulated_window  # noqa: F401
+from testbed.net.units import gbps_to_bps, gbps_to_bytes_s, mib_to_bytes, ms_to_s
 from testbed.spec.topology import Topology
 
-MIN_WINDOW = 64 * 1024  # below this one TCP connection no longer behaves like one (MSS is ~9 KB)
-MTU = 9000
-TCP_HEADERS = 52  # IPv4 and TCP headers with the timestamp option
-MSS = MTU - TCP_HEADERS  # TCP payload per jumbo packet
-
-
-def emulated_window(window_bytes: float, scale: float, mss: int = MSS) -> int:
-    """A real-world window as one emulated connection carries it: divided by k, at least 64 KiB, and a whole
-    number of segments of `mss` (a receiver advertises, and a sender fills, a window in whole segments; bench
-    tcp_fidelity.py measured a 128 KiB clamp carrying 14 segments' worth)."""
-    w = max(window_bytes / scale, MIN_WINDOW)
-    return max(1, round(w / mss)) * mss
 # Linux advertises the share of a receive buffer that it measures per connection (scaling_ratio: a received
 # segment's length over its memory, since kernel 6.6; 1/2 before): 0.75 to 0.95 of the buffer here with MTU
 # 9000, varying with the buffer's size, between connections and with how promptly the reader reads
@@ -81,8 +72,8 @@ def wan_demand_bps(topo: Topology, scale: float, ranks_per_dc: dict[str, int], m
     total = 0.0
     for link in topo.links:
         a, b = link.between
-        cap = link.gbps * 1e9 / 8 / scale
-        win, rtt = emulated_window(topo.window_mb(link) * 2**20, scale), 2 * link.latency_ms / 1e3
+        cap = gbps_to_bytes_s(link.gbps) / scale
+        win, rtt = emulated_window(mib_to_bytes(topo.window_mb(link)), scale), ms_to_s(2 * link.latency_ms)
         per_pair = connections_for(cap, win, rtt, max_connections) if max_connections else 1
         pairs = ranks_per_dc.get(a, 0) * ranks_per_dc.get(b, 0)
         total += 2 * striped_rate(cap, pairs * per_pair, win, rtt) * 8 if pairs else 0.0
@@ -121,10 +112,11 @@ def check_scale(topo: Topology, scale: float, *, field: str = "emulation.scale",
         return
     slow = min(topo.links, key=lambda link: link.gbps)
     fast = max(topo.links, key=lambda link: link.gbps)
-    k_max = slow.gbps * 1e9 / MIN_EMULATED_BPS
-    k_min = fast.gbps * 1e9 / MAX_EMULATED_BPS
+    k_max = gbps_to_bps(slow.gbps) / MIN_EMULATED_BPS
+    k_min = gbps_to_bps(fast.gbps) / MAX_EMULATED_BPS
     if scale > k_max:
-        raise SpecError(field, f"k={_k(scale)} brings link {'-'.join(slow.between)} to {slow.gbps * 1e9 / scale:,.4g} "
+        raise SpecError(field, f"k={_k(scale)} brings link {'-'.join(slow.between)} to "
+                        f"{gbps_to_bps(slow.gbps) / scale:,.4g} "
                         f"bit/s, below the {MIN_EMULATED_BPS / 1e3:g} kbit/s an emulated link needs (the Atlas sidecar "
                         f"parks a paused flow at 1/100 of the link, 8 kbit/s at least)", f"use k <= {_k(k_max)}")
     if scale < k_min:
@@ -132,16 +124,36 @@ def check_scale(topo: Topology, scale: float, *, field: str = "emulation.scale",
                         f"Gbit/s, above the {MAX_EMULATED_BPS / 1e9:g} Gbit/s a veth and HTB can carry",
                         f"use k >= {_k(k_min)}")
     for link in topo.links:
-        w = max(int(topo.window_mb(link) * 2**20 / scale), MIN_WINDOW)
+        w = max(int(mib_to_bytes(topo.window_mb(link)) / scale), MIN_WINDOW)
         if receive_buffer(w) > MAX_SYSCTL_INT:
-            k = topo.window_mb(link) * 2**20 / (MAX_SYSCTL_INT * 0.75)
+            k = mib_to_bytes(topo.window_mb(link)) / (MAX_SYSCTL_INT * 0.75)
             raise SpecError(field, f"k={_k(scale)} leaves link {'-'.join(link.between)} a {w / 2**30:,.3g} GiB window, "
                             f"more than a kernel receive buffer holds (2 GiB)", f"use k >= {_k(k)}")
     for d in topo.dcs:
-        lan = d.intra_gbps * 1e9 * lan_gpus_per_host / scale
+        lan = gbps_to_bps(d.intra_gbps) * lan_gpus_per_host / scale
         if lan < MIN_EMULATED_BPS and lan <= MAX_LAN_BPS:
             raise SpecError(field, f"k={_k(scale)} brings DC {d.name}'s fabric to {lan:,.4g} bit/s per host, below "
                             f"{MIN_EMULATED_BPS / 1e3:g} kbit/s", f"use k <= {_k(lan * scale / MIN_EMULATED_BPS)}")
+
+
+def window_notes(topo: Topology, scale: float) -> list[str]:
+    """What the emulation at k cannot carry as the spec says: a host's links with different windows (a receive
+    buffer is per host), a window that k takes below 64 KiB."""
+    notes = []
+    for dc in topo.dcs:
+        wins = {topo.window_mb(link) for link in topo.links if dc.name in link.between}
+        if len(wins) > 1:
+            notes.append(f"{dc.name}: its links have different TCP windows {sorted(wins)} MiB; training workers clamp "
+                         f"each connection to its link's, other processes (testbed launch) get the kernel's window "
+                         f"for a receive buffer sized for the largest (a buffer is per host)")
+    for link in topo.links:
+        w = mib_to_bytes(topo.window_mb(link)) / scale
+        if w < MIN_WINDOW:
+            a, b = link.between
+            notes.append(f"{a}-{b}: window {topo.window_mb(link):g} MiB / scale {scale:g} = {w / 1024:.1f} KiB is "
+                         f"below 64 KiB; emulated with 64 KiB, so one connection carries "
+                         f"{MIN_WINDOW / w:.1f}x more than the scaled real-world one")
+    return notes
 
 
 def check_transfer_bytes(act_bytes: list[float], grad_bytes: list[float], dp: int, scale: float,

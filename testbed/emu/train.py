@@ -139,8 +139,8 @@ def add_kv_classes(emu: Emulation, kv_hops: dict, port: int, temporal: set[froze
     contend). There the KV class yields to the default class, which carries training at the NIC's rate."""
     from testbed.emu.flowctl import FlowControl
 
-    for w, link in zip(emu.addr.wans, emu.topo.links, strict=True):
-        rate, ceil, prio = kv_class(link.gbps * 1e9 / emu.scale, frozenset((w.a, w.b)) in temporal)
+    for w in emu.addr.wans:
+        rate, ceil, prio = kv_class(emu.link_bps(w.a, w.b), frozenset((w.a, w.b)) in temporal)
         devs = kv_hops.setdefault((w.a, w.b), {})
         for dev in (w.a, w.b):
             if "kv" not in devs.setdefault(dev, {}):
@@ -170,9 +170,11 @@ def remove_kv_classes(emu: Emulation, kv_hops: dict) -> None:
             emu.backend.run(node, ["tc", "class", "del", "dev", "eth0", "classid", f"1:{KV_MINOR:x}"], check=False)
 
 
-def start_sidecars(plan: Plan, emu: Emulation, hops: dict) -> list[subprocess.Popen]:
-    """One Atlas sidecar per temporal WAN link whose replica classes `classify_replicas` made."""
-    procs = []
+def start_sidecars(plan: Plan, emu: Emulation, hops: dict, procs: list[subprocess.Popen] | None = None
+                   ) -> list[subprocess.Popen]:
+    """One Atlas sidecar per temporal WAN link whose replica classes `classify_replicas` made, each appended to
+    `procs` as it starts (so one that fails leaves those before it to be stopped)."""
+    procs = [] if procs is None else procs
     rdir = state.run_dir(emu.prefix)
     for (a, b), devs in hops.items():
         lp = plan.links[(a, b)]
@@ -411,15 +413,15 @@ def start_bubbletea(emu: Emulation, service: dict) -> tuple[subprocess.Popen, st
     return p, sock, results
 
 
-def start_decoders(plan: Plan, emu: Emulation, sock: str, model: str, steps: int, compute: str = "torch"
-                   ) -> tuple[list[subprocess.Popen], dict[str, Endpoint]]:
+def start_decoders(plan: Plan, emu: Emulation, sock: str, model: str, steps: int, compute: str = "torch",
+                   procs: list[subprocess.Popen] | None = None) -> tuple[list[subprocess.Popen], dict[str, Endpoint]]:
     """One decode process per DC (testbed/runtime/decode.py) on the DC's first host: KV caches cross the
-    emulated WAN to it (modeled compute: it receives them and decodes nothing). Returns the processes and
-    each DC's address."""
+    emulated WAN to it (modeled compute: it receives them and decodes nothing). Returns the processes (appended
+    to `procs` as they start) and each DC's address."""
     from testbed.emu.bubbletea import DECODE_PORT
 
     rdir = state.run_dir(emu.prefix)
-    procs, where = [], {}
+    procs, where = [] if procs is None else procs, {}
     for dc in plan.dcs_used():
         h = next(h for h in emu.addr.hosts if h.dc == dc)
         path = rdir / f"decode-{dc}.json"
@@ -470,6 +472,202 @@ def capture_rows(plan: Plan, emu: Emulation, cfgs: dict, res, starts: list[float
     return flow_rows(plan.run_id, shifted, lambda ip, port: ends.get((ip, port)) or dc_of.get(ip, Endpoint()), 0)
 
 
+def stop_processes(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
+    """Terminate each process, give it `grace_s`, then kill it: best effort while a run unwinds."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def kill_processes(procs: list[subprocess.Popen]) -> None:
+    """Kill every process still running (the workers, once the run is over or has failed)."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def control_socket(stack: contextlib.ExitStack, emu: Emulation, n: int) -> Controller:
+    """The run's control socket for `n` workers, closed when the run ends."""
+    ctl = Controller(str(state.run_dir(emu.prefix) / "ctl.sock"), n, run_gid(emu.backend), worker_uid(emu.backend))
+    ctl.watch = lambda: check_delaylines(emu)
+    stack.callback(ctl.close)
+    return ctl
+
+
+def shape_replicas(stack: contextlib.ExitStack, plan: Plan, emu: Emulation, cfgs: dict) -> dict:
+    """A class per replica on every WAN hop (fair sharing, or turns where a sidecar ranks them) and the sidecars;
+    returns the hops' classes (link -> dev -> replica -> class minor). Removed and stopped when the run ends."""
+    hops: dict[tuple[str, str], dict[str, dict[str, int]]] = {}
+    stack.callback(remove_flow_classes, emu, hops)
+    if any(q.flow_class is not None for c in cfgs.values() for q in c.program.pipes):
+        classify_replicas(plan, emu, hops, cfgs)
+        sidecars: list[subprocess.Popen] = []
+        stack.callback(stop_processes, sidecars)
+        start_sidecars(plan, emu, hops, sidecars)
+    return hops
+
+
+@dataclass
+class Serving:
+    """BubbleTea's side of a run: the KV caches' classes, the service's results file, whether decoders run."""
+
+    kv_hops: dict = field(default_factory=dict)  # link -> dev -> "kv" -> KV_MINOR
+    results: str | None = None
+    decoders: bool = False
+
+
+def serve_bubbletea(stack: contextlib.ExitStack, plan: Plan, emu: Emulation, bubbletea: dict | None, compute: str,
+                    cfgs: dict) -> tuple[dict, Serving]:
+    """With `bubbletea`: the KV caches' classes, the service and the decode processes, stopped and removed when the
+    run ends; returns the workers' configurations with the service's address, and what it serves."""
+    serving = Serving()
+    if bubbletea is None:
+        return cfgs, serving
+    from testbed.emu.bubbletea import DECODE_PORT
+    from testbed.emu.kvdelay import start_kv_delaylines, stop_kv_delaylines
+    from testbed.runtime.config import PrefillConfig
+
+    stack.callback(remove_kv_classes, emu, serving.kv_hops)
+    classify_kv(plan, emu, serving.kv_hops, DECODE_PORT)
+    kv_lines: list[str] = []  # WAN nodes whose KV caches have a delay line of their own (testbed/emu/kvdelay.py)
+    stack.callback(lambda: kv_lines and stop_kv_delaylines(emu, DECODE_PORT, kv_lines))
+    procs: list[subprocess.Popen] = []
+    stack.callback(stop_processes, procs)
+    service, sock, serving.results = start_bubbletea(emu, bubbletea)
+    procs.append(service)
+    where: dict[str, Endpoint] = {}
+    ship = bubbletea.get("ship_kv", True) and compute == "modeled"
+    if compute == "torch" or ship:
+        kv_lines += start_kv_delaylines(emu, DECODE_PORT)
+        _, where = start_decoders(plan, emu, sock, bubbletea["model"], bubbletea["decode_tokens"], compute, procs)
+        serving.decoders = True
+    # modeled compute ships filler of the modeled KV cache's size over the emulation's scale, on as many
+    # connections as a WAN pipe opens (the simulator's KV flow has their cap)
+    kv_tok = bubbletea["kv_bytes_per_token"] / emu.scale if ship else 0.0
+    kv_conns = max((lp.connections for lp in plan.links.values()), default=1)
+    pf = PrefillConfig(bubbletea["model"], bubbletea["layers"], where, kv_tok, kv_conns)
+    return {k: dataclasses.replace(c, bubbletea=sock, prefill=pf) for k, c in cfgs.items()}, serving
+
+
+def start_workers(stack: contextlib.ExitStack, emu: Emulation, cfgs: dict, ctl: Controller
+                  ) -> tuple[list[subprocess.Popen], dict[tuple[int, int], subprocess.Popen]]:
+    """One worker process per group on its host, killed if still running when the run ends; returns once every
+    worker has connected to the control socket and said it is ready."""
+    rdir = state.run_dir(emu.prefix)
+    procs: list[subprocess.Popen] = []
+    workers: dict[tuple[int, int], subprocess.Popen] = {}
+    stack.callback(kill_processes, procs)
+    for (s, r), cfg in cfgs.items():
+        path = rdir / f"worker-s{s}r{r}.json"
+        path.write_text(cfg.to_json())
+        node = emu.node(worker_ns(emu, cfg))
+        procs.append(emu.backend.spawn(node, "testbed.runtime.worker", [str(path), ctl.path],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                       start_new_session=True))
+        workers[(s, r)] = procs[-1]
+    ctl.accept_all(workers, START_TIMEOUT)
+    ctl.expect("ready", procs, START_TIMEOUT)
+    return procs, workers
+
+
+def connect_live(live, plan: Plan, emu: Emulation, hops: dict, kv_hops: dict) -> None:
+    """Tell a changing WAN (wanchange.LiveWan) the run's sidecars and classes, then set every link to its state at
+    time 0."""
+    live.sidecar_paths.update({frozenset(link): sidecar_socket(emu, *link) for link in hops
+                               if plan.links[link].temporal})
+    temporal = {frozenset(k) for k, lp in plan.links.items() if lp.temporal}
+    live.fair_classes.update({frozenset(link): {dev: tuple(ms.values()) for dev, ms in devs.items()}
+                              for link, devs in hops.items() if not plan.links[link].temporal})
+    wan_kv = [(k, v) for k, v in kv_hops.items() if k[0] != "lan"]
+    for link, devs in wan_kv:  # re-rated as made
+        live.kv_classes[frozenset(link)] = {dev: (*ms.values(), frozenset(link) in temporal)
+                                            for dev, ms in devs.items()}
+    for link, devs in (*hops.items(), *wan_kv):
+        have = live.leaves.setdefault(frozenset(link), {})
+        for dev, ms in devs.items():
+            have[dev] = tuple(sorted({*have.get(dev, ()), *ms.values()}))
+    live.prepare()
+
+
+@dataclass
+class Iterations:
+    """What the workers reported, iteration after iteration."""
+
+    intervals: list[Interval] = field(default_factory=list)
+    durations: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    starts: list[float] = field(default_factory=list)  # each iteration's monotonic start
+    degraded: str = ""
+
+
+def go(ctl: Controller, procs: list[subprocess.Popen], it: int, t_start: float, replan, clock_s: float) -> None:
+    """Start iteration `it` at `t_start`; with `replan`, each worker gets the iteration's program with its go."""
+    if replan is None:
+        ctl.broadcast({"go": it, "t": t_start}, procs)
+        return
+    programs = lower(replan(clock_s))
+    for (s, r), c in ctl.conns.items():
+        ctl.send((s, r), c, {"go": it, "t": t_start, "program": json.loads(programs[group_name(s, r)].to_json())},
+                 procs)
+
+
+def iterate(plan: Plan, emu: Emulation, cfgs: dict, ctl: Controller, procs: list[subprocess.Popen], iterations: int,
+            sampler: FlowSampler, meter: Meter, live=None, replan=None, progress=None) -> Iterations:
+    """Every iteration: its go, the workers' done (HTB counters sampled over one steady iteration), their intervals
+    on the run's clock (barrier gaps removed), their waits for the timing health."""
+    out = Iterations()
+    host_of = {key: worker_ns(emu, c) for key, c in cfgs.items()}
+    steady = min(1, iterations - 1)  # the first steady iteration, as the summary's
+    for it in range(iterations):
+        t_start = time.monotonic() + 0.05
+        out.starts.append(t_start)
+        if live is not None:
+            live.begin(it, t_start, sum(out.durations))
+        go(ctl, procs, it, t_start, replan, sum(out.durations))
+        with sampler if it == steady else contextlib.nullcontext():
+            done = ctl.expect("done", procs, ITERATION_TIMEOUT)
+        if live is not None:
+            live.end()
+        end = max((iv[3] for d in done.values() for iv in d["log"]), default=t_start)  # prefill included
+        out.degraded = out.degraded or next((d["degraded"] for d in done.values() if d.get("degraded")), "")
+        if it >= steady:
+            for key, d in done.items():
+                meter.add_waits(host_of[key], d.get("waits"), d.get("wakes"))
+        it_losses = [d["loss"] for d in done.values() if d.get("loss") is not None]
+        if it_losses:
+            out.losses.append(sum(it_losses) / len(it_losses))
+        shift = sum(out.durations) - t_start
+        for (s, r), msg in done.items():
+            dc = plan.stage_dc[r][s]
+            for kind, mb, t0, t1, nbytes in msg["log"]:
+                out.intervals.append(Interval(it, group_name(s, r), dc, s, r, kind, mb, t0 + shift, t1 + shift,
+                                              nbytes))
+        out.durations.append(end - t_start)
+        if progress:
+            progress()
+    return out
+
+
+def stop_workers(ctl: Controller, procs: list[subprocess.Popen], decoders: bool) -> None:
+    """The run is over: the last KV caches reach their decode processes, then every worker is told to stop (it
+    waits up to KV_DRAIN_S for its KV caches still in flight) and given time to exit."""
+    if decoders:
+        time.sleep(1.0)
+    ctl.broadcast({"stop": True})
+    for p in procs:
+        try:
+            p.wait(10 + KV_DRAIN_S)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, compute: str = "modeled",
                  torch_cfg: dict[int, dict] | None = None, bubbletea: dict | None = None,
                  capture: bool = False, live=None, replan=None, conns: dict | None = None) -> TrainingRun:
@@ -478,153 +676,47 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
     `capture`: packet headers on every WAN link for the whole run (testbed/emu/capture.py) instead of the
     HTB class counters of one iteration. On a changing WAN, `live` (wanchange.LiveWan) applies the link
     schedule, `replan(clock)` gives each iteration's plan (its programs go out with the iteration's go) and
-    `conns` the connections to open per WAN hop."""
+    `conns` the connections to open per WAN hop. Each resource the run starts (control socket, flow classes,
+    sidecars, BubbleTea's service and decoders, workers, capture, meter) goes on one stack and is stopped or
+    removed in reverse order whatever ends the run (an error, a timeout, Ctrl-C)."""
+    if plan.net is not None and plan.net.scale is not None and plan.net.scale != emu.scale:
+        raise EmuError(f"the plan models the network at k={plan.net.scale:g}, this one runs at k={emu.scale:g}: "
+                       "build the plan on it (build_plan(..., built=emu.net))")
     cfgs = worker_configs(plan, emu, compute, torch_cfg, conns)
-    rdir = state.run_dir(emu.prefix)
-    ctl = Controller(str(rdir / "ctl.sock"), len(cfgs), run_gid(emu.backend), worker_uid(emu.backend))
-    ctl.watch = lambda: check_delaylines(emu)
-    procs: list[subprocess.Popen] = []
-    workers: dict[tuple[int, int], subprocess.Popen] = {}
-    sidecars: list[subprocess.Popen] = []
-    hops: dict[tuple[str, str], dict[str, dict[str, int]]] = {}  # link -> dev -> replica -> class minor
-    kv_hops: dict[tuple[str, str], dict[str, dict[str, int]]] = {}  # link -> dev -> "kv" -> KV_MINOR
-    kv_lines: list[str] = []  # WAN nodes whose KV caches have a delay line of their own (testbed/emu/kvdelay.py)
-    service, service_results = None, None
-    decoders: list[subprocess.Popen] = []
-    bt_results: dict = {}
-    degraded = ""
     cap = None
-    meter = Meter(emu)
-    health = None
-    try:
-        # a class per replica on every WAN hop: fair sharing, or turns where a sidecar ranks them
-        if any(q.flow_class is not None for c in cfgs.values() for q in c.program.pipes):
-            classify_replicas(plan, emu, hops, cfgs)
-            sidecars = start_sidecars(plan, emu, hops)
-        if bubbletea is not None:
-            from testbed.emu.bubbletea import DECODE_PORT
-            from testbed.runtime.config import PrefillConfig
-
-            classify_kv(plan, emu, kv_hops, DECODE_PORT)
-            service, sock, service_results = start_bubbletea(emu, bubbletea)
-            where: dict[str, Endpoint] = {}
-            ship = bubbletea.get("ship_kv", True) and compute == "modeled"
-            if compute == "torch" or ship:
-                from testbed.emu.kvdelay import start_kv_delaylines
-
-                kv_lines = start_kv_delaylines(emu, DECODE_PORT)
-                decoders, where = start_decoders(plan, emu, sock, bubbletea["model"], bubbletea["decode_tokens"],
-                                                 compute)
-            # modeled compute ships filler of the modeled KV cache's size over the emulation's scale, on as many
-            # connections as a WAN pipe opens (the simulator's KV flow has their cap)
-            kv_tok = bubbletea["kv_bytes_per_token"] / emu.scale if ship else 0.0
-            kv_conns = max((lp.connections for lp in plan.links.values()), default=1)
-            pf = PrefillConfig(bubbletea["model"], bubbletea["layers"], where, kv_tok, kv_conns)
-            cfgs = {k: dataclasses.replace(c, bubbletea=sock, prefill=pf) for k, c in cfgs.items()}
-        for (s, r), cfg in cfgs.items():
-            path = rdir / f"worker-s{s}r{r}.json"
-            path.write_text(cfg.to_json())
-            node = emu.node(worker_ns(emu, cfg))
-            procs.append(emu.backend.spawn(node, "testbed.runtime.worker", [str(path), ctl.path],
-                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                           start_new_session=True))
-            workers[(s, r)] = procs[-1]
-        ctl.accept_all(workers, START_TIMEOUT)
-        ctl.expect("ready", procs, START_TIMEOUT)
-        intervals: list[Interval] = []
-        durations: list[float] = []
-        losses: list[float] = []
-        starts: list[float] = []
+    with contextlib.ExitStack() as stack:
+        ctl = control_socket(stack, emu, len(cfgs))
+        hops = shape_replicas(stack, plan, emu, cfgs)
+        cfgs, serving = serve_bubbletea(stack, plan, emu, bubbletea, compute, cfgs)
+        procs, _ = start_workers(stack, emu, cfgs, ctl)
         sampler = FlowSampler(emu, {} if capture else hops)
         if capture:
             from testbed.emu.capture import Capture
 
-            cap = Capture(emu, seconds=ITERATION_TIMEOUT * iterations).start()
+            cap = stack.enter_context(Capture(emu, seconds=ITERATION_TIMEOUT * iterations))
         if live is not None:
-            live.sidecar_paths.update({frozenset(link): sidecar_socket(emu, *link) for link in hops
-                                       if plan.links[link].temporal})
-            temporal = {frozenset(k) for k, lp in plan.links.items() if lp.temporal}
-            live.fair_classes.update({frozenset(link): {dev: tuple(ms.values()) for dev, ms in devs.items()}
-                                      for link, devs in hops.items() if not plan.links[link].temporal})
-            for link, devs in ((k, v) for k, v in kv_hops.items() if k[0] != "lan"):  # re-rated as made
-                live.kv_classes[frozenset(link)] = {dev: (*ms.values(), frozenset(link) in temporal)
-                                                    for dev, ms in devs.items()}
-            for link, devs in (*hops.items(), *((k, v) for k, v in kv_hops.items() if k[0] != "lan")):
-                have = live.leaves.setdefault(frozenset(link), {})
-                for dev, ms in devs.items():
-                    have[dev] = tuple(sorted({*have.get(dev, ()), *ms.values()}))
-            live.prepare()
-        host_of = {key: worker_ns(emu, c) for key, c in cfgs.items()}
+            connect_live(live, plan, emu, hops, serving.kv_hops)
+        meter = Meter(emu)
+        stack.callback(meter.abort)  # its sampling thread ends with the run, whatever ended it
         meter.start()
-        for it in range(iterations):
-            t_start = time.monotonic() + 0.05
-            starts.append(t_start)
-            if live is not None:
-                live.begin(it, t_start, sum(durations))
-            if replan is not None:
-                programs = lower(replan(sum(durations)))
-                for (s, r), c in ctl.conns.items():
-                    ctl.send((s, r), c, {"go": it, "t": t_start,
-                                         "program": json.loads(programs[group_name(s, r)].to_json())}, procs)
-            else:
-                ctl.broadcast({"go": it, "t": t_start}, procs)
-            with sampler if it == min(1, iterations - 1) else contextlib.nullcontext():  # one steady iteration
-                done = ctl.expect("done", procs, ITERATION_TIMEOUT)
-            if live is not None:
-                live.end()
-            end = max((iv[3] for d in done.values() for iv in d["log"]), default=t_start)  # prefill included
-            degraded = degraded or next((d["degraded"] for d in done.values() if d.get("degraded")), "")
-            if it >= min(1, iterations - 1):  # the steady iterations, as the summary's
-                for key, d in done.items():
-                    meter.add_waits(host_of[key], d.get("waits"), d.get("wakes"))
-            it_losses = [d["loss"] for d in done.values() if d.get("loss") is not None]
-            if it_losses:
-                losses.append(sum(it_losses) / len(it_losses))
-            shift = sum(durations) - t_start
-            for (s, r), msg in done.items():
-                dc = plan.stage_dc[r][s]
-                for kind, mb, t0, t1, nbytes in msg["log"]:
-                    intervals.append(Interval(it, group_name(s, r), dc, s, r, kind, mb, t0 + shift, t1 + shift, nbytes))
-            durations.append(end - t_start)
-            if progress:
-                progress()
+        its = iterate(plan, emu, cfgs, ctl, procs, iterations, sampler, meter, live, replan, progress)
         health = meter.stop()
-        if decoders:
-            time.sleep(1.0)  # the last KV caches reach their decode processes before the workers exit
-        ctl.broadcast({"stop": True})  # a worker waits up to KV_DRAIN_S for its KV caches still in flight
-        for p in procs:
-            try:
-                p.wait(10 + KV_DRAIN_S)
-            except subprocess.TimeoutExpired:
-                p.kill()
-    finally:
-        if health is None:
-            meter.abort()  # its sampling thread ends with the run, whatever ended it
-        cap_res = cap.stop() if cap is not None else None
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for p in [*sidecars, *decoders, *([service] if service else [])]:
-            p.terminate()
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        remove_flow_classes(emu, hops)
-        remove_kv_classes(emu, kv_hops)
-        if kv_lines:
-            from testbed.emu.bubbletea import DECODE_PORT
-            from testbed.emu.kvdelay import stop_kv_delaylines
+        stop_workers(ctl, procs, serving.decoders)
+    return training_run(plan, emu, cfgs, its, health, serving, cap.result if cap is not None else None,
+                        sampler, iterations)
 
-            stop_kv_delaylines(emu, DECODE_PORT, kv_lines)
-        ctl.close()
-    if service_results and os.path.exists(service_results):
-        with open(service_results) as f:
+
+def training_run(plan: Plan, emu: Emulation, cfgs: dict, its: Iterations, health: Health, serving: Serving,
+                 cap_res, sampler: FlowSampler, iterations: int) -> TrainingRun:
+    """The run's result from what the workers, the service, the capture and the HTB counters recorded."""
+    bt_results: dict = {}
+    if serving.results and os.path.exists(serving.results):
+        with open(serving.results) as f:
             bt_results = json.load(f)
-    ivs = intervals + group_gaps(intervals, durations)
-    run = TrainingRun(Timeline(plan.run_id, "emu", sort_intervals(ivs), durations, plan.pp * plan.dp), degraded,
-                      losses, bt_results, starts=starts, health=health or Health())
+    durations, starts = its.durations, its.starts
+    ivs = its.intervals + group_gaps(its.intervals, durations)
+    run = TrainingRun(Timeline(plan.run_id, "emu", sort_intervals(ivs), durations, plan.pp * plan.dp), its.degraded,
+                      its.losses, bt_results, starts=starts, health=health)
     if cap_res is not None:
         run.captured, run.capture_summary = capture_rows(plan, emu, cfgs, cap_res, starts, durations), cap_res.summary()
     k = min(1, iterations - 1)

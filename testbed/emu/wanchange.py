@@ -104,7 +104,7 @@ class LiveWan:
             raise EmuError(f"a link outage is emulated by the delay line, and this run delays with "
                            f"{self.emu.delay}; set emulation.delay: nfqueue")
         for pair in self.wan.links:
-            self.latency[pair] = self.emu.topo.link(*pair).latency_ms / 1e3  # what `up` built
+            self.latency[pair] = self.emu.link(*pair).latency_s  # what `up` built
             self.up[pair] = True
             st = self.wan.state_at(pair, 0.0)
             dt = self.apply(pair, st)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from testbed.costs.tcp import striped_rate, windowed_send_s
+from testbed.net.units import gbps_to_bytes_s, mib_to_bytes, ms_to_s
 
 DISTORTION_WARN = 2.0  # a link whose window floor distorts a connection's rate by more than this is named
 SCALE_HEADER = ("link", "a", "b", "latency_ms", "scale", "spec_gbps", "emulated_mbps", "spec_window_bytes",
@@ -44,7 +45,7 @@ class LinkScale:
 
     @property
     def rtt_s(self) -> float:
-        return 2 * self.latency_ms / 1e3
+        return ms_to_s(2 * self.latency_ms)
 
     def row(self) -> dict:
         return {"link": self.link, **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(self).items()}}
@@ -52,9 +53,9 @@ class LinkScale:
 
 def link_scale(a: str, b: str, gbps: float, latency_ms: float, window_bytes: float, scale: float,
                emulated_window_bytes: float, connections: int, min_window_bytes: float) -> LinkScale:
-    """The factors of one link at scale k (`emulated_window_bytes` from testbed.emu.build.emulated_window)."""
-    rtt_s = 2 * latency_ms / 1e3
-    cap, emu_cap = gbps * 1e9 / 8, gbps * 1e9 / 8 / scale
+    """The factors of one link at scale k (`emulated_window_bytes` from testbed.net.scale.emulated_window)."""
+    rtt_s = ms_to_s(2 * latency_ms)
+    cap, emu_cap = gbps_to_bytes_s(gbps), gbps_to_bytes_s(gbps) / scale
 
     def slower(n: int) -> float:
         return striped_rate(cap, n, window_bytes, rtt_s) / striped_rate(emu_cap, n, emulated_window_bytes, rtt_s)
@@ -69,8 +70,8 @@ def link_scale(a: str, b: str, gbps: float, latency_ms: float, window_bytes: flo
 def transfer_dilation(ls: LinkScale, nbytes: float, connections: int = 1) -> float:
     """How many times longer a transfer of `nbytes` real bytes takes on the emulated link than on the spec's,
     latency included (the simulator's window model: testbed.costs.tcp.windowed_send_s)."""
-    lat, rtt = ls.latency_ms / 1e3, ls.rtt_s
-    spec = lat + windowed_send_s(nbytes, ls.spec_gbps * 1e9 / 8, connections * ls.spec_window_bytes, rtt)
+    lat, rtt = ms_to_s(ls.latency_ms), ls.rtt_s
+    spec = lat + windowed_send_s(nbytes, gbps_to_bytes_s(ls.spec_gbps), connections * ls.spec_window_bytes, rtt)
     emu = lat + windowed_send_s(nbytes, ls.emulated_mbps * 1e6 / 8, connections * ls.emulated_window_bytes, rtt)
     return emu / spec
 
@@ -133,6 +134,6 @@ def emulation_scales(emu, connections: int) -> list[LinkScale]:
     out = []
     for link in emu.topo.links:
         a, b = link.between
-        out.append(link_scale(a, b, link.gbps, link.latency_ms, emu.topo.window_mb(link) * 2**20, emu.scale,
+        out.append(link_scale(a, b, link.gbps, link.latency_ms, mib_to_bytes(emu.topo.window_mb(link)), emu.scale,
                               emu.window_bytes(a, b), connections, MIN_WINDOW))
     return out

@@ -36,8 +36,8 @@ def temporal_classes(emu: Emulation, ranges: dict[str, tuple[int, int]]) -> dict
     from testbed.runtime.htb import trickle_bps
 
     made: dict[tuple[str, str], list[int]] = {}
-    for w, link in zip(emu.addr.wans, emu.topo.links, strict=True):
-        rate = link.gbps * 1e9 / emu.scale
+    for w in emu.addr.wans:
+        rate = emu.link_bps(w.a, w.b)
         for towards in (w.a, w.b):
             hosts = [h for h in emu.addr.hosts if h.dc == towards]
             fc = FlowControl(emu, w.a, w.b, towards)

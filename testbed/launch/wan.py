@@ -110,11 +110,6 @@ def connections(emu: Emulation, max_connections: int) -> int:
     """The plan's connection count (Atlas's multi-TCP: the fewest connections whose windows cover a link's
     bandwidth-delay product), on the network as emulated; the most any link needs, since NCCL's socket
     settings are one per process."""
-    from testbed.costs.tcp import connections_for
+    from testbed.plan.network import covering_connections
 
-    n = 1
-    for link in emu.topo.links:
-        a, b = link.between
-        n = max(n, connections_for(link.gbps * 1e9 / 8 / emu.scale, emu.window_bytes(a, b), 2 * link.latency_ms / 1e3,
-                                   max_connections))
-    return n
+    return covering_connections(emu.net, max_connections)

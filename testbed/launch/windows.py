@@ -18,11 +18,10 @@ from testbed.emu.build import Emulation, host_sysctls, receive_buffer
 
 def host_mss(emu: Emulation, dc: str) -> int:
     """The segment size of the host's widest-window WAN link (the one its buffer is sized for)."""
-    links = [lk for lk in emu.topo.links if dc in lk.between]
-    if not links:
+    peers = [peer for peer, _ in emu.net.touching(dc)]
+    if not peers:
         return 0
-    widest = max(links, key=lambda lk: emu.window_bytes(*lk.between))
-    return emu.mss(*widest.between)
+    return emu.mss(dc, max(peers, key=lambda peer: emu.window_bytes(dc, peer)))
 
 
 def launch_rmem(emu: Emulation, dc: str) -> int:

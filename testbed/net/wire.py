@@ -10,19 +10,14 @@ FRAME_BYTES = 9014  # an MTU-9000 packet as HTB counts it (with its Ethernet hea
 PAYLOAD_BYTES = 8948  # the TCP payload it carries (IPv4 and TCP headers with timestamps: 52 bytes)
 # Every class's bucket, at its guaranteed rate (burst) and at its ceiling (cburst): one jumbo frame, the least that
 # holds a packet. What a bucket holds leaves at the veth's speed after an idle spell, a head start no real WAN link
-# gives. 1 ms of the rate, at least two frames (18 KiB at the guaranteed rate), let an idle link's first 28-32 KB
-# through at once (a 64 KB message at 20 Mbit/s 11.4 ms early, 262 KB at 200 Mbit/s 1.3 ms: bench/tcp_fidelity.py
-# --only burst), and the simulator read 1-2 % slow on almost every fidelity case (docs/fidelity.md, "HTB's burst");
-# a 128 KiB bucket, before that, 5 ms early at 200 Mbit/s. With one frame the rate still holds (200-800 Mbit/s:
-# 20 MB within 0.5 % of bytes / C; bench/tcp_fidelity.py --only transfer within 0.1 % of before), and what is
-# left early is one GSO packet (two segments of the path's MTU: 3-18 KB, `link_mtu`).
+# gives; with one frame the rate still holds (bench/tcp_fidelity.py --only burst, --only transfer) and what leaves
+# early is one GSO packet (two segments of the path's MTU, `link_mtu`). History: CHANGELOG.md, docs/fidelity.md.
 BURST_BYTES = FRAME_BYTES
 JUMBO_MTU = FRAME_BYTES - 14
 # An emulated WAN path's packets last on its link what a jumbo frame lasts at this rate (the emulator's target link
-# rate, testbed/emu/scale.py): at scale k a packet stands for k times its bytes, and a slow emulated link's jumbo
-# frames (5.7 ms each at 22.9 Mbit/s) made its round robin between replicas that coarse, a timing noise of several
-# milliseconds per shared transfer that a real link's frames (tens of microseconds) do not have (docs/fidelity.md,
-# "Packets at scale"). Hosts route each peer DC at `link_mtu` of its link.
+# rate, testbed/emu/scale.py): at scale k a packet stands for k times its bytes, so a slow emulated link's jumbo
+# frames would make its round robin between replicas coarser than a real link's (docs/fidelity.md, "Packets at
+# scale"). Hosts route each peer DC at `link_mtu` of its link.
 FULL_FRAME_BPS = 200e6
 MIN_MTU = 1500  # never smaller than Ethernet's: below 200 Mbit/s x 1500/9000 packets are longer than at the target
 # Hosts cap a TSO/GSO packet at two segments (emu/build.py), so no packet HTB sees exceeds two frames
@@ -44,10 +39,8 @@ def mtu_quantum(mtu: int) -> int:
 def link_quantum(link_bps: float) -> int:
     """What a class sends per turn of HTB's round robin on a link of `link_bps` (bits/s): the largest packet it
     carries, GSO_SEGMENTS frames of the path's MTU. HTB sends a whole packet per turn whatever its class's deficit,
-    so with a quantum below the packets (one frame against two-segment packets) classes shared a link by packet
-    count, not bytes: a replica's sub-quantum tails went one per turn behind its siblings' full packets, which held
-    leaders back to their followers (docs/fidelity.md, "HTB's quantum"). Small turns keep replicas interleaved packet
-    by packet (64 KiB turns let the first of three 178 KB transfers finish 12 ms before the last)."""
+    so a quantum below the packets would share a link by packet count, not bytes (docs/fidelity.md, "HTB's
+    quantum"); turns no larger keep replicas interleaved packet by packet."""
     return mtu_quantum(link_mtu(link_bps))
 
 

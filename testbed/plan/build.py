@@ -8,16 +8,17 @@ from testbed.costs.gpus import GPUS
 from testbed.costs.models import ModelConfig, resolve_model
 from testbed.costs.operators import model_flops_per_token
 from testbed.costs.stage import BF16, in_flight, layer_costs
-from testbed.costs.tcp import connections_for
 from testbed.errors import NotYetError, SpecError
-from testbed.net.wire import FRAME_BYTES
+from testbed.net.links import NetPlan
+from testbed.net.units import gbps_to_bytes_s
 from testbed.plan.buckets import bucket_bytes
 from testbed.plan.diloco import resolve as resolve_diloco
 from testbed.plan.efficiency import token_efficiency
 from testbed.plan.layers import chunk_layers, empty_chunk, stage_layers
 from testbed.plan.mechanisms import Mechanisms, parse_scheduler
+from testbed.plan.network import link_plans, lower_network
 from testbed.plan.placement import place
-from testbed.plan.plan import IntraDC, LinkPlan, Plan
+from testbed.plan.plan import IntraDC, Plan
 from testbed.plan.schedules import build_schedule, check_interleaving
 from testbed.spec.experiment import Experiment
 from testbed.spec.topology import Topology
@@ -101,12 +102,6 @@ def resolve_dp(exp: Experiment) -> int:
     raise SpecError("workload.dp", "no DP degree fits every scheduler's placement", "lower workload.tp or workload.pp")
 
 
-def boundary_connections(mech: Mechanisms, tp: int, net) -> int:
-    """TCP connections a stage boundary opens before multi-TCP. Megatron-LM sends 1/tp of a boundary's
-    activation from each TP rank, over NCCL's channels to the peer, each striped over NCCL's sockets."""
-    return 1 if mech.transport == "one" else tp * net.nccl_channels_per_peer * net.nccl_sockets
-
-
 def pinned_chain(exp: Experiment, mech: Mechanisms) -> tuple[list[str] | None, list[int] | None]:
     """`workload.stages_per_dc` as (DC order, stages per DC), for pipeline placements; (None, None) if unset."""
     w = exp.workload
@@ -121,30 +116,6 @@ def pinned_chain(exp: Experiment, mech: Mechanisms) -> tuple[list[str] | None, l
         raise SpecError("workload.stages_per_dc", f"{sum(w.stages_per_dc.values())} stages but pp={w.pp}",
                         "make the stage counts add up to workload.pp")
     return list(w.stages_per_dc), list(w.stages_per_dc.values())
-
-
-def transfer_connections(exp: Experiment, mech: Mechanisms, capacity_bytes_s: float, window_bytes: float,
-                         rtt_s: float) -> int:
-    """Connections one stage boundary's transfers use on a link of this capacity, window and RTT."""
-    base = boundary_connections(mech, exp.workload.tp, exp.network)
-    if mech.multi_tcp:
-        return max(base, connections_for(capacity_bytes_s, window_bytes, rtt_s, exp.network.max_tcp_connections))
-    return base
-
-
-def link_plans(exp: Experiment, mech: Mechanisms) -> dict[tuple[str, str], LinkPlan]:
-    """Both directions of every WAN link, with the connections one stage boundary's transfers use."""
-    topo, out = exp.topology, {}
-    for link in topo.links:
-        cap = link.gbps * 1e9 / 8
-        lat = link.latency_ms / 1e3
-        win = topo.window_mb(link) * 2**20
-        n = transfer_connections(exp, mech, cap, win, 2 * lat)
-        a, b = link.between
-        turn = link.round_robin_bytes or FRAME_BYTES
-        for src, dst in ((a, b), (b, a)):
-            out[(src, dst)] = LinkPlan(src, dst, cap, lat, win, n, mech.temporal, turn)
-    return out
 
 
 def stagger_offsets(row: list[str], act_bytes: list[float], links: dict, dp: int) -> list[float]:
@@ -225,10 +196,11 @@ def kept_placement(plan: Plan) -> dict[str, list]:
 
 def build_plan(
     exp: Experiment, scheduler: str, run_id: str = "run", dp: int | None = None, order: list[str] | None = None,
-    counts: list[int] | None = None,
+    counts: list[int] | None = None, built: NetPlan | None = None,
 ) -> Plan:
     """`order` pins the pipeline's DC chain and `counts` its stages per DC (DC selection); by default the
-    scheduler's placement decides."""
+    scheduler's placement decides. `built`: the network as the emulator builds it (testbed/plan/network.py
+    lower_network with its k), whose windows and turns the plan models; None for a simulation."""
     mech = parse_scheduler(scheduler)
     w, topo = exp.workload, exp.topology
     model = resolve_model(w.model, w.seq_len)
@@ -244,35 +216,13 @@ def build_plan(
     gpu_of = {d: topo.dc(d).gpu for row in stage_dc for d in row}
     check_nodes(topo, w.tp, set(gpu_of))
     V = w.virtual_stages
-    if why := check_interleaving(w.pp, m, V):
-        raise SpecError("workload.virtual_stages", why,
-                        "make global_batch / (microbatch x dp) a multiple of pp, or set virtual_stages: 1")
-    if mech.overlap and dp > 1 and (V > 1 or w.schedule == "zb"):
-        raise NotYetError(f"{scheduler}: the overlap mechanism's bucketed collectives with "
-                          f"{'virtual_stages > 1' if V > 1 else 'the zero-bubble schedule'} are not supported yet; "
-                          f"use {scheduler}-overlap, or virtual_stages: 1 and schedule: 1f1b")
-    per_gpu = {g: layer_costs(model, g, tp=w.tp, dp=dp, microbatch=w.microbatch, mfu=w.mfu, recompute=w.recompute,
-                              distributed_optimizer=w.distributed_optimizer, sequence_parallel=w.sequence_parallel_at())
-               for g in sorted(set(gpu_of.values()))}
-    stage_gpus = [sorted({gpu_of[row[s]] for row in stage_dc}) for s in range(w.pp)]
-    # dp-wan keeps the even split: its iteration is bound by each stage's gradient all-reduce over the WAN,
-    # which balancing compute would make larger on the embedding's stage
-    split = "even" if mech.placement == "dp-wan" else w.layer_split
-    layers, _ = stage_layers(model.layers, [[per_gpu[g] for g in gs] for gs in stage_gpus], m, w.schedule, split, V)
-    by_gpu = {g: [c.stage(n, s == 0, s == w.pp - 1, in_flight(s, w.pp, m, w.schedule, V))
-                  for s, n in enumerate(layers)] for g, c in per_gpu.items()}
+    check_schedule(scheduler, mech, w, m, dp)
+    per_gpu, layers, costs = stage_costs(model, mech, w, topo, stage_dc, gpu_of, dp, m)
     chunks = model_chunks(layers, V)
-    check_memory(stage_dc, topo, by_gpu)
-    costs = [[by_gpu[topo.dc(d).gpu][s] for s, d in enumerate(row)] for row in stage_dc]
     ref = costs[0]
-    links = link_plans(exp, mech)
-    if mech.warmup and V == 1:  # interleaving keeps Megatron's warm-up: no WAN extras
-        free = [GPUS[topo.dc(d).gpu].memory_gb - c.mem_gb for d, c in zip(stage_dc[0], ref, strict=True)]
-        trips, busy = wan_round_trips(stage_dc[0], [c.act_bytes for c in ref], links, dp)
-        extra = latency_warmup([c.fwd_s + c.bwd_s for c in ref], trips, free, [c.act_gb_per_microbatch for c in ref],
-                               m, w.schedule, busy)
-    else:
-        extra = [0] * w.pp
+    net = lower_network(topo, built=built)
+    links = link_plans(exp, mech, net)
+    extra = warmup_extra(mech, w, topo, stage_dc[0], ref, links, dp, m)
     mem = [max(costs[r][s].mem_gb + extra[s] * costs[r][s].act_gb_per_microbatch for r in range(dp))
            for s in range(w.pp)]
 
@@ -300,8 +250,9 @@ def build_plan(
         mem_gb=mem,
         actions=build_schedule(w.schedule, w.pp, m, extra if w.schedule == "1f1b" else None, V),
         links=links,
+        net=net,
         # one NIC per GPU; a TP group's transfers and all-reduces are split across its tp NICs
-        intra={d.name: IntraDC(w.tp * d.intra_gbps * 1e9 / 8, d.intra_latency_us / 1e6) for d in topo.dcs},
+        intra={d.name: IntraDC(gbps_to_bytes_s(w.tp * d.intra_gbps), d.intra_latency_us / 1e6) for d in topo.dcs},
         replica_offset_s=offsets,
         turn_order=list(range(dp)),
         nccl_sockets=exp.network.nccl_sockets,
@@ -316,9 +267,16 @@ def build_plan(
         bucket_bytes=bucket_bytes(w.ddp_bucket_params, dp, w.tp),
     )
     split_times(plan, w, per_gpu, gpu_of)
+    return finish_plan(plan, exp)
+
+
+def finish_plan(plan: Plan, exp: Experiment) -> Plan:
+    """What a plan decides from its own numbers: a low-communication sync period, the token efficiency, the turn
+    policy."""
+    w, mech, V = exp.workload, plan.mech, exp.workload.virtual_stages
     if mech.outer:
         if V > 1 or w.schedule == "zb":
-            raise NotYetError(f"{scheduler}: low-communication training with "
+            raise NotYetError(f"{plan.scheduler}: low-communication training with "
                               f"{'virtual_stages > 1' if V > 1 else 'the zero-bubble schedule'} is not supported "
                               "yet; use virtual_stages: 1 and schedule: 1f1b or gpipe")
         plan.diloco = resolve_diloco(mech.outer, w.diloco)
@@ -326,6 +284,49 @@ def build_plan(
     plan.token_efficiency = token_efficiency(mech.outer, len(plan.dcs_used()), plan.diloco, w.token_efficiency)
     plan.turn_policy = turn_policy(exp.network.turn_order, plan)
     return plan
+
+
+def check_schedule(scheduler: str, mech: Mechanisms, w, m: int, dp: int) -> None:
+    """The schedule can run this many microbatches per replica with these mechanisms, else the one-line error."""
+    V = w.virtual_stages
+    if why := check_interleaving(w.pp, m, V):
+        raise SpecError("workload.virtual_stages", why,
+                        "make global_batch / (microbatch x dp) a multiple of pp, or set virtual_stages: 1")
+    if mech.overlap and dp > 1 and (V > 1 or w.schedule == "zb"):
+        raise NotYetError(f"{scheduler}: the overlap mechanism's bucketed collectives with "
+                          f"{'virtual_stages > 1' if V > 1 else 'the zero-bubble schedule'} are not supported yet; "
+                          f"use {scheduler}-overlap, or virtual_stages: 1 and schedule: 1f1b")
+
+
+def stage_costs(model: ModelConfig, mech: Mechanisms, w, topo: Topology, stage_dc: list[list[str]],
+                gpu_of: dict[str, str], dp: int, m: int) -> tuple[dict, list[int], list[list]]:
+    """Each GPU type's layer costs, the layers each stage holds, and [replica][stage] the stage's costs on its
+    group's GPU; refused where a stage does not fit its GPU's memory."""
+    V = w.virtual_stages
+    per_gpu = {g: layer_costs(model, g, tp=w.tp, dp=dp, microbatch=w.microbatch, mfu=w.mfu, recompute=w.recompute,
+                              distributed_optimizer=w.distributed_optimizer, sequence_parallel=w.sequence_parallel_at())
+               for g in sorted(set(gpu_of.values()))}
+    stage_gpus = [sorted({gpu_of[row[s]] for row in stage_dc}) for s in range(w.pp)]
+    # dp-wan keeps the even split: its iteration is bound by each stage's gradient all-reduce over the WAN,
+    # which balancing compute would make larger on the embedding's stage
+    split = "even" if mech.placement == "dp-wan" else w.layer_split
+    layers, _ = stage_layers(model.layers, [[per_gpu[g] for g in gs] for gs in stage_gpus], m, w.schedule, split, V)
+    by_gpu = {g: [c.stage(n, s == 0, s == w.pp - 1, in_flight(s, w.pp, m, w.schedule, V))
+                  for s, n in enumerate(layers)] for g, c in per_gpu.items()}
+    check_memory(stage_dc, topo, by_gpu)
+    return per_gpu, layers, [[by_gpu[topo.dc(d).gpu][s] for s, d in enumerate(row)] for row in stage_dc]
+
+
+def warmup_extra(mech: Mechanisms, w, topo: Topology, row: list[str], ref: list, links: dict, dp: int,
+                 m: int) -> list[int]:
+    """The warm-up mechanism's extra microbatches per stage (latency_warmup) on the first replica's chain `row`
+    with its stages' costs `ref`; none without the mechanism or with interleaving (Megatron's warm-up)."""
+    if not mech.warmup or w.virtual_stages != 1:
+        return [0] * w.pp
+    free = [GPUS[topo.dc(d).gpu].memory_gb - c.mem_gb for d, c in zip(row, ref, strict=True)]
+    trips, busy = wan_round_trips(row, [c.act_bytes for c in ref], links, dp)
+    return latency_warmup([c.fwd_s + c.bwd_s for c in ref], trips, free, [c.act_gb_per_microbatch for c in ref],
+                          m, w.schedule, busy)
 
 
 def check_memory(stage_dc: list[list[str]], topo: Topology, by_gpu: dict) -> None:

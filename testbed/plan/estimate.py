@@ -17,9 +17,10 @@ import numpy as np
 from testbed.costs.models import ModelConfig
 from testbed.costs.stage import ADAMW_BYTES_PER_PARAM, BF16, WORKSPACE_GB, LayerCosts, in_flight, layer_costs
 from testbed.errors import NotYetError
-from testbed.plan.build import link_plans
+from testbed.net.units import gbps_to_bytes_s
 from testbed.plan.layers import choose_layers, chunk_layers, empty_chunk
 from testbed.plan.mechanisms import Mechanisms
+from testbed.plan.network import link_plans
 from testbed.plan.plan import LinkPlan
 from testbed.plan.schedules import check_interleaving
 from testbed.spec.experiment import Experiment
@@ -209,24 +210,27 @@ class Estimator:
         first, last = lay.order[0], lay.order[-1]
         if first == last:
             d = self.dc[first]
-            return 2 * (act_bytes / (lay.tp * d.intra_gbps * 1e9 / 8) + d.intra_latency_us / 1e6)
+            return 2 * (act_bytes / gbps_to_bytes_s(lay.tp * d.intra_gbps) + d.intra_latency_us / 1e6)
         pair = [links.get(k) for k in ((last, first), (first, last))]
         if None in pair:
             return None
         return sum(lp.latency_s + act_bytes / min(lp.capacity_bytes_s / lay.dp, lp.transfer_cap_bytes_s)
                    for lp in pair)
+    def gpu_segments(self, lay: Layout) -> tuple[tuple[str, int], ...]:
+        """The pipeline's chain as (GPU type, stages) runs: consecutive DCs with one GPU type make one."""
+        segs: list[tuple[str, int]] = []
+        for d, n in zip(lay.order, lay.counts, strict=True):
+            if segs and segs[-1][0] == self.dc[d].gpu:
+                segs[-1] = (self.dc[d].gpu, segs[-1][1] + n)
+            else:
+                segs.append((self.dc[d].gpu, n))
+        return tuple(segs)
 
     def __call__(self, lay: Layout) -> Estimate:
         w, mech, model, dc = self.exp.workload, self.mech, self.model, self.dc
         pp, tp, dp = lay.pp, lay.tp, lay.dp
         m = w.global_batch // (lay.microbatch * dp)
-        segs: list[tuple[str, int]] = []
-        for d, n in zip(lay.order, lay.counts, strict=True):
-            if segs and segs[-1][0] == dc[d].gpu:
-                segs[-1] = (dc[d].gpu, segs[-1][1] + n)
-            else:
-                segs.append((dc[d].gpu, n))
-        st = self.stages(tuple(segs), tp, dp, lay.microbatch)
+        st = self.stages(self.gpu_segments(lay), tp, dp, lay.microbatch)
         if st.problem:
             return Estimate(float("inf"), st.layers, st.mem_gb, st.problem)
         f, b = st.f, st.b
@@ -245,7 +249,7 @@ class Estimator:
         service, wan_s, wan_caps, turn, group, s0 = 0.0, 0.0, [], 0.0, dp, 0
         for i, (name, n) in enumerate(zip(lay.order, lay.counts, strict=True)):
             d = dc[name]
-            bw, lat = tp * d.intra_gbps * 1e9 / 8, d.intra_latency_us / 1e6
+            bw, lat = gbps_to_bytes_s(tp * d.intra_gbps), d.intra_latency_us / 1e6
             fd[s0:s0 + n] = bd[s0:s0 + n] = A / bw + lat
             intra_bytes_s[s0:s0 + n], intra_lat[s0:s0 + n] = bw, lat
             s0 += n

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from testbed.net.links import NetPlan
 from testbed.net.wire import FRAME_BYTES
 from testbed.plan.mechanisms import Mechanisms
 from testbed.plan.period import DiLoCoPlan
@@ -94,6 +95,7 @@ class Plan:
     bucket_bytes: float = 0.0  # gradient bytes per group in one overlapped reduce-scatter's bucket (plan/buckets.py)
     diloco: DiLoCoPlan | None = None  # low-communication training: a program is one sync period
     token_efficiency: float = 1.0  # tokens synchronous training needs / tokens this plan needs, for one loss
+    net: NetPlan | None = None  # the lowered network `links` were planned on (testbed/plan/network.py)
 
     @property
     def steps_per_program(self) -> int:

@@ -8,19 +8,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from testbed.analysis.metrics import add_speedups, summary_row, wan_links_used
-from testbed.emu.build import down, emulated_window, link_mss, up
+from testbed.emu.build import down, up
 from testbed.emu.health import DEFAULT_BUDGET, PathLink, budget, critical_steps, summary_fields, verdict
 from testbed.emu.scale import auto_scale, check_scale, check_transfer_bytes
 from testbed.emu.train import run_training
 from testbed.errors import NotYetError, SpecError
 from testbed.plan.build import build_plan, resolve_dp
+from testbed.plan.network import lower_network
 from testbed.results import fmt, write_csv
 from testbed.runs.simulated import RunResult, WanRecord, lower_bound_s, simulate_changing_run, stall_rows
-from testbed.runtime.htb import turn_bytes
 from testbed.sim.executor import simulate
 from testbed.sim.linkchange import WanSchedule, union_length
 from testbed.spec.experiment import Experiment
-from testbed.spec.topology import Topology
 
 VALIDATED = ("iteration_s", "gpu_util", "bubble_frac")
 BUBBLETEA_VALIDATED = ("served_in_bubbles", "prefill_util")
@@ -33,40 +32,13 @@ FLOWS_HEADER = ("run_id", "scheduler", "link", "towards", "replica", "iteration"
 VALIDATION_HEADER = ("run_id", "scheduler", "metric", "sim", "emu", "rel_error", "degraded")  # (sim - emu) / emu
 
 
-def as_emulated(topo: Topology, scale: float) -> Topology:
-    """The topology the emulator really builds, in real-world terms: each window as one emulated connection carries
-    it (at least 64 KiB after scaling, a whole number of the path's segments: emu/build.py emulated_window), and
-    the round robin's turn on each link, k x its HTB quantum (runtime/htb.py turn_bytes)."""
-    links = []
-    for link in topo.links:
-        bps = link.gbps * 1e9 / scale
-        w = emulated_window(topo.window_mb(link) * 2**20, scale, link_mss(bps)) * scale / 2**20
-        links.append(link.model_copy(update={"tcp_window_mb": w, "round_robin_bytes": turn_bytes(bps, scale)}))
-    return topo.model_copy(update={"links": links})
-
-
-def opened_connections(exp: Experiment, scheduler: str, wan: WanSchedule) -> dict[tuple[str, str], int]:
-    """Per WAN hop, the most connections any iteration's plan stripes over on a changing WAN: the workers open
-    them all at the start, and each iteration uses as many as its plan says."""
-    from testbed.plan.build import transfer_connections
-    from testbed.plan.mechanisms import parse_scheduler
-
-    mech, topo, out = parse_scheduler(scheduler), exp.topology, {}
-    for link in topo.links:
-        states = wan.links.get(tuple(link.between), ([], []))[1]  # type: ignore[arg-type]
-        rates = [(link.gbps * 1e9 / 8, link.latency_ms / 1e3)] + [(st.capacity_bytes_s, st.latency_s) for st in states]
-        n = max(transfer_connections(exp, mech, c, topo.window_mb(link) * 2**20, 2 * lat) for c, lat in rates)
-        a, b = link.between
-        out[(a, b)] = out[(b, a)] = n
-    return out
-
-
 def changing_run(exp: Experiment, plan, sched: str, dp: int, emu, scale: float, progress, capture: bool,
                  wan: WanSchedule):
     """An emulated run on a WAN that changes, and the simulator's run of it; returns (emulated run, the
     simulated timeline, events, the simulator's record, the emulator's record)."""
     from testbed.emu.wanchange import LiveWan
     from testbed.plan.build import build_plan, kept_placement
+    from testbed.plan.network import opened_connections
     from testbed.sim.linkchange import Pair
 
     keep = kept_placement(plan)
@@ -74,7 +46,7 @@ def changing_run(exp: Experiment, plan, sched: str, dp: int, emu, scale: float, 
     def replan(t: float):
         """This iteration's plan from the WAN as it is now, on the run's placement (hosts do not move)."""
         at = exp.model_copy(update={"topology": wan.topology_at(exp.topology, t)})
-        return build_plan(at, sched, run_id=plan.run_id, dp=dp, **keep)
+        return build_plan(at, sched, run_id=plan.run_id, dp=dp, built=emu.net, **keep)
 
     hops: list[Pair] = []
     for row in plan.stage_dc:
@@ -82,9 +54,10 @@ def changing_run(exp: Experiment, plan, sched: str, dp: int, emu, scale: float, 
             if a != b and (a, b) not in hops and (b, a) not in hops:
                 hops.append((a, b))
     live = LiveWan(emu, wan, scale, hops)
+    rates = {pair: [(st.capacity_bytes_s, st.latency_s) for st in states] for pair, (_, states) in wan.links.items()}
     try:
         run = run_training(plan, emu, exp.iterations, progress, exp.emulation.compute, None, None, capture=capture,
-                           live=live, replan=replan, conns=opened_connections(exp, sched, wan))
+                           live=live, replan=replan, conns=opened_connections(exp, plan.mech, emu.net, rates))
     finally:
         live.close()
     durations = run.timeline.iteration_s
@@ -94,7 +67,7 @@ def changing_run(exp: Experiment, plan, sched: str, dp: int, emu, scale: float, 
     clock = [sum(durations[:k]) for k in range(len(durations))]
     for k, (c, d, st) in enumerate(zip(clock, durations, stall_rows(stalls, durations), strict=True)):
         rec.iterations.append((plan.run_id, "emu", sched, k, fmt(c, 6), fmt(d, 6), st))
-    _, tl_sim, events, sim_rec = simulate_changing_run(exp, sched, plan.run_id, dp, wan)
+    _, tl_sim, events, sim_rec = simulate_changing_run(exp, sched, plan.run_id, dp, wan, built=emu.net)
     return run, tl_sim, events, sim_rec, rec
 
 
@@ -186,10 +159,9 @@ def size_to_machine(points: list[tuple[Experiment, dict]], timing_budget: float,
                     point))
     exp = out[0][0]
     try:
-        same = exp.model_copy(update={"topology": as_emulated(exp.topology, exp.emulation.scale)})
-        dp = resolve_dp(same)
+        dp = resolve_dp(exp)
         for sched in exp.schedulers:
-            plan = build_plan(same, sched, dp=dp)
+            plan = build_plan(exp, sched, dp=dp, built=lower_network(exp.topology, exp.emulation.scale))
             hops = sum(1 for a, b in zip(plan.stage_dc[0], plan.stage_dc[0][1:], strict=False) if a != b)
             w = worker_warning(h, plan.pp, plan.dp, plan.microbatches, hops, simulate(plan)[0].iteration_s[0],
                                timing_budget)
@@ -207,10 +179,9 @@ def preflight(points: list[tuple[Experiment, dict]]) -> None:
         try:
             scale = exp.emulation.scale or auto_scale(exp.topology)
             check_scale(exp.topology, scale, lan_gpus_per_host=exp.workload.tp)
-            same = exp.model_copy(update={"topology": as_emulated(exp.topology, scale)})
-            dp = resolve_dp(same)
+            dp, built = resolve_dp(exp), lower_network(exp.topology, scale)
             for sched in exp.schedulers:
-                plan = build_plan(same, sched, dp=dp)
+                plan = build_plan(exp, sched, dp=dp, built=built)
                 check_transfer_bytes(plan.act_bytes, plan.grad_bytes, plan.dp, scale)
                 check_programs(plan, exp.emulation.compute)
         except SpecError as e:
@@ -218,124 +189,151 @@ def preflight(points: list[tuple[Experiment, dict]]) -> None:
             raise SpecError(e.field, f"{e.problem} (at sweep point {where})" if where else e.problem, e.fix) from None
 
 
+@dataclass
+class PointResult:
+    """Everything one sweep point produced: the emulated runs (and, for modeled compute, the simulator's rows beside
+    them), the validation, the losses, the flows (HTB class counters, FLOWS_HEADER, or with a capture its flows.csv
+    rows: testbed.analysis.flows.FLOWS_HEADER) and, with BubbleTea and real compute, the prefill model fitted to this
+    CPU, pass by pass."""
+
+    results: list[RunResult] = field(default_factory=list)
+    validation: list[tuple] = field(default_factory=list)
+    losses: list[tuple] = field(default_factory=list)
+    flows: list[tuple] = field(default_factory=list)
+    cpu_prefill: list[tuple] = field(default_factory=list)
+    durations: dict[str, list[float]] = field(default_factory=dict)  # scheduler -> steady iterations (emulated)
+    cpu: object = None  # the CPU's prefill calibration, fitted once per point
+
+
 def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: bool = False, on_up=None,
-              timing_budget: float = DEFAULT_BUDGET
-              ) -> tuple[list[RunResult], list[tuple], list[tuple], list[tuple], list[tuple]]:
-    """Emulated runs (and, for modeled compute, the simulator's rows and the validation) of one point.
-    The fifth list: with BubbleTea and real compute, the prefill model fitted to this CPU, pass by pass.
-    The flows are HTB class counters (FLOWS_HEADER), or with `capture` a packet capture's flows.csv rows
-    (testbed.analysis.flows.FLOWS_HEADER). `on_up(emu)` runs once the network is up, before any training
-    (e.g. to measure the links). A run whose timing error (testbed/emu/health.py) exceeds
-    `timing_budget` is marked degraded."""
+              timing_budget: float = DEFAULT_BUDGET) -> PointResult:
+    """Emulated runs (and, for modeled compute, the simulator's rows and the validation) of one point, every
+    scheduler on one network. `on_up(emu)` runs once the network is up, before any training (e.g. to measure the
+    links). A run whose timing error (testbed/emu/health.py) exceeds `timing_budget` is marked degraded."""
     em = exp.emulation
     scale = em.scale or auto_scale(exp.topology)
-    same = exp.model_copy(update={"topology": as_emulated(exp.topology, scale)})
-    dp = resolve_dp(same)
-    results: list[RunResult] = []
-    validation: list[tuple] = []
-    losses: list[tuple] = []
-    flows: list[tuple] = []
-    cpu_rows: list[tuple] = []
-    durations: dict[str, list[float]] = {}
-    cpu = None
+    dp = resolve_dp(exp)
+    out = PointResult()
     emu = up(exp.topology, backend=em.backend, prefix=em.prefix, scale=scale, delay=em.delay,
              lan_gpus_per_host=exp.workload.tp, **exp.network.host_tcp)
-    wan = WanSchedule.from_topology(same.topology)
+    wan = WanSchedule.from_topology(exp.topology)
     try:
         if on_up is not None:
             on_up(emu)
         for sched in exp.schedulers:
+            plan = build_plan(exp, sched, run_id=f"p{index:02d}-{sched}", dp=dp, built=emu.net)
             if wan is not None:
-                plan = build_plan(same, sched, run_id=f"p{index:02d}-{sched}", dp=dp)
-                results += _changing_point(same, plan, sched, dp, emu, scale, progress, capture, wan, sweep,
-                                           validation, flows, timing_budget)
-                continue
-            plan = build_plan(same, sched, run_id=f"p{index:02d}-{sched}", dp=dp)
-            torch_cfg = None
-            if em.compute == "torch":
-                from testbed.costs.models import resolve_model
-                from testbed.emu.train import torch_config
-
-                torch_cfg = torch_config(plan, resolve_model(exp.workload.model, exp.workload.seq_len), em.lr)
-            svc, reqs = None, []
-            if plan.mech.bubbletea:
-                from testbed.emu.bubbletea import DECODE_TOKENS, calibrate_cpu, service_config
-
-                if em.compute == "torch" and cpu is None:
-                    cpu = calibrate_cpu(exp.bubbletea.model)
-                    cpu_rows = [(plan.run_id, exp.bubbletea.model, *r[:2], fmt(r[2], 6), fmt(r[3], 6), round(r[4], 4))
-                                for r in cpu.rows]
-                T = simulate(plan)[0].iteration_s[0]  # (real compute runs at the CPU's pace: ask for plenty)
-                horizon = 2.0 * max(1, exp.iterations - 1) * T if em.compute == "modeled" else 600.0
-                svc, reqs = service_config(plan, exp, horizon, cpu.calibration if cpu else None)
-                svc["decode_tokens"] = DECODE_TOKENS
-                svc["ship_kv"] = exp.bubbletea.ship_kv
-            run = run_training(plan, emu, exp.iterations, progress, em.compute, torch_cfg, svc, capture=capture)
-            flows += run.captured
-            durations[sched] = run.timeline.iteration_s[1:] or run.timeline.iteration_s
-            for k, loss in enumerate(run.losses):
-                losses.append((plan.run_id, sched, k, round(loss, 6)))
-            for it, t, link, dev, r, sent in run.flows:
-                gbps = next((lk.gbps for lk in exp.topology.links if "-".join(lk.between) == link), "")
-                flows.append((plan.run_id, sched, link, dev, r, it, fmt(t, 6), sent, scale, gbps))
-            tl_emu = run.timeline.steady()
-            health, note = assess(plan, run, sum(tl_emu.iteration_s) / len(tl_emu.iteration_s), timing_budget)
-            lb = lower_bound_s(plan)
-            bt_metrics, req_rows = None, []
-            if svc is not None:
-                bt_metrics, req_rows = _emulated_requests(plan, exp, svc, reqs, run, em.compute == "torch")
-                bt_metrics.update(_slowdown_in_run(plan, run.timeline))
-            row_emu = summary_row(plan, tl_emu, lb, sweep, bt_metrics, degraded=note, scale=scale) | health
-            results.append(RunResult(row_emu, tl_emu, 0, req_rows))
-            if em.compute != "modeled":
-                continue  # real compute on this CPU: the cost model's GPU times do not apply
-            tl_sim, events = simulate(plan)
-            steady = max(1, exp.iterations - 1)
-            sim_reqs: list[tuple] = []
-            if svc is not None:  # the prediction: the simulator's BubbleTea on the same trace and steady horizon
-                from testbed.bubbletea.run import request_rows, run_bubbletea, train_mfu
-                from testbed.costs.prefill import inference_model, kv_bytes_per_token
-
-                res = run_bubbletea(plan, tl_sim.repeated(steady), exp.bubbletea, exp.seed,
-                                    train_mfu(exp.workload.mfu, plan.tp, plan))
-                slowed = float(res.metrics.get("train_slowdown", 0.0)) + 0.0  # + 0.0: no -0.0
-                row_sim = summary_row(plan, res.timeline, lb, sweep, {**res.metrics, "train_slowdown": slowed},
-                                      scale=scale)
-                tl_pred = res.timeline
-                sim_reqs = list(request_rows(plan.run_id, "sim", res.placements,
-                                             kv_bytes_per_token(inference_model(exp.bubbletea.model))))
+                out.results += _changing_point(exp, plan, sched, dp, emu, scale, progress, capture, wan, sweep,
+                                               out.validation, out.flows, timing_budget)
             else:
-                tl_pred = tl_sim.repeated(steady)
-                row_sim = summary_row(plan, tl_pred, lb, sweep, scale=scale)
-            row_emu = results[-1].summary
-            results.insert(-1, RunResult(row_sim, tl_pred, events, sim_reqs))
-            for m in VALIDATED + (BUBBLETEA_VALIDATED if svc is not None else ()):
-                a, b = float(row_sim[m]), float(row_emu[m])
-                validation.append((plan.run_id, sched, m, a, b, round((a - b) / b, 6) if b else "", note))
-            if svc is not None:  # like with like: the same requests (the engines' runs last different times)
-                from testbed.emu.bubbletea import served_same_requests
-
-                a, b, _n = served_same_requests(sim_reqs, results[-1].requests)
-                validation.append((plan.run_id, sched, "served_in_bubbles@same_requests", round(a, 6), round(b, 6),
-                                   round((a - b) / b, 6) if b else "", note))
-                validation.append((plan.run_id, sched, "bubble_served_ratio@same_requests", 1.0,
-                                   round(b / a, 6) if a else "", round((a - b) / b, 6) if a and b else "", note))
+                _static_run(exp, plan, emu, scale, progress, capture, sweep, timing_budget, out)
     finally:
         down(emu)
-    if wan is not None:
-        add_speedups([r.summary for r in results])
-        return results, validation, losses, flows, cpu_rows
+    if wan is None:
+        _slowdowns_vs_alone(out)
+    out.validation += slowdown_validation([r.summary for r in out.results])
+    add_speedups([r.summary for r in out.results])
+    return out
+
+
+def _service(exp: Experiment, plan, out: PointResult) -> tuple[dict | None, list]:
+    """The BubbleTea service's configuration and its requests for a BubbleTea scheduler (None, [] otherwise); with
+    real compute, the CPU's prefill is calibrated once per point."""
+    if not plan.mech.bubbletea:
+        return None, []
+    from testbed.emu.bubbletea import DECODE_TOKENS, calibrate_cpu, service_config
+
+    em = exp.emulation
+    if em.compute == "torch" and out.cpu is None:
+        out.cpu = cpu = calibrate_cpu(exp.bubbletea.model)
+        out.cpu_prefill = [(plan.run_id, exp.bubbletea.model, *r[:2], fmt(r[2], 6), fmt(r[3], 6), round(r[4], 4))
+                           for r in cpu.rows]
+    T = simulate(plan)[0].iteration_s[0]  # (real compute runs at the CPU's pace: ask for plenty)
+    horizon = 2.0 * max(1, exp.iterations - 1) * T if em.compute == "modeled" else 600.0
+    svc, reqs = service_config(plan, exp, horizon, out.cpu.calibration if out.cpu else None)  # type: ignore[attr-defined]
+    svc["decode_tokens"] = DECODE_TOKENS
+    svc["ship_kv"] = exp.bubbletea.ship_kv
+    return svc, reqs
+
+
+def _static_run(exp: Experiment, plan, emu, scale: float, progress, capture: bool, sweep: dict,
+                timing_budget: float, out: PointResult) -> None:
+    """One scheduler on a WAN that does not change: its emulated row and, for modeled compute, the simulator's
+    prediction beside it and their validation."""
+    em, sched = exp.emulation, plan.scheduler
+    torch_cfg = None
+    if em.compute == "torch":
+        from testbed.costs.models import resolve_model
+        from testbed.emu.train import torch_config
+
+        torch_cfg = torch_config(plan, resolve_model(exp.workload.model, exp.workload.seq_len), em.lr)
+    svc, reqs = _service(exp, plan, out)
+    run = run_training(plan, emu, exp.iterations, progress, em.compute, torch_cfg, svc, capture=capture)
+    out.flows += run.captured
+    out.durations[sched] = run.timeline.iteration_s[1:] or run.timeline.iteration_s
+    out.losses += [(plan.run_id, sched, k, round(loss, 6)) for k, loss in enumerate(run.losses)]
+    gbps = {"-".join(lk.between): lk.gbps for lk in exp.topology.links}  # the spec's rate, as configured
+    for it, t, link, dev, r, sent in run.flows:
+        out.flows.append((plan.run_id, sched, link, dev, r, it, fmt(t, 6), sent, scale, gbps.get(link, "")))
+    tl_emu = run.timeline.steady()
+    health, note = assess(plan, run, sum(tl_emu.iteration_s) / len(tl_emu.iteration_s), timing_budget)
+    bt_metrics, req_rows = None, []
+    if svc is not None:
+        bt_metrics, req_rows = _emulated_requests(plan, exp, svc, reqs, run, em.compute == "torch")
+        bt_metrics.update(_slowdown_in_run(plan, run.timeline))
+    row_emu = summary_row(plan, tl_emu, lower_bound_s(plan), sweep, bt_metrics, degraded=note, scale=scale) | health
+    out.results.append(RunResult(row_emu, tl_emu, 0, req_rows))
+    if em.compute == "modeled":  # real compute runs on this CPU: the cost model's GPU times do not apply
+        _predict(exp, plan, svc, sweep, scale, note, out)
+
+
+def _predict(exp: Experiment, plan, svc: dict | None, sweep: dict, scale: float, note: str, out: PointResult) -> None:
+    """The simulator's prediction of the emulated run just added to `out` (on the same trace and steady horizon for
+    BubbleTea), inserted before it, and the validation of each metric."""
+    sched, lb = plan.scheduler, lower_bound_s(plan)
+    tl_sim, events = simulate(plan)
+    steady = max(1, exp.iterations - 1)
+    sim_reqs: list[tuple] = []
+    if svc is not None:
+        from testbed.bubbletea.run import request_rows, run_bubbletea, train_mfu
+        from testbed.costs.prefill import inference_model, kv_bytes_per_token
+
+        res = run_bubbletea(plan, tl_sim.repeated(steady), exp.bubbletea, exp.seed,
+                            train_mfu(exp.workload.mfu, plan.tp, plan))
+        slowed = float(res.metrics.get("train_slowdown", 0.0)) + 0.0  # + 0.0: no -0.0
+        row_sim = summary_row(plan, res.timeline, lb, sweep, {**res.metrics, "train_slowdown": slowed}, scale=scale)
+        tl_pred = res.timeline
+        sim_reqs = list(request_rows(plan.run_id, "sim", res.placements,
+                                     kv_bytes_per_token(inference_model(exp.bubbletea.model))))
+    else:
+        tl_pred = tl_sim.repeated(steady)
+        row_sim = summary_row(plan, tl_pred, lb, sweep, scale=scale)
+    row_emu = out.results[-1].summary
+    out.results.insert(-1, RunResult(row_sim, tl_pred, events, sim_reqs))
+    for m in VALIDATED + (BUBBLETEA_VALIDATED if svc is not None else ()):
+        a, b = float(row_sim[m]), float(row_emu[m])
+        out.validation.append((plan.run_id, sched, m, a, b, round((a - b) / b, 6) if b else "", note))
+    if svc is not None:  # like with like: the same requests (the engines' runs last different times)
+        from testbed.emu.bubbletea import served_same_requests
+
+        a, b, _n = served_same_requests(sim_reqs, out.results[-1].requests)
+        out.validation.append((plan.run_id, sched, "served_in_bubbles@same_requests", round(a, 6), round(b, 6),
+                               round((a - b) / b, 6) if b else "", note))
+        out.validation.append((plan.run_id, sched, "bubble_served_ratio@same_requests", 1.0,
+                               round(b / a, 6) if a else "", round((a - b) / b, 6) if a and b else "", note))
+
+
+def _slowdowns_vs_alone(out: PointResult) -> None:
+    """Each emulated `X+bubbletea` row's training slowdown against `X` alone in the same point (median and spread of
+    the paired steady iterations)."""
     from testbed.emu.bubbletea import slowdown
 
-    for r in results:
+    for r in out.results:
         name = str(r.summary["scheduler"])
-        if r.summary["source"] == "emu" and name.endswith("+bubbletea") and name[:-10] in durations:
-            med, p25, p75 = slowdown(durations[name], durations[name[:-10]])
+        if r.summary["source"] == "emu" and name.endswith("+bubbletea") and name[:-10] in out.durations:
+            med, p25, p75 = slowdown(out.durations[name], out.durations[name[:-10]])
             r.summary.update(train_slowdown_vs_alone=round(med, 6), train_slowdown_vs_alone_p25=round(p25, 6),
                              train_slowdown_vs_alone_p75=round(p75, 6))
-    validation += slowdown_validation([r.summary for r in results])
-    add_speedups([r.summary for r in results])
-    return results, validation, losses, flows, cpu_rows
 
 
 def slowdown_validation(rows: list[dict]) -> list[tuple]:
@@ -455,13 +453,13 @@ def run_experiment(points: list[tuple[Experiment, dict]], check: bool, capture: 
     for i, (exp, point) in enumerate(points):
         if check and i == 0:
             line("measuring every WAN pair (links.csv)")
-        res, val, loss, flow, cpu = run_point(exp, i, point, step, capture,
-                                              on_up=measure if check and i == 0 else None, timing_budget=timing_budget)
-        run.results += res
-        run.validation += val
-        run.losses += loss
-        run.flows += flow
-        run.cpu_prefill += cpu
+        res = run_point(exp, i, point, step, capture, on_up=measure if check and i == 0 else None,
+                        timing_budget=timing_budget)
+        run.results += res.results
+        run.validation += res.validation
+        run.losses += res.losses
+        run.flows += res.flows
+        run.cpu_prefill += res.cpu_prefill
     return run
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 from testbed.emu.build import down, up
 from testbed.emu.check import bulk, iperf, ping
 from testbed.emu.scale import auto_scale, check_scale
+from testbed.net.links import NetLink
+from testbed.net.units import bytes_s_to_mbps
 from testbed.plan.synthetic import make_plan
 from testbed.results import write_csv
 from testbed.sim.executor import simulate
@@ -23,14 +25,16 @@ HEADER = ("run_id", "source", "experiment", "link", "wan_latency_ms", "wan_mbps"
           "throughput_mbps", "rtt_avg_ms", "tcp_rtt_ms", "scale", "delay_method", "sweep")
 
 
-def sim_throughput_mbps(capacity_mbps: float, latency_ms: float, window: float, n: int) -> float:
-    """The simulator's answer: one long transfer over n connections on the link, alone."""
-    nbytes = 1e9
-    plan = make_plan(pp=2, m=1, f=0.0, b=0.0, dcs=["a", "b"], act_bytes=nbytes, capacity=capacity_mbps * 1e6 / 8,
-                     latency=latency_ms / 1e3, window=window, connections=n)
+def sim_throughput_mbps(link: NetLink, n: int, emulated_bytes: float = 1e9) -> float:
+    """The simulator's answer, in emulated Mbit/s: one long transfer (`emulated_bytes` on the emulated link, k times
+    as many in the real world) over n connections on the link as built, alone. The plan is in real-world units."""
+    k = link.emulated.scale if link.emulated is not None else 1.0
+    nbytes = emulated_bytes * k
+    plan = make_plan(pp=2, m=1, f=0.0, b=0.0, dcs=["a", "b"], act_bytes=nbytes, capacity=link.capacity_bytes_s,
+                     latency=link.latency_s, window=link.window_bytes, connections=n)
     tl, _ = simulate(plan)
     send = next(iv for iv in tl.intervals if iv.kind == "send")
-    return nbytes * 8 / send.dur / 1e6
+    return bytes_s_to_mbps(nbytes / send.dur) / k
 
 
 def run_point(exp: Experiment, index: int, sweep: dict, progress: Callable[[str], None]) -> list[dict]:
@@ -43,16 +47,16 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress: Callable[[str]
     rows = []
     try:
         for li in mt.links or [0]:
-            link = exp.topology.links[li]
+            link = emu.net.links[li]
             a, b = link.between
+            e = emu.link(a, b)
             rtt = ping(emu, f"{a}-h0", emu.addr.host(f"{b}-h0").ip, 20)
-            cap = link.gbps * 1e3 / scale
-            win = emu.window_bytes(a, b)
+            cap, win = bytes_s_to_mbps(e.capacity_bytes_s), e.window_bytes
             for n in mt.connections:
-                progress(f"{a}-{b} {link.latency_ms:g} ms, {n} connection(s)")
+                progress(f"{a}-{b} {e.delay_ms:g} ms, {n} connection(s)")
                 ours = bulk(emu, f"{a}-h0", f"{b}-h0", 5301, mt.seconds, n, win, mt.warmup_s)
                 plain = iperf(emu, f"{a}-h0", f"{b}-h0", 5201, mt.seconds, n)
-                base = {"experiment": exp.name, "link": f"{a}-{b}", "wan_latency_ms": link.latency_ms,
+                base = {"experiment": exp.name, "link": f"{a}-{b}", "wan_latency_ms": e.delay_ms,
                         "wan_mbps": round(cap, 3), "tcp_connections": n, "window_kib": round(win / 1024, 1),
                         "scale": scale, "delay_method": emu.delay,
                         "sweep": ";".join(f"{k}={v}" for k, v in sweep.items())}
@@ -63,8 +67,8 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress: Callable[[str]
                                  "rtt_avg_ms": round(rtt["rtt_avg_ms"] or 0.0, 3),
                                  "tcp_rtt_ms": round(meas.get("tcp_rtt_ms") or 0.0, 3) or ""})
                 rows.append({"run_id": rid, "source": "sim", **base,
-                             "throughput_mbps": round(sim_throughput_mbps(cap, link.latency_ms, win, n), 3),
-                             "rtt_avg_ms": 2 * link.latency_ms, "tcp_rtt_ms": ""})
+                             "throughput_mbps": round(sim_throughput_mbps(link, n), 3),
+                             "rtt_avg_ms": 2 * e.delay_ms, "tcp_rtt_ms": ""})
     finally:
         down(emu)
     return rows

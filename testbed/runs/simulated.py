@@ -27,6 +27,7 @@ from testbed.bubbletea.knee import KNEE_HEADER, knee_header, knees
 from testbed.bubbletea.run import REQUESTS_HEADER, request_rows, run_bubbletea, train_mfu
 from testbed.costs.prefill import inference_model, kv_bytes_per_token
 from testbed.errors import SpecError
+from testbed.net.links import NetPlan
 from testbed.plan.build import build_plan, kept_placement, resolve_dp
 from testbed.plan.plan import Plan
 from testbed.results import fmt, write_csv
@@ -71,16 +72,17 @@ def stall_rows(stalls: list[tuple[float, float]], durations: list[float]) -> lis
     return out
 
 
-def simulate_changing_run(exp: Experiment, scheduler: str, run_id: str, dp: int,
-                          wan: WanSchedule) -> tuple[list[Plan], Timeline, int, WanRecord]:
+def simulate_changing_run(exp: Experiment, scheduler: str, run_id: str, dp: int, wan: WanSchedule,
+                          built: NetPlan | None = None) -> tuple[list[Plan], Timeline, int, WanRecord]:
     """Every iteration on its own, back to back, each planned from the WAN as it is when it starts (connection
-    counts, stagger, warm-up) and re-rated at every change inside it."""
+    counts, stagger, warm-up) and re-rated at every change inside it; `built`: the network as the emulator built
+    it (build_plan), for the prediction of an emulated run."""
     plans, parts, t, events = [], [], 0.0, 0
     rec = WanRecord()
     keep: dict | None = None  # the first iteration's placement, for every later one
     for _k in range(exp.iterations):
         at = exp.model_copy(update={"topology": wan.topology_at(exp.topology, t)})
-        plan = build_plan(at, scheduler, run_id=run_id, dp=dp, **(keep or {}))
+        plan = build_plan(at, scheduler, run_id=run_id, dp=dp, built=built, **(keep or {}))
         if keep is None:
             keep = kept_placement(plan)
         tl, sim = simulate_changing(plan, wan, t)

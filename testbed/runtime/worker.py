@@ -24,6 +24,7 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 
 from testbed.program import (
     AllGather,
@@ -777,16 +778,11 @@ def connections_to_accept(cfg: WorkerConfig, peers: dict[str, WorkerConfig] | No
     return n + sum(peers.values())
 
 
-def main(cfg_path: str, ctl_path: str) -> None:
-    with open(cfg_path) as f:
-        cfg = WorkerConfig.from_json(f.read())
+def open_connections(cfg: WorkerConfig, wakes: WaitStats, inbox: Inbox) -> dict[tuple[str, str], Striped]:
+    """Every connection this worker opens and accepts, with one reader per group of connections (started before
+    anyone is ready: nothing is sent before the first "go"); returns the ones it opened, (peer, purpose) -> their
+    striped sender. A worker sends on the connections it opened and receives on those it accepted."""
     prog = cfg.program
-    s, r = prog.stage, prog.replica
-    ctl = socket.socket(socket.AF_UNIX)
-    ctl.connect(ctl_path)
-    send_ctrl(ctl, {"hello": [s, r]})
-    torch_mode = cfg.compute == "torch"
-    inbox = Inbox(keep=torch_mode)
     lst = listen(cfg.ip, prog.port, listen_window(cfg))
     expect = connections_to_accept(cfg)
     accepted: dict[tuple[str, str], list[socket.socket]] = {}
@@ -799,7 +795,6 @@ def main(cfg_path: str, ctl_path: str) -> None:
     acc = threading.Thread(target=acceptor, daemon=True)
     acc.start()
     deadline = time.monotonic() + CONNECT_TIMEOUT
-    wakes = WaitStats()  # how late threads resume for a message: sent (sender idle) or in (receiver waiting)
     out: dict[tuple[str, str], Striped] = {}  # (peer, purpose) -> connections to it
     for peer, (n, purpose) in connections_to_open(cfg).items():
         ep = cfg.peers[peer]
@@ -810,131 +805,167 @@ def main(cfg_path: str, ctl_path: str) -> None:
     acc.join(CONNECT_TIMEOUT)
     if acc.is_alive():
         raise TimeoutError("peers did not connect in time")
-    # one reader per group of connections, before anyone is ready: nothing is sent before the first "go"
     for (peer, purpose), socks in [*((k, v.socks) for k, v in out.items()), *accepted.items()]:
         threading.Thread(target=reader, args=(socks, inbox, window_of(cfg, peer, purpose), route_of(prog, peer)),
                          daemon=True).start()
-    # a worker sends on the connections it opened and receives on those it accepted
-    pipes = {p.peer: out[(p.peer, "pipe")] for p in prog.pipes}
-    ring = {peer: st for (peer, purpose), st in out.items() if purpose == "ring"}
-    sidecars = {peer: SidecarClient(path, next(p.wan for p in prog.pipes if p.peer == peer)[1])
-                for peer, path in cfg.sidecars.items()}
+    return out
 
-    senders = {st.kind.encode(): st.peer for st in prog.steps if isinstance(st, Recv)}  # activations from the
-    # previous stage, gradients from the next
 
-    def transfer_arrived(key: tuple) -> None:
+@dataclass
+class Step:
+    """Where a worker is inside one iteration's program."""
+
+    it: int
+    pending: threading.Semaphore  # one release per send that has left
+    sends: int = 0
+    data: object = None  # the last message in (for the next compute)
+    out_data: object = None  # the last compute's output
+    ahead: float = 0.0  # how long ago the next compute may have started (an Await's lead): it takes that much less
+    n_ar: int = 0  # all-reduces so far (their messages' keys)
+    syncs: dict[int, OuterSyncThread] = field(default_factory=dict)  # fragment -> its OuterSync in flight
+
+
+class Worker:
+    """One (stage, replica): its connections, its log of intervals, and the steps of its program run in order."""
+
+    def __init__(self, cfg: WorkerConfig, ctl: socket.socket) -> None:
+        self.cfg, self.ctl = cfg, ctl
+        prog = self.prog = cfg.program
+        self.torch_mode = cfg.compute == "torch"
+        self.inbox = Inbox(keep=self.torch_mode)
+        self.wakes = WaitStats()  # how late threads resume for a message: sent (sender idle) or in (receiver waiting)
+        out = open_connections(cfg, self.wakes, self.inbox)
+        self.pipes = {p.peer: out[(p.peer, "pipe")] for p in prog.pipes}
+        self.ring = {peer: st for (peer, purpose), st in out.items() if purpose == "ring"}
+        self.sidecars = {peer: SidecarClient(path, next(p.wan for p in prog.pipes if p.peer == peer)[1])
+                         for peer, path in cfg.sidecars.items()}
+        # activations from the previous stage, gradients from the next
+        self.senders = {st.kind.encode(): st.peer for st in prog.steps if isinstance(st, Recv)}
+        self.inbox.on_complete = self.transfer_arrived
+        self.log: list[list] = []
+        self.log_lock = threading.Lock()
+        self.comp = TorchCompute(cfg) if self.torch_mode else Modeled(cfg)
+        self.buckets = Buckets(prog.group, self.ring, self.inbox, cfg.scale, self.rec)
+        self.bt = PrefillClient(prog.group, cfg.bubbletea, cfg.compute, cfg.prefill, prog.dc)
+
+    def transfer_arrived(self, key: tuple) -> None:
         """Tell the link's sidecar a transfer is over once its last byte is here: only then has it left
         the shaped link (a sender's sendall returns while its socket buffer still holds the tail)."""
         kind, it, mb = key
-        side = sidecars.get(senders.get(kind, ""))
+        side = self.sidecars.get(self.senders.get(kind, ""))
         if side:
-            side.notice({"op": "end", "id": transfer_id(r, kind, it, mb)})
+            side.notice({"op": "end", "id": transfer_id(self.prog.replica, kind, it, mb)})
 
-    inbox.on_complete = transfer_arrived
+    def rec(self, kind: str, mb: int, t0: float, t1: float, nbytes: float = 0.0) -> None:
+        with self.log_lock:
+            self.log.append([kind, mb, t0, t1, nbytes])
+        self.bt.busy(kind, t0, t1)  # training ops end BubbleTea's idle windows
 
-    log: list[list] = []
-    log_lock = threading.Lock()
-
-    def rec(kind: str, mb: int, t0: float, t1: float, nbytes: float = 0.0) -> None:
-        with log_lock:
-            log.append([kind, mb, t0, t1, nbytes])
-        bt.busy(kind, t0, t1)  # training ops end BubbleTea's idle windows
-
-    def sent(kind_bytes: float, i: int, pending: threading.Semaphore):
+    def sent(self, kind_bytes: float, i: int, pending: threading.Semaphore):
         def done(t0: float, t1: float) -> None:
-            rec("send", i, t0, t1, kind_bytes)
+            self.rec("send", i, t0, t1, kind_bytes)
             pending.release()
 
         return done
 
-    def receive(st: Recv, it: int):
+    def receive(self, st: Recv, it: int):
         """Wait for the step's message, serving prefill meanwhile. Without prefill to serve, how late this thread
         resumes after the message's last chunk came in is a wake-up the timing health counts."""
         key = (st.kind.encode(), it, wire_mb(st.microbatch, st.chunk))
         t_wait = time.monotonic()
-        bt.wait_for(inbox, key, rec)
-        t_send, t_in = inbox.wait(key)
-        if cfg.bubbletea is None and t_in > t_wait:  # it came while this thread waited for it
-            wakes.add(0.0, time.monotonic() - t_in)
-        rec("recv", st.microbatch, t_send, t_in, st.bytes)
-        return inbox.payload(key) if torch_mode else None
+        self.bt.wait_for(self.inbox, key, self.rec)
+        t_send, t_in = self.inbox.wait(key)
+        if self.cfg.bubbletea is None and t_in > t_wait:  # it came while this thread waited for it
+            self.wakes.add(0.0, time.monotonic() - t_in)
+        self.rec("recv", st.microbatch, t_send, t_in, st.bytes)
+        return self.inbox.payload(key) if self.torch_mode else None
 
-    comp = TorchCompute(cfg) if torch_mode else Modeled(cfg)
-    buckets = Buckets(prog.group, ring, inbox, cfg.scale, rec)
-    bt = PrefillClient(prog.group, cfg.bubbletea, cfg.compute, cfg.prefill, prog.dc)
+    def step(self, st, x: Step, p_it) -> None:
+        """Run one step of the iteration's program `p_it`."""
+        t, it, comp, prog = type(st), x.it, self.comp, self.prog
+        if t is Recv:
+            x.data = self.receive(st, it)
+            x.ahead = 0.0
+        elif t is Forward or t is Backward or t is BackwardWeight:  # W: modeled only (torch refuses "zb")
+            now = time.monotonic()
+            run = dataclasses.replace(st, seconds=max(0.0, st.seconds - x.ahead)) if x.ahead else st
+            x.out_data = (comp.forward if t is Forward else comp.backward)(it, run, x.data)
+            self.rec("fwd" if t is Forward else "bwd", st.microbatch, now - x.ahead, time.monotonic())
+            x.data, x.ahead = None, 0.0
+        elif t is ReduceScatter or t is AllGather:
+            self.buckets.issue(st, it)
+        elif t is Await:
+            x.ahead = self.buckets.await_step(st, it, x.ahead)
+        elif t is Send:
+            nbytes = max(1, round(st.bytes / self.cfg.scale))
+            self.pipes[st.peer].send(st.kind.encode(), it, st.microbatch, nbytes,
+                                     self.sent(st.bytes, st.microbatch, x.pending), self.sidecars.get(st.peer),
+                                     prog.replica, x.out_data, p_it.pipe(st.peer).connections, st.chunk)
+            x.sends += 1
+        elif t is AllReduce:
+            t0 = time.monotonic()
+            comp.allreduce(exchanges(st, prog.group), self.ring, self.inbox, it, b"r", x.n_ar << 12)
+            x.n_ar += 1
+            self.rec("allreduce", -1, t0, time.monotonic(), st.bytes)
+        elif t is Optimizer:  # an inner step's (a sync period's program)
+            t0 = time.monotonic()
+            if self.torch_mode:
+                comp.step()
+            else:
+                comp.wait(st.seconds)
+            self.rec("optimizer", -1, t0, time.monotonic())
+        elif t is OuterSync:
+            x.syncs[st.fragment] = OuterSyncThread(comp, exchanges(st.as_allreduce(), prog.group), self.ring,
+                                                   self.inbox, it, st, self.rec)
+        else:  # OuterWait
+            x.syncs.pop(st.fragment).join()
+
+    def iteration(self, msg: dict) -> None:
+        """One iteration from the orchestrator's go, then its done with the log. A changing WAN re-plans each
+        iteration (testbed/emu/wanchange.py): the go carries this iteration's program, run over the connections
+        opened at the start (as many as any iteration needs), striping as its pipes say."""
+        it, t_start = msg["go"], msg["t"]
+        p_it = program_from_dict(msg["program"]) if "program" in msg else self.prog
+        comp, bt = self.comp, self.bt
+        self.log.clear()
+        comp.losses.clear()
+        comp.waits.reset()
+        self.wakes.reset()
+        x = Step(it, threading.Semaphore(0))
+        bt.begin(it, t_start)
+        bt.wait_until(t_start + p_it.offset_s, self.rec)  # the replica's stagger, serving prefill meanwhile
+        for st in p_it.steps:
+            self.step(st, x, p_it)
+        if not any(type(st) is Optimizer for st in p_it.steps):
+            t0 = time.monotonic()
+            comp.step()
+            self.rec("optimizer", -1, t0, time.monotonic())
+        for _ in range(x.sends):
+            x.pending.acquire()
+        bt.drain(self.rec)  # jobs planned after this worker's last training op (the drain bubble)
+        bt.end(it)
+        degraded = [c.degraded for c in self.sidecars.values() if c.degraded] + ([bt.degraded] if bt.degraded else [])
+        with self.log_lock:
+            send_ctrl(self.ctl, {"done": it, "log": self.log, "degraded": degraded[0] if degraded else "",
+                                 "waits": comp.waits.as_list(), "wakes": self.wakes.as_list(),
+                                 "loss": sum(comp.losses) / len(comp.losses) if comp.losses else None})
+
+
+def main(cfg_path: str, ctl_path: str) -> None:
+    with open(cfg_path) as f:
+        cfg = WorkerConfig.from_json(f.read())
+    s, r = cfg.program.stage, cfg.program.replica
+    ctl = socket.socket(socket.AF_UNIX)
+    ctl.connect(ctl_path)
+    send_ctrl(ctl, {"hello": [s, r]})
+    worker = Worker(cfg, ctl)
     send_ctrl(ctl, {"ready": [s, r]})
     while True:
         msg = recv_ctrl(ctl)
         if "stop" in msg:
-            bt.close(KV_DRAIN_S)  # KV caches still crossing the WAN: a bounded wait (the rest count as not arrived)
+            worker.bt.close(KV_DRAIN_S)  # KV caches still crossing the WAN: a bounded wait (the rest do not arrive)
             break
-        it, t_start = msg["go"], msg["t"]
-        # a changing WAN re-plans each iteration (testbed/emu/wanchange.py): this iteration's program, run over
-        # the connections opened at the start (as many as any iteration needs), striping as its pipes say
-        p_it = program_from_dict(msg["program"]) if "program" in msg else prog
-        log.clear()
-        comp.losses.clear()
-        comp.waits.reset()
-        wakes.reset()
-        pending = threading.Semaphore(0)
-        sends = 0
-        bt.begin(it, t_start)
-        bt.wait_until(t_start + p_it.offset_s, rec)  # the replica's stagger, serving prefill meanwhile
-        data = out_data = None  # the last message in (for the next compute), the last compute's output
-        ahead = 0.0  # how long ago the next compute may have started (an Await's lead): it takes that much less
-        n_ar = 0  # all-reduces so far (their messages' keys)
-        syncs: dict[int, OuterSyncThread] = {}  # fragment -> its OuterSync in flight
-        for st in p_it.steps:
-            t = type(st)
-            if t is Recv:
-                data = receive(st, it)
-                ahead = 0.0
-            elif t is Forward or t is Backward or t is BackwardWeight:  # W: modeled only (torch refuses "zb")
-                now = time.monotonic()
-                run = dataclasses.replace(st, seconds=max(0.0, st.seconds - ahead)) if ahead else st
-                out_data = (comp.forward if t is Forward else comp.backward)(it, run, data)
-                rec("fwd" if t is Forward else "bwd", st.microbatch, now - ahead, time.monotonic())
-                data, ahead = None, 0.0
-            elif t is ReduceScatter or t is AllGather:
-                buckets.issue(st, it)
-            elif t is Await:
-                ahead = buckets.await_step(st, it, ahead)
-            elif t is Send:
-                nbytes = max(1, round(st.bytes / cfg.scale))
-                pipes[st.peer].send(st.kind.encode(), it, st.microbatch, nbytes, sent(st.bytes, st.microbatch, pending),
-                                    sidecars.get(st.peer), r, out_data, p_it.pipe(st.peer).connections, st.chunk)
-                sends += 1
-            elif t is AllReduce:
-                t0 = time.monotonic()
-                comp.allreduce(exchanges(st, prog.group), ring, inbox, it, b"r", n_ar << 12)
-                n_ar += 1
-                rec("allreduce", -1, t0, time.monotonic(), st.bytes)
-            elif t is Optimizer:  # an inner step's (a sync period's program)
-                t0 = time.monotonic()
-                if torch_mode:
-                    comp.step()
-                else:
-                    comp.wait(st.seconds)
-                rec("optimizer", -1, t0, time.monotonic())
-            elif t is OuterSync:
-                syncs[st.fragment] = OuterSyncThread(comp, exchanges(st.as_allreduce(), prog.group), ring, inbox, it,
-                                                     st, rec)
-            else:  # OuterWait
-                syncs.pop(st.fragment).join()
-        if not any(type(st) is Optimizer for st in p_it.steps):
-            t0 = time.monotonic()
-            comp.step()
-            rec("optimizer", -1, t0, time.monotonic())
-        for _ in range(sends):
-            pending.acquire()
-        bt.drain(rec)  # jobs planned after this worker's last training op (the drain bubble)
-        bt.end(it)
-        degraded = [c.degraded for c in sidecars.values() if c.degraded] + ([bt.degraded] if bt.degraded else [])
-        with log_lock:
-            send_ctrl(ctl, {"done": it, "log": log, "degraded": degraded[0] if degraded else "",
-                            "waits": comp.waits.as_list(), "wakes": wakes.as_list(),
-                            "loss": sum(comp.losses) / len(comp.losses) if comp.losses else None})
+        worker.iteration(msg)
 
 
 if __name__ == "__main__":

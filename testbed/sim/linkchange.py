@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
+from testbed.net.units import gbps_to_bytes_s, ms_to_s
+
 if TYPE_CHECKING:
     from testbed.plan.plan import LinkPlan
     from testbed.sim.network import LinkState
@@ -42,8 +44,8 @@ class WanState:
 
 def link_states(link: WanLink) -> tuple[list[float], list[WanState]]:
     """A link's change times and the state in force from each: the trace's steps and its outages, merged."""
-    base = WanState(link.gbps * 1e9 / 8, link.latency_ms / 1e3)
-    steps = [(p.t_s, WanState(p.gbps * 1e9 / 8, p.latency_ms / 1e3)) for p in link.trace or []]
+    base = WanState(gbps_to_bytes_s(link.gbps), ms_to_s(link.latency_ms))
+    steps = [(p.t_s, WanState(gbps_to_bytes_s(p.gbps), ms_to_s(p.latency_ms))) for p in link.trace or []]
     downs = [(e.at_s, e.at_s + e.down_for_s) for e in link.events]
     times = sorted({0.0, *(t for t, _ in steps), *(t for d in downs for t in d)})
     out_t, out_s = [], []

@@ -35,7 +35,7 @@ from testbed.errors import NotYetError
 from testbed.plan.plan import Plan
 from testbed.sim.executor import ALLREDUCE, INF, RECV, SEND, Simulation, paused_gc
 from testbed.sim.network import Flow
-from testbed.timeline import Timeline
+from testbed.timeline import Timeline, group_name
 
 # a KV flow's priority under temporal sharing: after every training flow, whose ranks are (turn key, replica)
 # with IDLE_RANK = (inf,) the largest key (executor.py `rank`); KV flows among themselves: first come
@@ -324,7 +324,7 @@ class Realisation(Simulation):
                 self.kv_left.append(KvShipment(ship.key, ship.src, ship.dst, left, ship.started_s - self.now))
 
     def _name(self, g: int) -> str:
-        return f"s{g % self.p.pp}r{self.replica(g)}"
+        return group_name(g % self.p.pp, self.replica(g))
 
     def _allreduce_interval(self, s: int, t0: float, t1: float) -> None:
         p = self.p

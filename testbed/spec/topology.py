@@ -124,7 +124,7 @@ class WanLink(Strict):
     # Where replicas share this link fairly, the wire serves them in turns of this many bytes (round robin), and a
     # turn is how far apart symmetric replicas' first transfers get it (testbed/sim/executor.py round_robin_lags).
     # None: one 9014-byte jumbo frame, a real link's turn. The emulator's turn, in real-world bytes, is k times its
-    # HTB quantum (testbed/runs/emulated.py as_emulated sets it for the simulator's prediction of an emulated run).
+    # HTB quantum (testbed/plan/network.py lower_network, for the simulator's prediction of an emulated run).
     round_robin_bytes: TURN_BYTES | None = None
     trace: Annotated[list[TracePoint], Field(min_length=1, max_length=MAX_TRACE_POINTS)] | None = None
     events: Annotated[list[LinkOutage], Field(max_length=MAX_TRACE_POINTS)] = []

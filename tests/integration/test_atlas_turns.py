@@ -28,7 +28,6 @@ from testbed.analysis.flows import leader_shares, pending_bins
 from testbed.emu.build import down, up
 from testbed.emu.train import run_training
 from testbed.plan.build import build_plan, resolve_dp
-from testbed.runs.emulated import as_emulated
 from testbed.spec.load import load_experiment
 from tests.conftest import ROOT
 
@@ -59,14 +58,13 @@ def shares(run, plan, emu) -> list[float]:
 
 def test_sidecar_makes_replicas_take_turns_and_fair_sharing_does_not():
     exp = load_experiment(ROOT / "experiments" / "emu-3dc.yaml", ["iterations=5"])[0][0]
-    same = exp.model_copy(update={"topology": as_emulated(exp.topology, K)})
     emu = up(exp.topology, prefix="gdtbl4", scale=K)
     got = {}
     try:
         for temporal in (True, False):
             # without: the replica classes' round robin, no sidecar
             sched = "pp-wan+mtcp+temporal" if temporal else "pp-wan+mtcp"
-            plan = build_plan(same, sched, run_id="turns", dp=resolve_dp(same))
+            plan = build_plan(exp, sched, run_id="turns", dp=resolve_dp(exp), built=emu.net)
             plan.replica_offset_s = [0.0] * plan.dp  # the replicas' transfers collide
             run = run_training(plan, emu, exp.iterations, capture=True)
             assert not run.degraded
