@@ -163,8 +163,12 @@ class Timeline:
             base = self._built({r for r in reps if any(keep(c) for c in copies.get(r, [r]))})
         else:
             base = self._reps
+        kept: dict[int, list[int]] = {}  # representative -> its copies kept: `keep` once per copy, not per interval
+        for iv in base:
+            if iv.replica not in kept:
+                kept[iv.replica] = [c for c in copies.get(iv.replica, [iv.replica]) if keep(c)]
         ivs = [iv._replace(replica=c, gpu=group_name(iv.stage, c)) if c != iv.replica else iv
-               for iv in base for c in copies.get(iv.replica, [iv.replica]) if keep(c)]
+               for iv in base for c in kept[iv.replica]]
         return sorted(ivs, key=lambda iv: (iv.iteration, iv.stage, iv.replica))
 
     @classmethod

@@ -26,8 +26,9 @@ from testbed.plan.plan import Plan
 # (replica, stage, microbatch) triples the full event simulation runs when every replica is its own: 250,000 holds
 # a 110,592-GPU job (dp 864, pp 16, 16 microbatches) in about 5 CPU seconds for Atlas
 FULL_STAGE_MICROBATCHES = MAX_STAGE_MICROBATCHES
-# what the aggregated simulation runs at most: about 2 CPU seconds for Atlas (bench/sim_scale.py)
-AGGREGATED_STAGE_MICROBATCHES = 65_536
+# what the aggregated simulation runs at most: blocks of 16 at 1,048,576 GPUs, about 2 CPU seconds for Atlas
+# (bench/sim_scale.py), and within about 1 % of the full simulation's iteration where both run
+AGGREGATED_STAGE_MICROBATCHES = 131_072
 
 
 def stage_microbatches(plan: Plan, replicas: int) -> int:
