@@ -27,7 +27,8 @@ from pathlib import Path
 
 from testbed.plan.build import build_plan
 from testbed.runs.simulated import run_point
-from testbed.sim.executor import replica_classes, simulate
+from testbed.sim.executor import replica_classes
+from testbed.sim.period import simulate
 from testbed.spec.load import load_experiment
 
 EXP = Path(__file__).resolve().parent.parent / "experiments" / "frontier-4dc.yaml"
