@@ -48,7 +48,7 @@ def test_compressed_period_matches_the_whole_period(sched, shape, m, per, schedu
     # repeating them would move the DCs' syncs apart, so that period is simulated whole
     assert isinstance(short, PeriodTimeline) == (shape != (1, 3))
     assert close(short.iteration_s[0], full.iteration_s[0])
-    for kinds in (("fwd", "bwd"), ("allreduce",), ("optimizer",), ("idle",)):
+    for kinds in (("fwd", "bwd"), ("allreduce",), ("optimizer",), ("idle",), ("send", "outersync")):
         assert close(short.busy_time(kinds), full.busy_time(kinds)), kinds
     a, b = full.intervals, short.intervals
     assert [(x.kind, x.microbatch, x.replica, x.stage) for x in a] == [(x.kind, x.microbatch, x.replica, x.stage)

@@ -156,6 +156,12 @@ class PeriodTimeline(Timeline):
         finally:
             self._raw = saved
 
+    def busy_time(self, kinds: tuple[str, ...]) -> float:
+        """As Timeline's; kinds other than busy ones or idle alone from the whole period's intervals."""
+        if self._raw is not None and kinds != ("idle",) and not all(k in BUSY for k in kinds):
+            self.rep_intervals()
+        return super().busy_time(kinds)
+
     def _raw_times(self) -> tuple[dict[str, list[float]], float]:
         """Busy seconds per kind and idle seconds of the whole period: the kept steps' plus the repeats' (each
         group's idle time in a repeat is Delta less what its busy intervals cover)."""
