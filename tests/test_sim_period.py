@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from testbed.plan.build import build_plan
+from testbed.sim.aggregate import FULL_STAGE_MICROBATCHES, stage_microbatches
 from testbed.sim.executor import simulate as simulate_full
 from testbed.sim.period import PeriodTimeline, _shifts, compresses, kept_steps, simulate
 from testbed.spec.load import load_experiment
@@ -56,6 +57,14 @@ def test_compressed_period_matches_the_whole_period(sched, shape, m, per, schedu
     T = full.iteration_s[0]
     tol = 1e-9 * T
     assert all(abs(x.start_s - y.start_s) <= tol and abs(x.end_s - y.end_s) <= tol for x, y in zip(a, b, strict=True))
+
+
+def test_a_long_period_is_compressed_without_asking():
+    plan = plan_of("diloco", 2, 3, 2, "workload.diloco.inner_steps=10")
+    assert not compresses(plan)
+    long = plan_of("diloco", 2, 3, 2, "workload.diloco.inner_steps=25000", "workload.token_efficiency=1")
+    assert stage_microbatches(long, 3) > FULL_STAGE_MICROBATCHES  # three replicas simulated, one per DC
+    assert compresses(long)
 
 
 def test_a_step_that_is_not_a_shift_is_caught():

@@ -29,7 +29,8 @@ the link apart (`round_robin_lags`), and from there they drift: each head start 
 ROUND_ROBIN_PHASES per symmetric set, consecutive replicas sharing one), standing for its replicas, whose
 flows count once each in the link's sharing. Symmetric replicas with no WAN link are simulated once.
 Under temporal sharing replicas take turns, so every replica is simulated, except in the lower-bound run,
-which uses no WAN link.
+which uses no WAN link, and past the full simulation's size, where blocks of replicas consecutive in the turn
+order are (testbed/sim/aggregate.py; a sync period past it: testbed/sim/period.py).
 
 A WAN that changes during the iteration (testbed/sim/linkchange.py) re-rates its links at each change; a
 realised iteration (timing noise, BubbleTea's prefill jobs) runs on testbed/sim/realised.py.
