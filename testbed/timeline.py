@@ -163,8 +163,15 @@ class Timeline:
             base = self._built({r for r in reps if any(keep(c) for c in copies.get(r, [r]))})
         else:
             base = self._reps
-        ivs = [iv._replace(replica=c, gpu=group_name(iv.stage, c)) if c != iv.replica else iv
-               for iv in base for c in copies.get(iv.replica, [iv.replica]) if keep(c)]
+        kept: dict[int, list[int]] = {}  # representative -> its copies kept: `keep` once per copy, not per interval
+        names: dict[tuple[int, int], str] = {}  # (stage, copy) -> its group's name
+        for iv in base:
+            if iv.replica not in kept:
+                kept[iv.replica] = [c for c in copies.get(iv.replica, [iv.replica]) if keep(c)]
+            for c in kept[iv.replica]:
+                names.setdefault((iv.stage, c), group_name(iv.stage, c))
+        ivs = [Interval(it, names[(st, c)], dc, st, c, kind, mb, t0, t1, nbytes) if c != r else iv  # not _replace
+               for iv in base for it, _, dc, st, r, kind, mb, t0, t1, nbytes in (iv,) for c in kept[r]]
         return sorted(ivs, key=lambda iv: (iv.iteration, iv.stage, iv.replica))
 
     @classmethod

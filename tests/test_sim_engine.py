@@ -48,7 +48,7 @@ def test_lower_bound_collapses_replicas_that_take_turns_only_on_the_wan(monkeypa
     ideal = replace(plan, ideal_wan=True, replica_offset_s=[0.0] * plan.dp)
     assert len(replica_classes(ideal)) == 2  # no WAN flows in the lower-bound run: two shapes of replica
     collapsed = lower_bound_s(plan)
-    monkeypatch.setattr(executor, "replica_classes", lambda p: {r: [r] for r in range(p.dp)})
+    monkeypatch.setattr(executor, "replica_classes", lambda p, block=None: {r: [r] for r in range(p.dp)})
     assert lower_bound_s(plan) == collapsed
 
 

@@ -9,6 +9,8 @@ of DiLoCo, else 1): the mean per iteration over a sync period. Real-world bytes 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from testbed.plan.lower import lower_group
 from testbed.plan.plan import Plan
 from testbed.program import Program, Send, collective_exchanges, ring_collectives
@@ -34,6 +36,10 @@ def wan_bytes(plan: Plan) -> float:
     per (stage, placement row)."""
     if plan.ideal_wan:
         return 0.0
+    lowered = plan
+    if plan.diloco is not None:  # inner steps send nothing across the WAN: a period with one per sync lowers as fast
+        d = plan.diloco
+        lowered = replace(plan, diloco=replace(d, inner_steps=d.fragments * (d.overlap_steps + 1)))
     per_shape: dict[tuple, float] = {}
     total = 0.0
     for r in range(plan.dp):
@@ -41,6 +47,6 @@ def wan_bytes(plan: Plan) -> float:
         for s in range(plan.pp):
             key = (s, row)
             if key not in per_shape:
-                per_shape[key] = program_wan_bytes(lower_group(plan, s, r))
+                per_shape[key] = program_wan_bytes(lower_group(lowered, s, r))
             total += per_shape[key]
     return total / plan.steps_per_program

@@ -23,9 +23,10 @@ from testbed.plan.schedules import build_schedule, check_interleaving
 from testbed.spec.experiment import Experiment
 from testbed.spec.topology import Topology
 
-# (stage, microbatch) pairs per iteration, each a forward and a backward the simulator runs for every
-# replica it cannot prove symmetric: 250,000 holds a 100,000-GPU job (global batch 16k, pp 16), which
-# takes seconds per scheduler (docs/simulator-speed.md); the bound keeps any accepted job to minutes
+# (stage, microbatch) pairs in one replica's program: the simulator runs at least one replica's whole program
+# (testbed/sim/aggregate.py stands one replica for many, not one microbatch for many), and past this many replicas
+# x stages x microbatches it simulates replicas taking turns in blocks; 250,000 holds a 110,592-GPU job
+# (dp 864, pp 16, 16 microbatches) simulated replica by replica in seconds (docs/simulator-speed.md)
 MAX_STAGE_MICROBATCHES = 250_000
 
 
@@ -33,11 +34,6 @@ def check_workload(exp: Experiment, model: ModelConfig) -> None:
     w = exp.workload
     if w.pp > model.layers:
         raise SpecError("workload.pp", f"{w.pp} stages for a {model.layers}-layer model", f"use pp <= {model.layers}")
-    seqs = w.global_batch // w.microbatch
-    if seqs * w.pp > MAX_STAGE_MICROBATCHES:
-        raise SpecError("workload.global_batch", f"{seqs:,} microbatches x {w.pp} stages = {seqs * w.pp:,} stage "
-                        f"microbatches per iteration, more than the simulator takes ({MAX_STAGE_MICROBATCHES:,})",
-                        "lower global_batch or pp, or raise microbatch")
     if model.heads % w.tp:
         raise SpecError("workload.tp", f"tp={w.tp} does not divide the model's {model.heads} heads",
                         "use a tp that divides the number of heads")
@@ -210,6 +206,10 @@ def build_plan(
     if m < 1:
         raise SpecError("workload.global_batch", f"{w.global_batch} sequences cannot feed dp={dp} replicas",
                         "raise global_batch or lower dp")
+    if m * w.pp > MAX_STAGE_MICROBATCHES:
+        raise SpecError("workload.global_batch", f"{m:,} microbatches per replica x {w.pp} stages = {m * w.pp:,} "
+                        f"stage microbatches in one replica's program, more than the simulator takes "
+                        f"({MAX_STAGE_MICROBATCHES:,})", "lower global_batch or pp, or raise microbatch or dp")
     if order is None:
         order, counts = pinned_chain(exp, mech)
     stage_dc = place(mech.placement, topo, w.pp, w.tp, dp, order, counts)

@@ -31,8 +31,9 @@ from testbed.net.links import NetPlan
 from testbed.plan.build import build_plan, kept_placement, resolve_dp
 from testbed.plan.plan import Plan
 from testbed.results import fmt, write_csv
-from testbed.sim.executor import paused_gc, simulate, simulate_changing
+from testbed.sim.executor import paused_gc, simulate_changing
 from testbed.sim.linkchange import WanSchedule, union_length
+from testbed.sim.period import simulate
 from testbed.spec.experiment import Experiment
 from testbed.timeline import COMPUTE, Timeline, write_timelines, write_trace
 

@@ -29,7 +29,8 @@ the link apart (`round_robin_lags`), and from there they drift: each head start 
 ROUND_ROBIN_PHASES per symmetric set, consecutive replicas sharing one), standing for its replicas, whose
 flows count once each in the link's sharing. Symmetric replicas with no WAN link are simulated once.
 Under temporal sharing replicas take turns, so every replica is simulated, except in the lower-bound run,
-which uses no WAN link.
+which uses no WAN link, and past the full simulation's size, where blocks of replicas consecutive in the turn
+order are (testbed/sim/aggregate.py; a sync period past it: testbed/sim/period.py).
 
 A WAN that changes during the iteration (testbed/sim/linkchange.py) re-rates its links at each change; a
 realised iteration (timing noise, BubbleTea's prefill jobs) runs on testbed/sim/realised.py.
@@ -69,6 +70,7 @@ from testbed.program import (
     Send,
     await_slot,
 )
+from testbed.sim.aggregate import turn_block, turn_blocks
 from testbed.sim.collectives import Collectives
 from testbed.sim.linkchange import LiveLinks, WanSchedule
 from testbed.sim.network import Flow, LinkState, SlidingWindow  # noqa: F401 (SlidingWindow: re-exported)
@@ -147,13 +149,14 @@ def round_robin_lags(plan: Plan) -> list[float]:
     return lags
 
 
-def replica_classes(plan: Plan) -> dict[int, list[int]]:
+def replica_classes(plan: Plan, block: int | None = None) -> dict[int, list[int]]:
     """Replica -> the replicas it stands for (itself first). Symmetric replicas share one entry, or where they
     meet on a fair-shared link, one entry per head start the round robin gives them (`round_robin_lags`).
     Under temporal sharing replicas take turns on the WAN, so each is its own class, except in the lower-bound
-    run (`ideal_wan`), where no transfer touches a WAN link."""
+    run (`ideal_wan`), where no transfer touches a WAN link, and past the full simulation's size, where blocks of
+    `block` replicas consecutive in the turn order are (testbed/sim/aggregate.py; None: `turn_block`'s choice)."""
     if not plan.ideal_wan and any(lp.temporal for lp in plan.links.values()):
-        return {r: [r] for r in range(plan.dp)}
+        return turn_blocks(plan, turn_block(plan) if block is None else block)
     lags = round_robin_lags(plan)
     out: dict[int, list[int]] = {}
     for rs in _symmetric(plan):
@@ -225,8 +228,10 @@ def compile_steps(steps: tuple, s: int, r: int, m: int, pp: int = 0, wrap: bool 
 class Simulation(SyncCollectives):
     event_order = staticmethod(_order)  # the order of events at one time (None: push order)
 
-    def __init__(self, plan: Plan, wan: WanSchedule | None = None, t0: float = 0.0) -> None:
+    def __init__(self, plan: Plan, wan: WanSchedule | None = None, t0: float = 0.0, turn_block: int | None = None
+                 ) -> None:
         self.p = plan
+        self.turn_block = turn_block  # replicas taking turns simulated as one (None: testbed/sim/aggregate.py's choice)
         self.heap: list[float] = []  # the distinct times that have events, a heap
         self.buckets: dict[float, list[tuple]] = {}  # time -> its events, in push order
         self.now = 0.0
@@ -298,7 +303,7 @@ class Simulation(SyncCollectives):
         self.wan = LiveLinks(self, wan, t0) if wan is not None else None  # the schedule's clock is t0 + now
 
     def _classes(self) -> dict[int, list[int]]:
-        return replica_classes(self.p)
+        return replica_classes(self.p, self.turn_block)
 
     def pending(self) -> bool:
         """Whether the iteration goes on: events at later times, or groups not at their program's end (the
@@ -615,10 +620,11 @@ def paused_gc():
             gc.enable()
 
 
-def simulate(plan: Plan) -> tuple[Timeline, int]:
-    """Run one iteration; returns its timeline and the number of events processed."""
+def simulate(plan: Plan, turn_block: int | None = None) -> tuple[Timeline, int]:
+    """Run one iteration; returns its timeline and the number of events processed. `turn_block`: replicas taking
+    turns simulated as one (testbed/sim/aggregate.py; None: 1 up to the full simulation's size)."""
     with paused_gc():
-        sim = Simulation(plan)
+        sim = Simulation(plan, turn_block=turn_block)
         tl = sim.run()
     return tl, sim.events
 
