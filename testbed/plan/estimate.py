@@ -71,6 +71,14 @@ def _pairs(pp: int) -> tuple[np.ndarray, np.ndarray]:
     return np.triu_indices(pp)
 
 
+def warmup_extra(round_trips: np.ndarray, fb: np.ndarray, busiest_s: float, fits: np.ndarray, m: int) -> np.ndarray:
+    """Extra microbatches in flight per stage, as build.latency_warmup: cover the downstream WAN round trips (one
+    microbatch per compute time or busiest hop's time, whichever is longer), memory permitting, never increasing."""
+    downstream = np.cumsum(round_trips[::-1])[::-1]
+    want = np.ceil(downstream / np.maximum(fb, busiest_s))
+    return np.maximum(0, np.minimum.accumulate(np.minimum(np.minimum(want, fits), m)))
+
+
 def interleaved_pipe_s(fb: np.ndarray, d: np.ndarray, wrap_s: float, service_s: float, m: int, v: int) -> float:
     """The pipeline of Megatron's interleaved 1F1B (v model chunks per stage, a chunk a v-th of the stage).
 
@@ -277,14 +285,8 @@ class Estimator:
                                 f"{lay.order[0]} for the interleaved schedule's wrap-around")
             pipe = interleaved_pipe_s(fb, fd + bd, wrap, service, m, w.virtual_stages)
         elif w.schedule == "1f1b":
-            extra = np.zeros(pp)
-            if mech.warmup and wan_caps:
-                # as build.latency_warmup: cover the downstream WAN round trips (one microbatch per compute
-                # time or busiest hop's time, whichever is longer), memory permitting, never increasing
-                downstream = np.cumsum(round_trips[::-1])[::-1]
-                want = np.ceil(downstream / np.maximum(fb, max(float(busy_f.max()), float(busy_b.max()))))
-                fits = np.floor(st.free_gb / st.act_gb)
-                extra = np.maximum(0, np.minimum.accumulate(np.minimum(np.minimum(want, fits), m)))
+            extra = (warmup_extra(round_trips, fb, max(float(busy_f.max()), float(busy_b.max())),
+                                  np.floor(st.free_gb / st.act_gb), m) if mech.warmup and wan_caps else np.zeros(pp))
             # steady state with period T: stage s runs F(i + w_s) then B(i), w_s = in-flight - 1. A microbatch
             # entering stages s..t and coming back must fit in the slack the in-flight counts leave:
             # T (w_s - w_t + 1) >= sum of fb over s..t + the boundary delays between them, for every s <= t
