@@ -87,6 +87,9 @@ class Workload(Strict):
     # pins the pipeline's DCs, in order, with their number of stages (as `testbed plan` prints them);
     # pipeline placements only: dp-wan keeps whole pipelines inside each DC
     stages_per_dc: dict[str, PP] | None = None
+    # pins the DCs of a data-parallel family (dp-wan, diloco, streaming-diloco) with their number of whole
+    # replicas each, summing to dp (as `testbed plan` prints them); unset: the largest DCs filled first
+    replicas_per_dc: dict[str, DP] | None = None
     diloco: DiLoCo = DiLoCo()
     # tokens to a loss under synchronous training / tokens under this scheduler's (1: as good); None: the
     # family's default from published results (testbed/plan/efficiency.py)
