@@ -312,7 +312,7 @@ def print_plan(res, exp) -> None:
                   f"token efficiency {best.token_efficiency:.2f} = {best.effective_tokens_per_s:,.0f} effective, "
                   f"{best.tokens_per_s_per_gpu:,.1f} per GPU, {best.gpus:,} GPUs, {best.idle_gpus:,} idle",
                   highlight=False)
-    console.print(f"simulate it: {sim_command(best, exp)}", soft_wrap=True, highlight=False)
+    console.print(f"simulate it: {sim_command(best, exp)}", soft_wrap=True, highlight=False, markup=False)
 
 
 def sim_command(c, exp) -> str:

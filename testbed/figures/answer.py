@@ -51,7 +51,7 @@ def draw(plan: pd.DataFrame, path: Path) -> Path:
     ax.set_ylabel("best effective tokens/s (millions)")
     ax.set_ylim(bottom=0)
     ax.set_title("The best plan of every family (several DCs) against one site", fontsize=10)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="best", framealpha=0.9)
     save(fig, path)
     plt.close("all")
     return path

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from testbed.costs.gpus import GPUS
 from testbed.costs.models import resolve_model
 from testbed.errors import SpecError
-from testbed.plan.build import build_plan, divisors_desc
+from testbed.plan.build import divisors_desc
 from testbed.plan.diloco import resolve as resolve_diloco
 from testbed.plan.efficiency import token_efficiency
 from testbed.plan.estimate import Estimator, Layout
@@ -33,6 +33,7 @@ from testbed.plan.estimate_dp import FamilyEstimator
 from testbed.plan.mechanisms import parse_scheduler
 from testbed.results import fmt
 from testbed.runs.families import FAMILIES, dp_layouts
+from testbed.runs.period import timed
 from testbed.spec.experiment import Experiment
 from testbed.spec.topology import DC, Topology
 
@@ -244,49 +245,15 @@ def _equivalence(topo: Topology, lay: Layout, ring: bool = False) -> tuple:
 
 def _simulate(args: tuple) -> tuple[float, list[int], float, str]:
     """Iteration time (or, with `lower_bound`, the lower bound) of one layout, its layer split, its token
-    efficiency, and why the plan cannot be built ("" when it can). A sync period's program runs H iterations:
-    its time is divided by them."""
+    efficiency, and why the plan cannot be built ("" when it can)."""
     exp, scheduler, lay, lower_bound = args
     w = exp.workload.model_copy(update={"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "microbatch": lay.microbatch})
-    exp = exp.model_copy(update={"workload": w})
-    mech = parse_scheduler(scheduler)
     try:
-        d = resolve_diloco(mech.outer, w.diloco) if mech.outer else None
-        if d is None or d.inner_steps < d.fragments * (d.overlap_steps + 2):
-            plan = build_plan(exp, scheduler, run_id="-".join(lay.order), dp=lay.dp, order=list(lay.order),
-                              counts=list(lay.counts))
-            return _run(plan, lower_bound) / plan.steps_per_program, plan.layers, plan.token_efficiency, ""
-        # a sync period is linear in H: every fragment's sync overlaps the same tau inner steps whatever H, and
-        # the other inner steps are alike; two short periods give the step and the syncs' cost
-        short = [fragments_period(exp, scheduler, lay, d, k) for k in (1, 2)]
-        eff = token_efficiency(mech.outer, len(short[0].dcs_used()), d, w.token_efficiency)
+        it, layers, eff = timed(exp.model_copy(update={"workload": w}), scheduler, lay.dp, list(lay.order),
+                                list(lay.counts), lower_bound)
     except SpecError as e:
         return math.inf, [], 0.0, str(e)
-    p1, p2 = (_run(p, lower_bound) for p in short)
-    h1, h2 = (p.steps_per_program for p in short)
-    period_s = p1 + (d.inner_steps - h1) * (p2 - p1) / (h2 - h1)
-    return period_s / d.inner_steps, short[0].layers, eff, ""
-
-
-def _run(plan, lower_bound: bool) -> float:
-    """One program's simulated time (or its lower bound)."""
-    from testbed.runs.simulated import lower_bound_s
-    from testbed.sim.executor import simulate
-
-    return lower_bound_s(plan) if lower_bound else simulate(plan)[0].iteration_s[0]
-
-
-def fragments_period(exp: Experiment, scheduler: str, lay: Layout, d, k: int):
-    """The plan with the shortest sync period of d's structure plus k - 1 plain inner steps per fragment:
-    H = F (tau + k), the same fragments, bits and overlap."""
-    spec = {"inner_steps": d.fragments * (d.overlap_steps + k), "fragments": d.fragments,
-            "outer_bits": d.outer_bits, "overlap_steps": d.overlap_steps}
-    if parse_scheduler(scheduler).outer == "diloco":
-        spec = {k2: v for k2, v in spec.items() if k2 in ("inner_steps", "outer_bits")}
-    w = exp.workload.model_copy(update={"diloco": exp.workload.diloco.model_copy(update=spec),
-                                        "token_efficiency": 1.0})
-    return build_plan(exp.model_copy(update={"workload": w}), scheduler, run_id="-".join(lay.order), dp=lay.dp,
-                      order=list(lay.order), counts=list(lay.counts))
+    return it, layers, eff, ""
 
 
 def _estimate(args: tuple) -> list[tuple[float, list[int], float, str]]:
