@@ -304,7 +304,8 @@ def print_plan(res, exp) -> None:
                   "best" if c is best else f"{ratio:.2f}x slower")
     console.print(t)
     console.print(f"searched {res.layouts:,} layouts ({res.fit:,} fit in memory) over {len(res.sets)} family x DC "
-                  f"sets, simulated {res.simulated}; {res.estimate_wall_s:.1f} s estimating, {res.wall_s:.1f} s in all")
+                  f"sets, simulated {res.simulated}; {res.estimate_wall_s:.1f} s estimating; "
+                  f"planner wall time {res.wall_s:.1f} s")
     lay = best.layout
     console.print(f"[bold]best plan[/bold]: the {best.family} family ({best.scheduler}), {' > '.join(lay.order)}, "
                   f"tp {lay.tp}, pp {lay.pp}, dp {lay.dp}, microbatch {lay.microbatch}: {best.iteration_s:.3f} s "
