@@ -109,8 +109,10 @@ class Workload(Strict):
                              f"make global_batch a multiple of microbatch")
         seqs = self.global_batch // self.microbatch
         if self.dp != "auto" and seqs % self.dp:
+            unequal = (" (every replica takes an equal share: splitting the batch by each site's speed, as Sailor "
+                       "does, is not supported yet)" if self.replicas_per_dc else "")
             raise ValueError(f"dp: dp={self.dp} does not divide the {seqs} microbatches per iteration "
-                             f"(global_batch/microbatch); pick a dp dividing {seqs}, or dp: auto")
+                             f"(global_batch/microbatch){unequal}; pick a dp dividing {seqs}, or dp: auto")
         if self.virtual_stages > 1 and self.schedule != "1f1b":
             raise ValueError(f"virtual_stages: {self.virtual_stages} model chunks per stage need schedule: 1f1b "
                              f"(Megatron's interleaved 1F1B); set schedule: 1f1b or virtual_stages: 1")
