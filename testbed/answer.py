@@ -45,14 +45,19 @@ def write_answer(csv_path: Path, folder: Path, note: str) -> Path:
              "family's token efficiency (testbed/plan/efficiency.py): the throughput in synchronous-training tokens."
              "</p>", f'<img src="data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}" '
              'alt="best effective tokens/s per family">']
+    every = plan[plan["status"].astype(str).str.startswith("best")].copy()
+    every["sweep"] = every["sweep"].fillna("") if "sweep" in every else ""
     for point, g in b.groupby("sweep", sort=False):
         g = g.sort_values("family", key=lambda s: s.map(rank))
         top = g["effective_tokens_per_s"].idxmax()
         w = g.loc[top]
         title = html.escape(point.replace(";", ", ")) if point else "The answer"
+        sets = every[every["sweep"] == point]
         parts.append(f"<h2>{title}</h2><p>Best: <b>{html.escape(w['family'])}</b> on "
                      f"{html.escape(w['dcs'].replace('|', ' + '))}, {w['effective_tokens_per_s']:,.0f} effective "
-                     f"tokens/s ({w['iteration_s']:.3f} s per iteration).</p>" + _table(g, top))
+                     f"tokens/s ({w['iteration_s']:.3f} s per iteration).</p>" + _table(g, top)
+                     + f"<details><summary>every family and DC set ({len(sets)})</summary>"
+                     + _table(sets, None) + "</details>")
     if b["sweep"].nunique() > 1:
         parts.append("<h2>Sensitivity</h2>" + _sensitivity(b))
     style = ("body{font-family:sans-serif;max-width:70em;margin:2em auto}table{border-collapse:collapse}"
