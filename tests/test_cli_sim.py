@@ -70,6 +70,20 @@ def test_plan_chooses_dcs(tmp_path):
     assert (tmp_path / "answer.html").exists() and (tmp_path / "answer.png").exists()
 
 
+def test_plan_sweep_writes_the_answer_and_keeps_the_best_rising(tmp_path):
+    r = run_cli("plan", str(ROOT / "topologies" / "3dc.yaml"), "--model", "tiny", "--global-batch", "48", "--tp", "1",
+                "--sweep", "topology.links.*.gbps=1,10", "--out", str(tmp_path / "d"))
+    assert r.returncode == 0, r.stderr
+    import pandas as pd
+
+    plan = pd.read_csv(tmp_path / "d" / "plan.csv")
+    assert list(plan["sweep"].unique()) == ["topology.links.*.gbps=1", "topology.links.*.gbps=10"]
+    best = plan[plan["status"] == "best"].set_index("sweep")["effective_tokens_per_s"]
+    assert best["topology.links.*.gbps=10"] >= best["topology.links.*.gbps=1"]
+    page = (tmp_path / "d" / "answer.html").read_text()
+    assert "data:image/png;base64," in page and all(f in page for f in ("pipeline", "dp-wan", "streaming-diloco"))
+
+
 def test_plan_rejects_a_scheduler_with_its_own_placement(tmp_path):
     r = run_cli("plan", str(ROOT / "topologies" / "3dc.yaml"), "--model", "tiny", "--scheduler", "pp-wan",
                 "--out", str(tmp_path / "plan.csv"))

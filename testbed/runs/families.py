@@ -67,14 +67,20 @@ def split_replicas(dp: int, fits: list[int]) -> tuple[int, ...] | None:
 
 
 def dp_layouts(exp: Experiment, tps: list[int] | None, pps: list[int] | None, microbatch_sizes: list[int] | None,
-               mbs_default: tuple[int, ...]) -> list[tuple[Layout | None, tuple, str]]:
+               mbs_default: tuple[int, ...], max_layouts: int = 400_000) -> list[tuple[Layout | None, tuple, str]]:
     """Every (DC set, tp, microbatch, pp) of a data-parallel family with its largest dp dividing the batch:
     (layout, key, "") or (None, key, why); `Layout.counts` are replicas per DC."""
     topo, w = exp.topology, exp.workload
     model = resolve_model(w.model, w.seq_len)
     mbs = microbatch_sizes or [b for b in mbs_default if w.global_batch % b == 0]
     out: list[tuple[Layout | None, tuple, str]] = []
-    for order in dc_sets(topo):
+    sets = dc_sets(topo)
+    most = len(sets) * len(mbs) * (len(tps) if tps else 8) * (len(pps) if pps else model.layers)
+    if most > max_layouts:
+        raise SpecError("topology.dcs", f"{len(sets):,} DC sets x tp x pp x microbatch sizes give up to {most:,} "
+                        f"data-parallel layouts to estimate (at most {max_layouts:,})",
+                        "pin --tp, --pp or --microbatch, list fewer candidate DCs, or --families pipeline")
+    for order in sets:
         dcs = [topo.dc(n) for n in order]
         gpn = math.gcd(*[d.gpus_per_node for d in dcs])
         for tp in tps or [t for t in range(1, gpn + 1) if gpn % t == 0]:

@@ -340,7 +340,7 @@ def _candidates(exp: Experiment, family: str, scheduler: str, top: int, tps: lis
     tokens = w.global_batch * resolve_model(w.model, w.seq_len).seq_len
     order_of = {d.name: i for i, d in enumerate(topo.dcs)}
     found = (layouts(exp, tps, pps, microbatch_sizes) if family == "pipeline"
-             else dp_layouts(exp, tps, pps, microbatch_sizes, MICROBATCHES))
+             else dp_layouts(exp, tps, pps, microbatch_sizes, MICROBATCHES, MAX_LAYOUTS))
     placed = [lay for lay, _, _ in found if lay is not None]
     estimates = iter(_estimate_all(exp, scheduler, placed, pool, jobs))
     fam = _Family(family, scheduler, [], {}, {}, [])
