@@ -82,6 +82,11 @@ def test_plan_sweep_writes_the_answer_and_keeps_the_best_rising(tmp_path):
     assert best["topology.links.*.gbps=10"] >= best["topology.links.*.gbps=1"]
     page = (tmp_path / "d" / "answer.html").read_text()
     assert "data:image/png;base64," in page and all(f in page for f in ("pipeline", "dp-wan", "streaming-diloco"))
+    shown = run_cli("show", str(tmp_path / "d"))
+    assert shown.returncode == 0, shown.stderr
+    kept = int((plan["status"].str.startswith("best")).sum())
+    assert f"the best of every family and DC set ({kept} of {len(plan):,} layouts)" in shown.stdout
+    assert "rejected" not in shown.stdout
 
 
 def test_plan_rejects_a_scheduler_with_its_own_placement(tmp_path):
