@@ -7,7 +7,7 @@ RESULTS := results
 
 .PHONY: all venv sysdeps test unit integration lint experiment sim-paper sim-bubbletea claims emu-multitcp emu-training \
         figures bench base-image docker-setup wheels images testbed-image emu-docker emu-docker-if-ready \
-        topology-3dc topology-down clean distclean wan-change check-docs
+        topology-3dc topology-down clean distclean wan-change check-docs figure-families
 
 all: test
 
@@ -64,6 +64,11 @@ sim-bubbletea: venv
 CHECK_RUNS ?=
 check-docs: venv
 	AZURE=$(abspath $(AZURE)) $(BIN)/python bench/check_docs.py $(if $(CHECK_RUNS),--runs $(CHECK_RUNS))
+
+# Which family is fastest where (README "Which family, where"): paper-3dc and dtfm-8region over latency x capacity,
+# every family; redraws docs/img/families-where.png.
+figure-families: venv
+	$(BIN)/python bench/families_where.py --out $(RESULTS)/families-where --figure docs/img/families-where.png
 
 # Every published claim we can express (experiments/claims/*.yaml), against the simulator: claims.csv + claims.png.
 claims: venv
@@ -166,6 +171,7 @@ figures: venv
 
 bench: venv
 	$(BIN)/python bench/sim_scale.py
+	$(BIN)/python bench/families_where.py --out $(RESULTS)/families-where
 	$(BIN)/python bench/mechanisms_example.py
 	$(BIN)/python bench/paper_speedups.py
 	$(BIN)/python bench/turn_orders.py

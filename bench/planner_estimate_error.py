@@ -6,14 +6,18 @@ batch, longer WAN latencies, GPipe. For each job it runs the planner with the be
 DC set simulated and prints the relative error (estimate - simulated) / simulated over those layouts,
 and how much slower than the set's simulated best the estimate's first choice in each DC set is (at
 worst over the sets: what trusting the estimate alone would cost). A benchmark, not a test.
-Run: .venv/bin/python bench/planner_estimate_error.py
+With --families the jobs scored by atlas are searched with every family too (runs/families.py) and each
+family gets its own row (its estimate: plan/estimate_dp.py).
+Run: .venv/bin/python bench/planner_estimate_error.py [--families] [--only TEXT]
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 from pathlib import Path
 
+from testbed.runs.families import FAMILIES
 from testbed.runs.select import search
 from testbed.spec.experiment import Experiment
 from testbed.spec.load import load_topology
@@ -45,24 +49,41 @@ def topology(spec):
 
 
 def main() -> None:
-    print(f"{'job':<44}{'scheduler':<16}{'layouts':>8}{'median':>9}{'max':>9}{'bias':>9}"
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--families", action="store_true", help="every family on the jobs scored by atlas")
+    ap.add_argument("--only", default="", help="only the jobs whose title contains this")
+    a = ap.parse_args()
+    print(f"{'job':<44}{'scheduler':<18}{'layouts':>8}{'median':>9}{'max':>9}{'bias':>9}"
           f"{'multi-DC median':>17}{'first choice slower by':>24}")
     for title, topo, workload, sched in JOBS:
+        if a.only not in title:
+            continue
         exp = Experiment(topology=topology(topo), schedulers=[sched], network=NETWORK.get(title, {}),
                          workload={"model": "gpt3-175b", "global_batch": 1728, "sequence_parallel": True, **workload})
-        res = search(exp, sched, top=3)
-        sims = [c for c in res.candidates if c.iteration_s]
-        errs = [(c.estimate_s - c.iteration_s) / c.iteration_s for c in sims]
-        multi = [abs(e) for e, c in zip(errs, sims, strict=True) if "|" in c.dcs]
-        worst = 0.0
-        for s in res.sets:
-            mine = [c for c in sims if c.dcs == s.dcs]
-            if mine:
-                first = min(mine, key=lambda c: (c.estimate_s, -c.gpus, c.key()))
-                worst = max(worst, first.iteration_s / s.best.iteration_s - 1)
-        print(f"{title:<44}{sched:<16}{len(errs):>8}{statistics.median(map(abs, errs)):>9.1%}"
-              f"{max(map(abs, errs)):>9.1%}{statistics.mean(errs):>+9.1%}{statistics.median(multi):>17.1%}"
-              f"{worst:>24.2%}")
+        fams = list(FAMILIES) if a.families and sched == "atlas" else None
+        res = search(exp, sched, top=3, families=fams)
+        for fam in fams or ["pipeline"]:
+            report(title, sched if fam == "pipeline" else FAMILIES[fam], [c for c in res.candidates if c.family == fam],
+                   [s for s in res.sets if s.family == fam])
+
+
+def report(title: str, sched: str, cands: list, sets: list) -> None:
+    """One row: the estimate's error over the simulated layouts of one family."""
+    sims = [c for c in cands if c.iteration_s]
+    if not sims:
+        print(f"{title:<44}{sched:<18}{0:>8}")
+        return
+    errs = [(c.estimate_s - c.iteration_s) / c.iteration_s for c in sims]
+    multi = [abs(e) for e, c in zip(errs, sims, strict=True) if "|" in c.dcs] or [float("nan")]
+    worst = 0.0
+    for s in sets:
+        mine = [c for c in sims if c.dcs == s.dcs]
+        if mine and s.best is not None:
+            first = min(mine, key=lambda c: (c.estimate_s, -c.gpus, c.key()))
+            worst = max(worst, first.iteration_s / s.best.iteration_s - 1)
+    print(f"{title:<44}{sched:<18}{len(errs):>8}{statistics.median(map(abs, errs)):>9.1%}"
+          f"{max(map(abs, errs)):>9.1%}{statistics.mean(errs):>+9.1%}{statistics.median(multi):>17.1%}"
+          f"{worst:>24.2%}")
 
 
 if __name__ == "__main__":

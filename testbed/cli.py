@@ -213,18 +213,33 @@ def plan(
     microbatch: Annotated[list[int] | None, typer.Option(help="Only these microbatch sizes; default: 1, 2, 4, 8")
                           ] = None,
     sequence_parallel: Annotated[bool, typer.Option(help="Megatron sequence parallelism")] = True,
-    scheduler: Annotated[str, typer.Option(help="How the WAN is used: atlas, or pp-wan+greedy (+mtcp, ...)")
-                         ] = "atlas",
+    scheduler: Annotated[str, typer.Option(help="The pipeline family's scheduler: atlas, or pp-wan+greedy (+mtcp, "
+                                                "...)")] = "atlas",
+    families: Annotated[str | None, typer.Option(help="Families compared, comma-separated: pipeline, dp-wan, "
+                                                      "diloco, streaming-diloco (default: all)")] = None,
     set_: SetOpt = None,
-    top: Annotated[int, typer.Option(help="Layouts per DC set scored by the simulator")] = 2,
+    sweep: SweepOpt = None,
+    top: Annotated[int, typer.Option(help="Layouts per family and DC set scored by the simulator")] = 2,
     jobs: Annotated[int | None, typer.Option(help="Processes for the simulations (default: CPU count)")] = None,
-    out: Annotated[Path, typer.Option(help="CSV of every layout")] = Path("results/plan/plan.csv"),
+    out: Annotated[Path, typer.Option(help="Output folder (plan.csv, answer.html, answer.png); a path ending in "
+                                           ".csv names plan.csv itself")] = Path("results/plan"),
 ) -> None:
-    """Which DCs (one site or several), in which order, with which tp, pp, dp and microbatch size."""
+    """Which family, which DCs (one site or several), in which order, with which tp, pp, dp and microbatch size."""
+    from testbed.answer import write_answer
     from testbed.results import write_csv
-    from testbed.runs.select import PLAN_HEADER, plan_rows, search
+    from testbed.runs.families import parse_families
+    from testbed.runs.plan_sweep import search_points
+    from testbed.runs.select import PLAN_HEADER, plan_rows
     from testbed.spec.experiment import Experiment
-    from testbed.spec.load import _read_yaml, parse_value, resolve_traces, set_dotted, split_assignment, validate
+    from testbed.spec.load import (
+        _read_yaml,
+        expand_sweep,
+        parse_value,
+        resolve_traces,
+        set_dotted,
+        split_assignment,
+        validate,
+    )
 
     topo_data = _read_yaml(topology)
     resolve_traces(topo_data, topology.parent)
@@ -233,52 +248,85 @@ def plan(
     for s in set_ or []:
         k, v = split_assignment(s)
         set_dotted(data, k, parse_value(v, k))
-    try:
-        exp = validate(Experiment, data)
-    except SpecError as e:
-        raise SpecError(e.field.replace("schedulers", "--scheduler"), e.problem, e.fix) from None
-    check_pins(exp, tp, pp, microbatch)
-    with console.status("searching tp, pp, dp, microbatch and the DCs; simulating the best of each DC set"):
-        res = search(exp, scheduler, top, tp, pp, microbatch, jobs)
+    fams = parse_families(families)
+    points = []
+    for d, point in expand_sweep(data, sweep):
+        try:
+            points.append((validate(Experiment, d), point))
+        except SpecError as e:
+            raise SpecError(e.field.replace("schedulers", "--scheduler"), e.problem, e.fix) from None
+    for exp, _ in points:
+        check_pins(exp, tp, pp, microbatch)
+    csv_path, folder = (out, out.parent) if out.suffix == ".csv" else (out / "plan.csv", out)
+
+    def on_point(i: int, res) -> None:
+        where = ", ".join(f"{k}={v}" for k, v in points[i][1].items())
+        if len(points) > 1:
+            console.print(f"[bold]point {i + 1} of {len(points)}: {where}[/bold]")
+        print_plan(res, points[i][0])
+
+    with console.status("searching families, DC sets, tp, pp, dp, microbatch; simulating the best of each"):
+        found = search_points(points, scheduler, top, tp, pp, microbatch, jobs, fams, on_point)
+    swept = len(points) > 1 or bool(points[0][1])
+    header = (("sweep",) if swept else ()) + PLAN_HEADER
+    rows = [((";".join(f"{k}={v}" for k, v in point.items()),) if swept else ()) + tuple(r)
+            for point, res in found for r in plan_rows(res)]
+    write_csv(csv_path, header, rows)
+    console.print(f"wrote {csv_path} (every layout; columns in docs/planner.md)")
+    note = f"{model}, {global_batch} sequences per iteration, candidate DCs of {topology}"
+    console.print(f"wrote {write_answer(csv_path, folder, note)}")
+
+
+def print_plan(res, exp) -> None:
+    """The best row of every (family, DC set), the best plan and the command that reproduces it."""
     best = res.best
     if best is None:
         why = next((s.problem for s in res.sets if s.problem), "the topology has no chain of linked DCs")
         raise SpecError("workload", f"no layout fits on any DC set ({res.layouts:,} searched): {why}",
                         "pin other --tp/--pp/--microbatch, --set workload.recompute=full, or add GPUs")
-    write_csv(out, PLAN_HEADER, plan_rows(res))
-    t = Table(title="One site or several? The best layout of every DC set (simulated)")
-    for c in ("DCs", "order", "tp", "pp", "dp", "mb", "stages", "GPUs", "idle", "iteration_s", "tok/s", "tok/s/GPU",
-              "vs best"):
-        t.add_column(c, justify="left" if c in ("DCs", "order", "stages") else "right")
+    from testbed.runs.select import per_dc
+
+    t = Table(title="Which family, one site or several? The best layout of every family and DC set (simulated)")
+    for c in ("family", "DCs", "order", "tp", "pp", "dp", "mb", "stages / replicas", "GPUs", "iteration_s", "tok/s",
+              "efficiency", "effective tok/s", "vs best"):
+        t.add_column(c, justify="left" if c in ("family", "DCs", "order", "stages / replicas") else "right")
     for sr in res.sets:
         c = sr.best
         if c is None:
-            t.add_row(sr.dcs.replace("|", " + "), f"[red]nothing fits: {sr.problem}[/red]", *[""] * 5,
-                      "", f"{sr.free_gpus:,}", *[""] * 4)
+            t.add_row(sr.family, sr.dcs.replace("|", " + "), f"[red]nothing fits: {sr.problem}[/red]", *[""] * 11)
             continue
         lay = c.layout
-        ratio = (best.tokens_per_s or 0) / (c.tokens_per_s or 1) if best else 0.0
-        t.add_row(sr.dcs.replace("|", " + "), " > ".join(lay.order), str(lay.tp), str(lay.pp), str(lay.dp),
-                  str(lay.microbatch), " ".join(f"{d}:{n}" for d, n in zip(lay.order, lay.counts, strict=True)),
-                  f"{c.gpus:,}", f"{c.idle_gpus:,}", f"{c.iteration_s:.3f}", f"{c.tokens_per_s:,.0f}",
-                  f"{c.tokens_per_s_per_gpu:,.1f}", "best" if c is best else f"{ratio:.2f}x slower")
+        stages, replicas = per_dc(c)
+        ratio = (best.effective_tokens_per_s or 0) / (c.effective_tokens_per_s or 1)
+        t.add_row(c.family, sr.dcs.replace("|", " + "), " > ".join(lay.order), str(lay.tp), str(lay.pp),
+                  str(lay.dp), str(lay.microbatch), replicas or stages, f"{c.gpus:,}", f"{c.iteration_s:.3f}",
+                  f"{c.tokens_per_s:,.0f}", f"{c.token_efficiency:.2f}", f"{c.effective_tokens_per_s:,.0f}",
+                  "best" if c is best else f"{ratio:.2f}x slower")
     console.print(t)
-    console.print(f"searched {res.layouts:,} layouts ({res.fit:,} fit in memory) over {len(res.sets)} DC sets, "
-                  f"simulated {res.simulated}; {res.estimate_wall_s:.1f} s estimating, {res.wall_s:.1f} s in all")
+    console.print(f"searched {res.layouts:,} layouts ({res.fit:,} fit in memory) over {len(res.sets)} family x DC "
+                  f"sets, simulated {res.simulated}; {res.estimate_wall_s:.1f} s estimating; "
+                  f"planner wall time {res.wall_s:.1f} s")
     lay = best.layout
-    stages = ", ".join(f"{d}: {n}" for d, n in zip(lay.order, lay.counts, strict=True))
-    console.print(f"[bold]best plan[/bold] ({res.scheduler}): {' > '.join(lay.order)}, tp {lay.tp}, pp {lay.pp}, "
-                  f"dp {lay.dp}, microbatch {lay.microbatch}: {best.iteration_s:.3f} s per iteration "
-                  f"(lower bound {best.lower_bound_s:.3f} s), {best.tokens_per_s:,.0f} tokens/s, "
-                  f"{best.tokens_per_s_per_gpu:,.1f} per GPU, {best.gpus:,} GPUs, {best.idle_gpus:,} idle; "
-                  f"[bold]planner wall time {res.wall_s:.1f} s[/bold]")
-    console.print(f"simulate it: testbed sim EXP.yaml --set workload.tp={lay.tp} --set workload.pp={lay.pp} "
-                  f"--set workload.dp={lay.dp} --set workload.microbatch={lay.microbatch} "
-                  f"--set workload.sequence_parallel={str(exp.workload.sequence_parallel).lower()} "
-                  + (f"--set workload.virtual_stages={exp.workload.virtual_stages} "
-                     if exp.workload.virtual_stages > 1 else "")
-                  + f"--set 'workload.stages_per_dc={{{stages}}}'", soft_wrap=True, highlight=False)
-    console.print(f"wrote {out} (every layout; columns in docs/planner.md)")
+    console.print(f"[bold]best plan[/bold]: the {best.family} family ({best.scheduler}), {' > '.join(lay.order)}, "
+                  f"tp {lay.tp}, pp {lay.pp}, dp {lay.dp}, microbatch {lay.microbatch}: {best.iteration_s:.3f} s "
+                  f"per iteration (lower bound {best.lower_bound_s:.3f} s), {best.tokens_per_s:,.0f} tokens/s x "
+                  f"token efficiency {best.token_efficiency:.2f} = {best.effective_tokens_per_s:,.0f} effective, "
+                  f"{best.tokens_per_s_per_gpu:,.1f} per GPU, {best.gpus:,} GPUs, {best.idle_gpus:,} idle",
+                  highlight=False)
+    console.print(f"simulate it: {sim_command(best, exp)}", soft_wrap=True, highlight=False, markup=False)
+
+
+def sim_command(c, exp) -> str:
+    """A `testbed sim` command line that reproduces a planner candidate."""
+    lay = c.layout
+    pins = ", ".join(f"{d}: {n}" for d, n in zip(lay.order, lay.counts, strict=True))
+    pin = "stages_per_dc" if c.family == "pipeline" else "replicas_per_dc"
+    return (f"testbed sim EXP.yaml --set 'schedulers=[{c.scheduler}]' --set workload.tp={lay.tp} "
+            f"--set workload.pp={lay.pp} --set workload.dp={lay.dp} --set workload.microbatch={lay.microbatch} "
+            f"--set workload.sequence_parallel={str(exp.workload.sequence_parallel).lower()} "
+            + (f"--set workload.virtual_stages={exp.workload.virtual_stages} " if exp.workload.virtual_stages > 1
+               else "")
+            + f"--set 'workload.{pin}={{{pins}}}'")
 
 
 @app.command()

@@ -407,9 +407,14 @@ PLAN = CsvFile("plan.csv", "`testbed plan`",
                "one row per layout searched (DC chain x tp x pp x microbatch size, with the largest dp that fits); "
                "simulated rows first (fastest first), then estimated ones (by estimate_s), then rejected ones. "
                "Formulas: docs/planner.md", _cols(
+    ("sweep", "", "with `testbed plan --sweep` only: the sweep point, `key=value;...`"),
+    ("family", "", "`pipeline`, `dp-wan`, `diloco` or `streaming-diloco` (docs/families.md)"),
+    ("scheduler", "", "the scheduler that scored the layout (the pipeline family's: `--scheduler`)"),
     ("dcs", "", "the DC set, in topology order, `|`-separated: the \"one site or several?\" group"),
     ("order", "", "the DCs in pipeline order (`a > b`)"),
     ("stages", "", "pipeline stages per DC, in that order (`a:4 b:4`); empty when no dp fits"),
+    ("replicas", "", "data-parallel families: whole replicas per DC (`a:12 b:12`, as `workload.replicas_per_dc` "
+                     "pins them)"),
     ("layers", "", "transformer layers per stage, space-separated (balanced by GPU speed and memory)"),
     ("tp", "", "tensor-parallel degree"),
     ("pp", "", "pipeline stages"),
@@ -428,7 +433,10 @@ PLAN = CsvFile("plan.csv", "`testbed plan`",
     ("lower_bound_s", "s", "the best plan only: the same placement with an ideal WAN"),
     ("tokens_per_s", "tokens/s", "simulated training throughput: global_batch x seq_len / iteration_s"),
     ("tokens_per_s_per_gpu", "tokens/s", "tokens_per_s / gpus (GPUs used, not idle ones)"),
-    ("status", "", "`best` (chosen), `best of its DC set`, `simulated`, `estimated`, or `rejected: <why>`"),
+    ("token_efficiency", "", "the family's token efficiency (simulated rows; testbed/plan/efficiency.py)"),
+    ("effective_tokens_per_s", "tokens/s", "tokens_per_s x token_efficiency: what the rows are ranked by"),
+    ("status", "", "`best` (chosen), `best of its family and DC set`, `simulated`, `estimated`, or "
+                   "`rejected: <why>`"),
 ))
 
 BACKENDS = CsvFile("backends.csv", "`bench/backend_compare.py`", "one emulated experiment on several backends", _cols(

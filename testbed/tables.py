@@ -174,8 +174,16 @@ def view(df: pd.DataFrame, title: str, columns: list[str] | None = None, summary
     return View(title, cols, [short.get(c, c) for c in cols], rows, nkeys, cap, meanings)
 
 
+PLAN_SHOWN = ("sweep", "family", "dcs", "order", "tp", "pp", "dp", "microbatch", "stages", "replicas", "iteration_s",
+              "tokens_per_s", "token_efficiency", "effective_tokens_per_s", "status")
+
+
 def read_view(path: Path, columns: list[str] | None = None, title: str | None = None) -> View:
     df = pd.read_csv(path, keep_default_na=True)
+    if path.name == "plan.csv" and columns is None and "status" in df:  # a screen, not every layout searched
+        best = df[df["status"].astype(str).str.startswith("best")]
+        title = f"{title or path}: the best of every family and DC set ({len(best):,} of {len(df):,} layouts)"
+        df, columns = best, [c for c in PLAN_SHOWN if c in df]
     return view(df, title or str(path), columns, summary=path.name == "summary.csv")
 
 

@@ -57,12 +57,36 @@ def test_plan_chooses_dcs(tmp_path):
                 "--out", str(tmp_path / "plan.csv"))
     assert r.returncode == 0, r.stderr
     rows = (tmp_path / "plan.csv").read_text().splitlines()
-    assert rows[0] == ("dcs,order,stages,layers,tp,pp,dp,microbatch,microbatches,gpus,idle_gpus,mem_gb,estimate_s,"
-                       "iteration_s,lower_bound_s,tokens_per_s,tokens_per_s_per_gpu,status")
+    assert rows[0] == ("family,scheduler,dcs,order,stages,replicas,layers,tp,pp,dp,microbatch,microbatches,gpus,"
+                       "idle_gpus,mem_gb,estimate_s,iteration_s,lower_bound_s,tokens_per_s,tokens_per_s_per_gpu,"
+                       "token_efficiency,effective_tokens_per_s,status")
     assert rows[1].endswith(",best")
-    assert sum(row.endswith(",best of its DC set") for row in rows) == 6  # every other DC set has its answer
-    assert {row.split(",")[4] for row in rows[1:]} >= {"1", "2", "4"}  # tp was searched
-    assert "One site or several" in r.stdout and "planner wall time" in r.stdout
+    answers = [row.split(",") for row in rows if row.endswith(",best of its family and DC set")]
+    # the pipeline family on every other DC set, and the three data-parallel ones on each set of 2-3 DCs
+    assert sum(a[0] == "pipeline" for a in answers) >= 6 - (rows[1].split(",")[0] == "pipeline")
+    assert {a[0] for a in answers} | {rows[1].split(",")[0]} == {"pipeline", "dp-wan", "diloco", "streaming-diloco"}
+    assert {row.split(",")[7] for row in rows[1:]} >= {"1", "2", "4"}  # tp was searched
+    assert "one site or several" in r.stdout and "planner wall time" in r.stdout and "best plan: the " in r.stdout
+    assert (tmp_path / "answer.html").exists() and (tmp_path / "answer.png").exists()
+
+
+def test_plan_sweep_writes_the_answer_and_keeps_the_best_rising(tmp_path):
+    r = run_cli("plan", str(ROOT / "topologies" / "3dc.yaml"), "--model", "tiny", "--global-batch", "48", "--tp", "1",
+                "--sweep", "topology.links.*.gbps=1,10", "--out", str(tmp_path / "d"))
+    assert r.returncode == 0, r.stderr
+    import pandas as pd
+
+    plan = pd.read_csv(tmp_path / "d" / "plan.csv")
+    assert list(plan["sweep"].unique()) == ["topology.links.*.gbps=1", "topology.links.*.gbps=10"]
+    best = plan[plan["status"] == "best"].set_index("sweep")["effective_tokens_per_s"]
+    assert best["topology.links.*.gbps=10"] >= best["topology.links.*.gbps=1"]
+    page = (tmp_path / "d" / "answer.html").read_text()
+    assert "data:image/png;base64," in page and all(f in page for f in ("pipeline", "dp-wan", "streaming-diloco"))
+    shown = run_cli("show", str(tmp_path / "d"))
+    assert shown.returncode == 0, shown.stderr
+    kept = int((plan["status"].str.startswith("best")).sum())
+    assert f"the best of every family and DC set ({kept} of {len(plan):,} layouts)" in shown.stdout
+    assert "rejected" not in shown.stdout
 
 
 def test_plan_rejects_a_scheduler_with_its_own_placement(tmp_path):

@@ -24,7 +24,7 @@ LAYERS: list[set[str]] = [
     {"launch"},
     {"runs"},
     {"figures", "tables"},
-    {"claims", "report"},
+    {"claims", "report", "answer"},
     {"cli"},
     {"__main__"},
 ]

@@ -172,4 +172,4 @@ def test_plan_with_mutated_options_succeeds_or_fails_in_one_line(tmp_path):
     r = CliRunner().invoke(app, ["plan", topo, "--model", "tiny", "--tp", "1", "--pp", "3", "--global-batch", "48",
                                  "--out", str(tmp_path / "ok.csv")])
     assert r.exit_code == 0, r.output
-    assert copy.copy((tmp_path / "ok.csv").read_text()).startswith("dcs,order,")
+    assert copy.copy((tmp_path / "ok.csv").read_text()).startswith("family,scheduler,dcs,order,")

@@ -99,9 +99,12 @@ def resolve_dp(exp: Experiment) -> int:
 
 
 def pinned_chain(exp: Experiment, mech: Mechanisms) -> tuple[list[str] | None, list[int] | None]:
-    """`workload.stages_per_dc` as (DC order, stages per DC), for pipeline placements; (None, None) if unset."""
+    """`workload.stages_per_dc` as (DC order, stages per DC) for pipeline placements, `workload.replicas_per_dc`
+    as (DCs, replicas per DC) for dp-wan's; (None, None) if unset."""
     w = exp.workload
-    if not w.stages_per_dc or mech.placement == "dp-wan":
+    if mech.placement == "dp-wan":
+        return pinned_replicas(exp)
+    if not w.stages_per_dc:
         return None, None
     names = [d.name for d in exp.topology.dcs]
     for d in w.stages_per_dc:
@@ -112,6 +115,23 @@ def pinned_chain(exp: Experiment, mech: Mechanisms) -> tuple[list[str] | None, l
         raise SpecError("workload.stages_per_dc", f"{sum(w.stages_per_dc.values())} stages but pp={w.pp}",
                         "make the stage counts add up to workload.pp")
     return list(w.stages_per_dc), list(w.stages_per_dc.values())
+
+
+def pinned_replicas(exp: Experiment) -> tuple[list[str] | None, list[int] | None]:
+    """`workload.replicas_per_dc` as (DCs, whole replicas per DC); (None, None) if unset."""
+    w = exp.workload
+    if not w.replicas_per_dc:
+        return None, None
+    names = [d.name for d in exp.topology.dcs]
+    for d in w.replicas_per_dc:
+        if d not in names:
+            raise SpecError("workload.replicas_per_dc", f"unknown DC {d!r}",
+                            f"use DCs of the topology: {', '.join(names)}")
+    total = sum(w.replicas_per_dc.values())
+    if w.dp != "auto" and total != w.dp:
+        raise SpecError("workload.replicas_per_dc", f"{total} replicas but dp={w.dp}",
+                        "make the replica counts add up to workload.dp (or set dp: auto)")
+    return list(w.replicas_per_dc), list(w.replicas_per_dc.values())
 
 
 def stagger_offsets(row: list[str], act_bytes: list[float], links: dict, dp: int) -> list[float]:

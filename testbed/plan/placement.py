@@ -98,12 +98,27 @@ def chain_stages(order: list[str], topo: Topology, pp: int, tp: int, dp: int, *,
     return stages
 
 
+def pinned_replicas(topo: Topology, pp: int, tp: int, dp: int, order: list[str], counts: list[int]) -> StageDC:
+    """Whole replicas (pipelines of pp stages) per DC as pinned: counts[i] in order[i]."""
+    if len(counts) != len(order) or sum(counts) != dp:
+        raise SpecError("workload.replicas_per_dc", f"replica counts {counts} do not give dp={dp} replicas over "
+                        f"{len(order)} DCs", "give one count per DC, summing to dp")
+    for name, c in zip(order, counts, strict=True):
+        fit = topo.dc(name).gpus // (tp * pp)
+        if c > fit:
+            raise SpecError("workload.replicas_per_dc", f"DC {name} fits {fit} replicas of tp*pp={tp * pp} GPUs, "
+                            f"not {c}", "lower its replica count, tp or pp")
+    return [[name] * pp for name, c in zip(order, counts, strict=True) for _ in range(c)]
+
+
 def place(kind: Placement, topo: Topology, pp: int, tp: int, dp: int, order: list[str] | None = None,
           counts: list[int] | None = None) -> StageDC:
     if kind == "dp-wan":
         per_replica = tp * pp
         out: StageDC = []
-        for name in dcs_by_free_gpus(topo):
+        if counts is not None:
+            out = pinned_replicas(topo, pp, tp, dp, order or [], counts)
+        for name in dcs_by_free_gpus(topo) if counts is None else []:
             fit = topo.dc(name).gpus // per_replica
             out += [[name] * pp for _ in range(min(fit, dp - len(out)))]
         if len(out) < dp:

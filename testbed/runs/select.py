@@ -7,6 +7,10 @@ balanced by GPU speed and memory. The analytic estimate (estimate.py) ranks the 
 memory; the simulator, the objective, scores the best `top` of every DC set. So each set's answer
 (one site or several) is a simulated one, and adding a DC to the topology only adds candidates: the
 chosen plan never gets slower.
+
+With `families` it compares the ways to train across DCs (runs/families.py): each family's layouts are
+estimated and simulated with its own scheduler, one best row per (family, DC set), ranked by effective tokens/s
+(tokens/s x the family's token efficiency, plan/efficiency.py).
 """
 
 from __future__ import annotations
@@ -21,10 +25,15 @@ from dataclasses import dataclass
 from testbed.costs.gpus import GPUS
 from testbed.costs.models import resolve_model
 from testbed.errors import SpecError
-from testbed.plan.build import build_plan, divisors_desc
+from testbed.plan.build import divisors_desc
+from testbed.plan.diloco import resolve as resolve_diloco
+from testbed.plan.efficiency import token_efficiency
 from testbed.plan.estimate import Estimator, Layout
+from testbed.plan.estimate_dp import FamilyEstimator
 from testbed.plan.mechanisms import parse_scheduler
 from testbed.results import fmt
+from testbed.runs.families import FAMILIES, dp_layouts
+from testbed.runs.period import timed
 from testbed.spec.experiment import Experiment
 from testbed.spec.topology import DC, Topology
 
@@ -45,10 +54,18 @@ class Candidate:
     lower_bound_s: float | None = None
     status: str = "estimated"
     tokens: int = 0  # tokens per iteration
+    family: str = "pipeline"
+    scheduler: str = "atlas"
+    token_efficiency: float = 1.0
 
     @property
     def tokens_per_s(self) -> float | None:
         return self.tokens / self.iteration_s if self.iteration_s else None
+
+    @property
+    def effective_tokens_per_s(self) -> float | None:
+        t = self.tokens_per_s
+        return t * self.token_efficiency if t is not None else None
 
     @property
     def tokens_per_s_per_gpu(self) -> float | None:
@@ -66,6 +83,7 @@ class SetResult:
     free_gpus: int
     best: Candidate | None
     problem: str = ""  # why nothing in this set fits, when best is None
+    family: str = "pipeline"
 
 
 @dataclass
@@ -213,32 +231,36 @@ def layouts(exp: Experiment, tps: list[int] | None = None, pps: list[int] | None
     return out
 
 
-def _equivalence(topo: Topology, lay: Layout) -> tuple:
-    """What the simulator sees of a layout: its DCs and WAN hops by description, not by name."""
+def _equivalence(topo: Topology, lay: Layout, ring: bool = False) -> tuple:
+    """What the simulator sees of a layout: its DCs and WAN hops (a ring's closing hop too) by description, not by
+    name."""
     hops = []
-    for a, b in zip(lay.order, lay.order[1:], strict=False):
+    for a, b in zip(lay.order, lay.order[1:] + (lay.order[:1] if ring and len(lay.order) > 2 else ()),
+                    strict=False):
         link = topo.link(a, b)
         hops.append((link.gbps, link.latency_ms, topo.window_mb(link)) if link else None)
     return (tuple(dc_signature(topo.dc(d)) for d in lay.order), lay.counts, tuple(hops), lay.tp, lay.pp, lay.dp,
             lay.microbatch)
 
 
-def _simulate(args: tuple) -> tuple[float, list[int]]:
-    """Iteration time (or, with `lower_bound`, the lower bound) of one layout, and its layer split."""
+def _simulate(args: tuple) -> tuple[float, list[int], float, str]:
+    """Iteration time (or, with `lower_bound`, the lower bound) of one layout, its layer split, its token
+    efficiency, and why the plan cannot be built ("" when it can)."""
     exp, scheduler, lay, lower_bound = args
-    from testbed.runs.simulated import lower_bound_s
-    from testbed.sim.executor import simulate
-
     w = exp.workload.model_copy(update={"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "microbatch": lay.microbatch})
-    plan = build_plan(exp.model_copy(update={"workload": w}), scheduler, run_id="-".join(lay.order), dp=lay.dp,
-                      order=list(lay.order), counts=list(lay.counts))
-    return (lower_bound_s(plan) if lower_bound else simulate(plan)[0].iteration_s[0]), plan.layers
+    try:
+        it, layers, eff = timed(exp.model_copy(update={"workload": w}), scheduler, lay.dp, list(lay.order),
+                                list(lay.counts), lower_bound)
+    except SpecError as e:
+        return math.inf, [], 0.0, str(e)
+    return it, layers, eff, ""
 
 
 def _estimate(args: tuple) -> list[tuple[float, list[int], float, str]]:
     exp, scheduler, lays = args
     mech = parse_scheduler(scheduler)
-    est = Estimator(exp, resolve_model(exp.workload.model, exp.workload.seq_len), mech)
+    kind = FamilyEstimator if mech.placement == "dp-wan" else Estimator
+    est = kind(exp, resolve_model(exp.workload.model, exp.workload.seq_len), mech)
     return [(e.iteration_s, e.layers, e.mem_gb, e.problem) for e in map(est, lays)]
 
 
@@ -264,104 +286,168 @@ def _estimate_all(exp: Experiment, scheduler: str, lays: list[Layout], pool: Pro
 
 
 def search(exp: Experiment, scheduler: str = "atlas", top: int = 2, tps: list[int] | None = None,
-           pps: list[int] | None = None, microbatch_sizes: list[int] | None = None, jobs: int | None = None
-           ) -> Search:
-    """Estimate every layout, simulate the best `top` of every DC set, return them all (best first)."""
+           pps: list[int] | None = None, microbatch_sizes: list[int] | None = None, jobs: int | None = None,
+           families: list[str] | None = None, keep: list[tuple[str, tuple]] | None = None) -> Search:
+    """Estimate every layout, simulate the best `top` of every (family, DC set), return them all (best first).
+    `families` (runs/families.py; default: the pipeline family only, scored by `scheduler`); `keep`: (family,
+    layout key) pairs simulated as well when they fit (a sweep keeps the plans of its other points in play)."""
     t0 = time.perf_counter()
     mech = parse_scheduler(scheduler)
     if mech.placement != "atlas":
-        raise SpecError("--scheduler", f"{scheduler!r} places stages by its own rule, not the planner's",
-                        "use atlas (or pp-wan+greedy for today's single-connection, fair-shared WAN)")
+        raise SpecError("--scheduler", f"{scheduler!r} places stages by its own rule, not the planner's pipeline "
+                        "search", "use atlas (or pp-wan+greedy for Megatron-LM's fair-shared NCCL sockets); "
+                        "the data-parallel families are searched with --families")
     if top < 1:
         raise SpecError("--top", "simulates no candidate", "use --top 1 or more")
+    fams = [(f, scheduler if f == "pipeline" else FAMILIES[f]) for f in (families or ["pipeline"])]
     jobs = max(1, jobs or os.cpu_count() or 1)
     pool = ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else None
     try:
-        return _search(exp, scheduler, top, tps, pps, microbatch_sizes, pool, jobs, t0)
+        return _search(exp, fams, top, tps, pps, microbatch_sizes, pool, jobs, t0, set(keep or []))
     finally:
         if pool is not None:
             pool.shutdown()
 
 
-def _search(exp: Experiment, scheduler: str, top: int, tps: list[int] | None, pps: list[int] | None,
-            microbatch_sizes: list[int] | None, pool: ProcessPoolExecutor | None, jobs: int, t0: float) -> Search:
+@dataclass
+class _Family:
+    """One family's candidates during a search."""
+
+    name: str
+    scheduler: str
+    cands: list[Candidate]
+    set_free: dict[str, int]
+    set_problem: dict[str, str]
+    chosen: list[Candidate]
+
+
+def _efficiency_problem(exp: Experiment, scheduler: str, dcs: int) -> str:
+    """Why a family has no token efficiency on `dcs` DCs (outside the published range, none given); "" if it has."""
+    mech = parse_scheduler(scheduler)
+    try:
+        d = resolve_diloco(mech.outer, exp.workload.diloco) if mech.outer else None
+        token_efficiency(mech.outer, dcs, d, exp.workload.token_efficiency)
+    except SpecError as e:
+        return str(e)
+    return ""
+
+
+def _candidates(exp: Experiment, family: str, scheduler: str, top: int, tps: list[int] | None,
+                pps: list[int] | None, microbatch_sizes: list[int] | None, pool: ProcessPoolExecutor | None,
+                jobs: int, keep: set[tuple[str, tuple]]) -> _Family:
+    """A family's layouts, estimated, with the ones to simulate chosen: the best `top` of each DC set."""
     topo, w = exp.topology, exp.workload
     tokens = w.global_batch * resolve_model(w.model, w.seq_len).seq_len
     order_of = {d.name: i for i, d in enumerate(topo.dcs)}
-    found = layouts(exp, tps, pps, microbatch_sizes)
+    found = (layouts(exp, tps, pps, microbatch_sizes) if family == "pipeline"
+             else dp_layouts(exp, tps, pps, microbatch_sizes, MICROBATCHES, MAX_LAYOUTS))
     placed = [lay for lay, _, _ in found if lay is not None]
     estimates = iter(_estimate_all(exp, scheduler, placed, pool, jobs))
-    cands: list[Candidate] = []
-    set_free: dict[str, int] = {}
-    set_problem: dict[str, str] = {}
+    fam = _Family(family, scheduler, [], {}, {}, [])
+    no_efficiency: dict[int, str] = {}
     for lay, (order, tp, pp, mb), why in found:
         names = sorted(order, key=order_of.__getitem__)
         dcs = "|".join(names)
-        set_free[dcs] = sum(topo.dc(n).gpus for n in names)
+        fam.set_free[dcs] = sum(topo.dc(n).gpus for n in names)
         if lay is None:
-            cands.append(Candidate(Layout(order, (), tp, pp, 0, mb), dcs, 0, set_free[dcs], 0, [], 0.0,
-                                   math.inf, status=f"rejected: {why}", tokens=tokens))
-            set_problem.setdefault(dcs, why)
+            fam.cands.append(Candidate(Layout(order, (), tp, pp, 0, mb), dcs, 0, fam.set_free[dcs], 0, [], 0.0,
+                                       math.inf, status=f"rejected: {why}", tokens=tokens, family=family,
+                                       scheduler=scheduler))
+            fam.set_problem.setdefault(dcs, why)
             continue
         it, layers, mem, problem = next(estimates)
-        c = Candidate(lay, dcs, lay.tp * lay.pp * lay.dp, set_free[dcs] - lay.tp * lay.pp * lay.dp,
-                      w.global_batch // (lay.microbatch * lay.dp), layers, mem, it, tokens=tokens)
+        if family != "pipeline":
+            problem = problem or no_efficiency.setdefault(len(order), _efficiency_problem(exp, scheduler, len(order)))
+        c = Candidate(lay, dcs, lay.tp * lay.pp * lay.dp, fam.set_free[dcs] - lay.tp * lay.pp * lay.dp,
+                      w.global_batch // (lay.microbatch * lay.dp), layers, mem, it, tokens=tokens, family=family,
+                      scheduler=scheduler)
         if problem:
             c.status = f"rejected: {problem}"
-            if dcs not in set_problem or "needs" not in set_problem[dcs]:
-                set_problem[dcs] = problem
-        cands.append(c)
+            if dcs not in fam.set_problem or "needs" not in fam.set_problem[dcs]:
+                fam.set_problem[dcs] = problem
+        fam.cands.append(c)
+    for dcs in fam.set_free:
+        ok = sorted((c for c in fam.cands if c.dcs == dcs and not c.status.startswith("rejected")),
+                    key=lambda c: (c.estimate_s, -c.gpus, c.key()))
+        fam.chosen += ok[:top] + [c for c in ok[top:] if (family, c.key()) in keep]
+    return fam
+
+
+def _search(exp: Experiment, fams: list[tuple[str, str]], top: int, tps: list[int] | None, pps: list[int] | None,
+            microbatch_sizes: list[int] | None, pool: ProcessPoolExecutor | None, jobs: int, t0: float,
+            keep: set[tuple[str, tuple]]) -> Search:
+    topo = exp.topology
+    order_of = {d.name: i for i, d in enumerate(topo.dcs)}
+    found = [_candidates(exp, f, s, top, tps, pps, microbatch_sizes, pool, jobs, keep) for f, s in fams]
     t_est = time.perf_counter()
 
-    chosen: list[Candidate] = []
-    for dcs in set_free:
-        ok = sorted((c for c in cands if c.dcs == dcs and not c.status.startswith("rejected")),
-                    key=lambda c: (c.estimate_s, -c.gpus, c.key()))
-        chosen += ok[:top]
     # layouts on identical DCs and links (e.g. each of three identical sites alone) simulate once
-    same = {c.key(): _equivalence(topo, c.layout) for c in chosen}
-    unique = list({same[c.key()]: c for c in reversed(chosen)}.values())[::-1]
+    same = {(f.scheduler, c.key()): (f.scheduler, _equivalence(topo, c.layout, f.name != "pipeline"))
+            for f in found for c in f.chosen}
+    unique = list({same[(c.scheduler, c.key())]: c for f in found for c in reversed(f.chosen)}.values())[::-1]
     unique.sort(key=lambda c: -c.gpus * c.microbatches)  # the longest first, so the processes end together
-    tasks = [(exp, scheduler, c.layout, False) for c in unique]
+    tasks = [(exp, c.scheduler, c.layout, False) for c in unique]
     results = list(pool.map(_simulate, tasks)) if pool is not None and len(tasks) > 1 else list(map(_simulate, tasks))
-    done = dict(zip((same[c.key()] for c in unique), results, strict=True))
-    for c in chosen:
-        it, layers = done[same[c.key()]]
-        if layers != c.layers:
-            raise RuntimeError(f"planner and plan disagree on the layer split: {c.layers} vs {layers}")
-        c.iteration_s = it
-        c.status = "simulated"
-
+    done = dict(zip((same[(c.scheduler, c.key())] for c in unique), results, strict=True))
     sets: list[SetResult] = []
-    for dcs in sorted(set_free, key=lambda s: (s.count("|"), [order_of[n] for n in s.split("|")])):
-        sim = [c for c in chosen if c.dcs == dcs]
-        if sim:
-            b = sorted(sim, key=lambda c: (-(c.tokens_per_s or 0.0), c.gpus, c.key()))[0]
-            b.status = "best of its DC set"
-            sets.append(SetResult(dcs, set_free[dcs], b))
-        else:
-            sets.append(SetResult(dcs, set_free[dcs], None, set_problem.get(dcs, "no layout fits")))
+    for f in found:
+        for c in f.chosen:
+            it, layers, eff, problem = done[same[(c.scheduler, c.key())]]
+            if problem:
+                c.status = f"rejected: {problem}"
+                continue
+            if layers != c.layers:
+                raise RuntimeError(f"planner and plan disagree on the layer split: {c.layers} vs {layers}")
+            c.iteration_s, c.token_efficiency, c.status = it, eff, "simulated"
+        for dcs in f.set_free:
+            sim = [c for c in f.chosen if c.dcs == dcs and c.iteration_s is not None]
+            if sim:
+                b = sorted(sim, key=_by_effective)[0]
+                b.status = "best of its family and DC set"
+                sets.append(SetResult(dcs, f.set_free[dcs], b, family=f.name))
+            else:
+                sets.append(SetResult(dcs, f.set_free[dcs], None, f.set_problem.get(dcs, "no layout fits"),
+                                      family=f.name))
+    sets.sort(key=lambda s: (s.dcs.count("|"), [order_of[n] for n in s.dcs.split("|")],
+                             list(FAMILIES).index(s.family)))
     bests = [s.best for s in sets if s.best is not None]
-    best = sorted(bests, key=lambda c: (-(c.tokens_per_s or 0.0), c.gpus, c.key()))[0] if bests else None
+    best = sorted(bests, key=_by_effective)[0] if bests else None
     if best is not None:
         best.status = "best"
-        best.lower_bound_s = _simulate((exp, scheduler, best.layout, True))[0]
+        best.lower_bound_s = _simulate((exp, best.scheduler, best.layout, True))[0]
 
     def rank(c: Candidate) -> tuple:
         if c.iteration_s is not None:
-            return (0, -(c.tokens_per_s or 0.0), c.dcs, c.key())
+            return (0, -(c.effective_tokens_per_s or 0.0), c.dcs, c.family, c.key())
         if not c.status.startswith("rejected"):
-            return (1, c.estimate_s, c.dcs, c.key())
-        return (2, 0.0, c.dcs, c.key())
+            return (1, c.estimate_s, c.dcs, c.family, c.key())
+        return (2, 0.0, c.dcs, c.family, c.key())
 
-    cands.sort(key=rank)
-    return Search(cands, sets, best, scheduler, simulated=len(unique) + (best is not None),
-                  wall_s=time.perf_counter() - t0, estimate_wall_s=t_est - t0)
+    cands = sorted((c for f in found for c in f.cands), key=rank)
+    return Search(cands, sets, best, fams[0][1] if len(fams) == 1 else "by family",
+                  simulated=len(unique) + (best is not None), wall_s=time.perf_counter() - t0,
+                  estimate_wall_s=t_est - t0)
 
 
-PLAN_HEADER = ("dcs", "order", "stages", "layers", "tp", "pp", "dp", "microbatch", "microbatches", "gpus",
-               "idle_gpus", "mem_gb", "estimate_s", "iteration_s", "lower_bound_s", "tokens_per_s",
-               "tokens_per_s_per_gpu", "status")
+def _by_effective(c: Candidate) -> tuple:
+    """Best first: effective tokens/s, then fewer GPUs, then the layout."""
+    return (-(c.effective_tokens_per_s or 0.0), c.gpus, c.family, c.key())
+
+
+PLAN_HEADER = ("family", "scheduler", "dcs", "order", "stages", "replicas", "layers", "tp", "pp", "dp", "microbatch",
+               "microbatches", "gpus", "idle_gpus", "mem_gb", "estimate_s", "iteration_s", "lower_bound_s",
+               "tokens_per_s", "tokens_per_s_per_gpu", "token_efficiency", "effective_tokens_per_s", "status")
+
+
+def per_dc(c: Candidate) -> tuple[str, str]:
+    """The layout's stages per DC and, for a data-parallel family, its whole replicas per DC ("dc:n ...")."""
+    lay = c.layout
+    if c.family == "pipeline":
+        return " ".join(f"{d}:{n}" for d, n in zip(lay.order, lay.counts, strict=True)), ""
+    if not lay.counts:
+        return "", ""
+    return (" ".join(f"{d}:{lay.pp}" for d in lay.order),
+            " ".join(f"{d}:{n}" for d, n in zip(lay.order, lay.counts, strict=True)))
 
 
 def plan_rows(res: Search):
@@ -372,9 +458,11 @@ def plan_rows(res: Search):
 
     for c in res.candidates:
         lay, placed = c.layout, bool(c.layout.counts)
-        yield (c.dcs, " > ".join(lay.order),
-               " ".join(f"{d}:{n}" for d, n in zip(lay.order, lay.counts, strict=True)),
+        stages, replicas = per_dc(c)
+        yield (c.family, c.scheduler, c.dcs, " > ".join(lay.order), stages, replicas,
                " ".join(map(str, c.layers)), lay.tp, lay.pp, lay.dp if placed else "", lay.microbatch,
                c.microbatches if placed else "", c.gpus if placed else "", c.idle_gpus,
                num(c.mem_gb, 2) if placed else "", num(c.estimate_s, 6), num(c.iteration_s, 6),
-               num(c.lower_bound_s, 6), num(c.tokens_per_s, 1), num(c.tokens_per_s_per_gpu, 3), c.status)
+               num(c.lower_bound_s, 6), num(c.tokens_per_s, 1), num(c.tokens_per_s_per_gpu, 3),
+               num(c.token_efficiency, 6) if c.iteration_s is not None else "", num(c.effective_tokens_per_s, 1),
+               c.status)

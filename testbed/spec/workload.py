@@ -87,6 +87,9 @@ class Workload(Strict):
     # pins the pipeline's DCs, in order, with their number of stages (as `testbed plan` prints them);
     # pipeline placements only: dp-wan keeps whole pipelines inside each DC
     stages_per_dc: dict[str, PP] | None = None
+    # pins the DCs of a data-parallel family (dp-wan, diloco, streaming-diloco) with their number of whole
+    # replicas each, summing to dp (as `testbed plan` prints them); unset: the largest DCs filled first
+    replicas_per_dc: dict[str, DP] | None = None
     diloco: DiLoCo = DiLoCo()
     # tokens to a loss under synchronous training / tokens under this scheduler's (1: as good); None: the
     # family's default from published results (testbed/plan/efficiency.py)
@@ -106,8 +109,10 @@ class Workload(Strict):
                              f"make global_batch a multiple of microbatch")
         seqs = self.global_batch // self.microbatch
         if self.dp != "auto" and seqs % self.dp:
+            unequal = (" (every replica takes an equal share: splitting the batch by each site's speed, as Sailor "
+                       "does, is not supported yet)" if self.replicas_per_dc else "")
             raise ValueError(f"dp: dp={self.dp} does not divide the {seqs} microbatches per iteration "
-                             f"(global_batch/microbatch); pick a dp dividing {seqs}, or dp: auto")
+                             f"(global_batch/microbatch){unequal}; pick a dp dividing {seqs}, or dp: auto")
         if self.virtual_stages > 1 and self.schedule != "1f1b":
             raise ValueError(f"virtual_stages: {self.virtual_stages} model chunks per stage need schedule: 1f1b "
                              f"(Megatron's interleaved 1F1B); set schedule: 1f1b or virtual_stages: 1")
