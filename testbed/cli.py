@@ -322,6 +322,8 @@ def _raise_interrupt(*_: object) -> None:
 topology_app = typer.Typer(no_args_is_help=True, help="Emulated WAN topologies: up, check, status, exec, down.")
 app.add_typer(topology_app, name="topology")
 PrefixOpt = Annotated[str, typer.Option(help="Name prefix of everything this topology creates (gdtb<id>)")]
+ClusterOpt = Annotated[Path | None, typer.Option(help="cluster.yaml: spread the emulation over a Ray cluster's "
+                                                     "machines (docs/cluster.md)")]
 
 
 def _run_check(emu, streams: int, seconds: float, out: Path) -> None:
@@ -348,6 +350,9 @@ def topology_up(
     set_: SetOpt = None,
     check: Annotated[bool, typer.Option(help="Measure every WAN pair once it is up")] = False,
     out: Annotated[Path, typer.Option(help="links.csv from --check")] = Path("results/topology/links.csv"),
+    cluster: ClusterOpt = None,
+    hold: Annotated[bool, typer.Option(help="With --cluster: keep the network up until Ctrl-C (--no-hold: tear it "
+                                            "down after --check)")] = True,
 ) -> None:
     """Build the emulated network; it stays up (netns and docker backends) until `testbed topology down`."""
     import signal
@@ -367,6 +372,10 @@ def topology_up(
     topo = load_topology(topology, set_)
     k = scale or auto_scale(topo)
     check_scale(topo, k, field="--scale")
+    if cluster is not None:
+        if backend != "netns":
+            raise NotYetError(f"--cluster with --backend {backend}: not yet; a cluster builds netns on each machine")
+        return _cluster_up(topo, cluster, prefix, k, delay, check, out, hold)
     t0 = time.perf_counter()
     with console.status(f"building {escape(topo.name)} ({backend}, scale {k:g})"):
         emu = up(topo, backend=backend, prefix=prefix, scale=k, delay=delay)
@@ -389,6 +398,40 @@ def topology_up(
             from testbed.emu.build import down
 
             down(emu)
+
+
+def _cluster_up(topo, cluster_path: Path, prefix: str, k: float, delay: str, check: bool, out: Path,
+                hold: bool) -> None:
+    """`topology up --cluster`: each machine builds its part; the network lives while this command runs."""
+    from testbed.cluster import driver
+    from testbed.spec.load import load_cluster
+
+    spec = load_cluster(cluster_path)
+    t0 = time.perf_counter()
+    with console.status(f"building {escape(topo.name)} on the cluster (scale {k:g})"):
+        emu = driver.up(topo, spec, prefix, k, delay)
+    plan = emu.cluster_plan
+    where = ", ".join(f"{dc} on {m}" for dc, m in plan.dc_machine.items())
+    console.print(f"[green]{escape(topo.name)} is up[/green] on {len(plan.parts)} machine(s) in "
+                  f"{time.perf_counter() - t0:.1f} s: prefix {prefix}, delay by [bold]{emu.delay}[/bold], scale "
+                  f"k={k:g}; {where}")
+    errors: list[str] = []
+    try:
+        if check:
+            _run_check(emu, 8, 3.0, out)
+        if hold:
+            console.print("the cluster's network lives in this process: press Ctrl-C to tear it down")
+            while True:
+                time.sleep(5)
+                emu.backend.agents.check_alive()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        errors = driver.down(emu)
+        driver.shutdown()
+    if errors:
+        raise EmuError("; ".join(errors) + " (the other machines cleaned up)")
+    console.print(f"torn down on {len(plan.parts)} machine(s)")
 
 
 @topology_app.command("check")
@@ -501,6 +544,7 @@ def clean_cmd(
     prefix: Annotated[str | None, typer.Option(help="Only this prefix (default: every gdtb* prefix)")] = None,
     images: Annotated[bool, typer.Option(help="Also remove the testbed's Docker images (kept otherwise)")] = False,
     force: ForceOpt = False,
+    cluster: ClusterOpt = None,
 ) -> None:
     """Remove leftovers of any earlier run (like `mn -c`, but only what carries the testbed's prefix).
     A prefix whose owner is another live process (a running experiment) is kept unless --force."""
@@ -508,6 +552,8 @@ def clean_cmd(
     from testbed.emu.kernel import require_root
     from testbed.emu.names import check_prefix
 
+    if cluster is not None:
+        return _cluster_clean(cluster, check_prefix(prefix) if prefix else None, force, images)
     require_root()
     kept: list[str] = []
     removed = clean(check_prefix(prefix) if prefix else None, force=force, kept=kept)
@@ -520,6 +566,25 @@ def clean_cmd(
     for r in removed:
         console.print(f"removed {r}")
     console.print("clean" if not removed else f"removed {len(removed)} item(s)")
+
+
+def _cluster_clean(cluster_path: Path, prefix: str | None, force: bool, images: bool) -> None:
+    """`testbed clean --cluster`: the same clean on every machine of the cluster."""
+    from testbed.cluster import driver
+    from testbed.spec.load import load_cluster
+
+    if images:
+        raise NotYetError("--images with --cluster: not yet; remove images on each machine")
+    try:
+        removed = driver.clean(load_cluster(cluster_path), prefix, force)
+    finally:
+        driver.shutdown()
+    for machine, items in removed.items():
+        for r in items:
+            console.print(f"{machine}: removed {r}", highlight=False)
+    total = sum(len(v) for v in removed.values())
+    console.print(f"clean on {len(removed)} machine(s)" if not total else f"removed {total} item(s) on "
+                  f"{len(removed)} machine(s)")
 
 
 def _warn(text: str) -> None:
@@ -586,6 +651,7 @@ def experiment_run(
     = DEFAULT_BUDGET,
     probe: Annotated[bool, typer.Option(help="Measure the machine's headroom first (about a second) and size k to "
                                              "it (an explicit emulation.scale is kept)")] = True,
+    cluster: ClusterOpt = None,
 ) -> None:
     """Bring the topology up, run the experiment on it, tear it down (also on error and Ctrl-C). The prefix
     is held for the whole run: no other run can take it, and `testbed clean` leaves it alone."""
@@ -597,6 +663,9 @@ def experiment_run(
     from testbed.results import write_spec
     from testbed.spec.load import load_experiment, resolved_spec
 
+    if cluster is not None:
+        raise NotYetError("experiment run --cluster: not yet; the workers' control socket and clock are one "
+                          "machine's (testbed topology up --cluster --check measures the tunnels; docs/cluster.md)")
     sets = list(set_ or []) + ([f"emulation.backend={backend}"] if backend else [])
     if prefix is not None:
         sets.append(f"emulation.prefix={check_prefix(prefix)}")
@@ -667,6 +736,7 @@ def launch_cmd(
     out: Annotated[Path, typer.Option(help="Folder for the job (TESTBED_OUT), ranks.csv, launch.log, flows.csv")]
     = Path("results/launch"),
     set_: SetOpt = None,
+    cluster: ClusterOpt = None,
 ) -> None:
     """Run your torch.distributed script on every emulated host with torchrun's environment:
     `testbed launch topologies/3dc.yaml -- python train.py ARGS`."""
@@ -676,6 +746,8 @@ def launch_cmd(
     from testbed.emu.kernel import require_root
     from testbed.launch.wan import bring_up, connections, load_spec, parse_scale
 
+    if cluster is not None:
+        raise NotYetError("launch --cluster: not yet; ranks run on one machine (docs/cluster.md)")
     if not ctx.args:
         raise SpecError("command", "nothing to launch", "add the command after --, e.g. -- python train.py")
     if sharing not in ("fair", "temporal"):
