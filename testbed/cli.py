@@ -415,7 +415,7 @@ def _cluster_up(topo, cluster_path: Path, prefix: str, k: float, delay: str, che
     console.print(f"[green]{escape(topo.name)} is up[/green] on {len(plan.parts)} machine(s) in "
                   f"{time.perf_counter() - t0:.1f} s: prefix {prefix}, delay by [bold]{emu.delay}[/bold], scale "
                   f"k={k:g}; {where}")
-    errors: list[str] = []
+    failed: EmuError | None = None
     try:
         if check:
             _run_check(emu, 8, 3.0, out)
@@ -426,11 +426,15 @@ def _cluster_up(topo, cluster_path: Path, prefix: str, k: float, delay: str, che
                 emu.backend.agents.check_alive()
     except KeyboardInterrupt:
         pass
+    except EmuError as e:  # a machine died or a measurement failed: every other machine still tears down
+        failed = e
     finally:
         errors = driver.down(emu)
         driver.shutdown()
-    if errors:
-        raise EmuError("; ".join(errors) + " (the other machines cleaned up)")
+    if failed is not None or errors:
+        first = str(failed) if failed is not None else errors.pop(0)
+        rest = [e for e in errors if e.split(" (")[0] not in first]  # one line per machine
+        raise EmuError(first + "".join(f"; {e}" for e in rest) + "; the other machines tore their part down")
     console.print(f"torn down on {len(plan.parts)} machine(s)")
 
 

@@ -124,7 +124,7 @@ def wait_nodes(lc: LocalCluster, ray: str) -> None:
 def stop(lc: LocalCluster) -> list[str]:
     """Remove the containers and the network (what does not exist is skipped); return what was removed."""
     removed = []
-    for n in docker("ps", "-aq", "--filter", f"label=gdtb.cluster={lc.prefix}", "--format", "{{.Names}}",
+    for n in docker("ps", "-a", "--filter", f"label=gdtb.cluster={lc.prefix}", "--format", "{{.Names}}",
                     check=False).split():
         docker("rm", "-f", n, check=False)
         removed.append(f"container {n}")
