@@ -10,7 +10,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from testbed.cluster.machine import MachineAgent
+from testbed.cluster.machine import MachineAgent, code_fingerprint
 from testbed.cluster.placement import ClusterPlan, plan_cluster
 from testbed.emu.backends.base import Backend, Node
 from testbed.emu.build import Emulation, window_notes
@@ -96,7 +96,11 @@ def start_agents(machines: list[Machine]) -> Agents:
     handles = {m.name: remote.options(resources={f"node:{m.address}": 0.001}, name=None)
                .remote(m.name, sys.executable) for m in machines}
     agents = Agents({m.name: m for m in machines}, handles)
+    here = code_fingerprint()
     for name, info in agents.gather({n: ("info", ()) for n in handles}, timeout=120).items():
+        if info["code"] != here:
+            raise EmuError(f"machine {name} runs other testbed code ({info['code']}, here {here}): install the same "
+                           f"checkout on every machine")
         if info["euid"] != 0:
             raise EmuError(f"machine {name}: Ray runs as uid {info['euid']} there; the emulation needs root "
                            f"(start Ray as root on every machine)")

@@ -62,6 +62,7 @@ class LocalCluster:
     prefix: str
     count: int
     subnet: str = SUBNET
+    mtu: int = UNDERLAY_MTU
 
     @property
     def network(self) -> str:
@@ -96,7 +97,7 @@ def start(lc: LocalCluster, project: Path, out: Path) -> None:
     """The network, the containers, and Ray: the head on machine 0, the others joining it. On failure the
     caller stops what exists (stop() is idempotent)."""
     docker("network", "create", "--driver", "bridge", "--subnet", lc.subnet, "--opt",
-           f"com.docker.network.driver.mtu={UNDERLAY_MTU}", lc.network)
+           f"com.docker.network.driver.mtu={lc.mtu}", lc.network)
     for i in range(lc.count):
         docker("run", "-d", "--name", lc.name(i), "--hostname", lc.name(i), "--network", lc.network, "--ip",
                lc.address(i), "--shm-size", "256m", "--label", f"gdtb.cluster={lc.prefix}", *CAPS,

@@ -15,6 +15,20 @@ from testbed.emu.sh import EmuError
 from testbed.spec.topology import Topology
 
 
+def code_fingerprint() -> str:
+    """A hash of the testbed package's source here: every machine must build with the same code."""
+    import hashlib
+    from pathlib import Path
+
+    import testbed
+
+    h = hashlib.sha256()
+    root = Path(testbed.__file__).parent
+    for p in sorted(root.rglob("*.py")):
+        h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()[:12]
+
+
 class MachineAgent:
     def __init__(self, name: str, driver_python: str) -> None:
         self.name = name
@@ -23,7 +37,8 @@ class MachineAgent:
         self.procs: dict[int, subprocess.Popen] = {}
 
     def info(self) -> dict:
-        return {"name": self.name, "euid": os.geteuid(), "hostname": socket.gethostname(), "pid": os.getpid()}
+        return {"name": self.name, "euid": os.geteuid(), "hostname": socket.gethostname(), "pid": os.getpid(),
+                "code": code_fingerprint()}
 
     def up(self, topo_json: dict, part: Part, prefix: str, scale: float, delay: str, vxlan_port: int) -> dict:
         from testbed.emu.build import up
