@@ -117,3 +117,18 @@ def test_gre_is_not_yet() -> None:
 def test_no_machines_is_refused() -> None:
     with pytest.raises(SpecError, match="no machines"):
         plan_cluster(TOPO, Cluster())
+
+
+def test_the_drivers_commands_go_to_the_machine_that_holds_the_namespace() -> None:
+    from testbed.cluster.driver import Agents, ClusterBackend
+    from testbed.emu.sh import EmuError
+
+    plan = plan_cluster(TOPO, Cluster(machines=THREE[:2]))  # useast and uswest on m0, uscentral on m1
+    be = ClusterBackend("gdtbcl", plan, Agents({}, {}), TOPO)
+    addr = address_plan(TOPO, "gdtbcl")
+    for h in addr.hosts:
+        assert be.machine(be.nodes[h.ns]) == plan.dc_machine[h.dc]
+    whole = addr.wan("useast", "uswest")
+    assert be.machine(be.nodes[whole.ns]) == "m0"
+    with pytest.raises(EmuError, match="not yet"):
+        be.machine(be.nodes[addr.wan("useast", "uscentral").ns])

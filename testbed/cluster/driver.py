@@ -144,15 +144,21 @@ class ClusterBackend(Backend):
             self.nodes[h.ns] = Node(h.ns, "host", ns=h.ns, extra={"machine": plan.dc_machine[h.dc]})
         for dc, (ns, _) in addr.gateways.items():
             self.nodes[ns] = Node(ns, "gateway", ns=ns, extra={"machine": plan.dc_machine[dc]})
-        for w in addr.wans:
-            self.nodes[w.ns] = Node(w.ns, "wan", ns=w.ns, extra={"machine": plan.dc_machine[w.a]})
+        for w in addr.wans:  # a link split between two machines has a WAN namespace on each: no one machine
+            a, b = plan.dc_machine[w.a], plan.dc_machine[w.b]
+            self.nodes[w.ns] = Node(w.ns, "wan", ns=w.ns, extra={"machine": a if a == b else None})
+
+    def machine(self, node: Node) -> str:
+        if node.extra["machine"] is None:
+            raise EmuError(f"{node.name} is split between two machines: commands in a tunnelled link's WAN "
+                           f"namespaces are not yet supported")
+        return node.extra["machine"]
 
     def run(self, node: Node, argv: list[str], **kw) -> str:
-        return self.agents.call(node.extra["machine"], "run", node.ns, argv, kw.get("check", True),
-                                kw.get("timeout"))
+        return self.agents.call(self.machine(node), "run", node.ns, argv, kw.get("check", True), kw.get("timeout"))
 
     def popen(self, node: Node, argv: list[str], **kw) -> RemoteProcess:  # type: ignore[override]
-        machine = node.extra["machine"]
+        machine = self.machine(node)
         return RemoteProcess(self.agents, machine, self.agents.call(machine, "popen", node.ns, argv))
 
     def spawn(self, node, module, args, **kw):  # type: ignore[override]
