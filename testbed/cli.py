@@ -596,7 +596,7 @@ def _warn(text: str) -> None:
 
 
 def _training_run(points: list, out: Path, check: bool, spec: dict, capture: bool = False, strict: bool = False,
-                  timing_budget: float = DEFAULT_BUDGET) -> None:
+                  timing_budget: float = DEFAULT_BUDGET, cluster=None) -> None:
     from testbed.progress import Progress
     from testbed.results import write_spec
     from testbed.runs.emulated import run_experiment, write_experiment
@@ -612,7 +612,13 @@ def _training_run(points: list, out: Path, check: bool, spec: dict, capture: boo
             where = f"point {p} ({point_text(points[p][1])}), {exp0.schedulers[sc]}"
             prog.step(f"{where}: iteration {it + 1}/{n_i} done")
 
-        run = run_experiment(points, check, capture, step, prog.line, timing_budget)
+        try:
+            run = run_experiment(points, check, capture, step, prog.line, timing_budget, cluster)
+        finally:
+            if cluster is not None:
+                from testbed.cluster.driver import shutdown
+
+                shutdown()
     paths = [*write_experiment(out, run), write_spec(out, spec, sys.argv[1:])]
     print_summary(out, f"{escape(exp0.name)}: emulated and simulated")
     print_knees(out)
@@ -629,6 +635,19 @@ def _training_run(points: list, out: Path, check: bool, spec: dict, capture: boo
     if strict and degraded:
         raise EmuError(f"{len(degraded)} run(s) degraded (--strict), first {degraded[0]['run_id']}: "
                        f"{degraded[0]['degraded']}")
+
+
+def _cluster_training_run(points: list, experiment: Path, sets: list[str], sweep, out: Path, check: bool,
+                          strict: bool, timing_budget: float, cluster_path: Path) -> None:
+    from testbed.spec.load import load_cluster, resolved_spec
+
+    if points[0][0].multitcp is not None or len(points) > 1:
+        raise NotYetError("on a cluster: one training point for now (no multitcp experiment, no sweep)")
+    held = points[0][0].emulation.prefix or "gdtb0"
+    points = [(exp.model_copy(update={"emulation": exp.emulation.model_copy(update={"prefix": held})}), pt)
+              for exp, pt in points]
+    spec = resolved_spec(experiment, [*sets, f"emulation.prefix={held}"], sweep)
+    _training_run(points, out, check, spec, False, strict, timing_budget, load_cluster(cluster_path))
 
 
 experiment_app = typer.Typer(no_args_is_help=True, help="Experiments on the emulated WAN (and the simulator).")
@@ -667,9 +686,6 @@ def experiment_run(
     from testbed.results import write_spec
     from testbed.spec.load import load_experiment, resolved_spec
 
-    if cluster is not None:
-        raise NotYetError("experiment run --cluster: not yet; the workers' control socket and clock are one "
-                          "machine's (testbed topology up --cluster --check measures the tunnels; docs/cluster.md)")
     sets = list(set_ or []) + ([f"emulation.backend={backend}"] if backend else [])
     if prefix is not None:
         sets.append(f"emulation.prefix={check_prefix(prefix)}")
@@ -696,6 +712,8 @@ def experiment_run(
     require_root()
     signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill` tears down like Ctrl-C does
     asked = points[0][0].emulation.prefix
+    if cluster is not None:  # each machine's agent holds the prefix there (docs/cluster.md)
+        return _cluster_training_run(points, experiment, sets, sweep, out, check, strict, timing_budget, cluster)
     with owner.owned(check_prefix(asked) if asked else None) as held:
         if not asked:
             console.print(f"emulation prefix: {held} (free; --prefix picks one)")

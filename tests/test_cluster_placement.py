@@ -130,5 +130,9 @@ def test_the_drivers_commands_go_to_the_machine_that_holds_the_namespace() -> No
         assert be.machine(be.nodes[h.ns]) == plan.dc_machine[h.dc]
     whole = addr.wan("useast", "uswest")
     assert be.machine(be.nodes[whole.ns]) == "m0"
+    split = be.nodes[addr.wan("useast", "uscentral").ns]
+    # each direction's device is in the half that sends into it: towards uscentral on useast's machine
+    assert be.machine(split, ["tc", "class", "add", "dev", "uscentral"]) == "m0"
+    assert be.machine(split, ["iptables", "-A", "POSTROUTING", "-o", "useast"]) == "m1"
     with pytest.raises(EmuError, match="not yet"):
-        be.machine(be.nodes[addr.wan("useast", "uscentral").ns])
+        be.machine(split, ["tc", "-s", "qdisc", "show"])

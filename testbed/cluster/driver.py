@@ -6,9 +6,11 @@ measure the tunnels unchanged. A machine that dies ends what is running with an 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from testbed.cluster.machine import MachineAgent, code_fingerprint
 from testbed.cluster.placement import ClusterPlan, plan_cluster
@@ -16,6 +18,7 @@ from testbed.emu.backends.base import Backend, Node
 from testbed.emu.build import Emulation, window_notes
 from testbed.emu.names import address_plan
 from testbed.emu.sh import EmuError
+from testbed.errors import NotYetError
 from testbed.spec.cluster import Cluster, Machine
 from testbed.spec.topology import Topology
 
@@ -55,6 +58,7 @@ class Agents:
 
     machines: dict[str, Machine]
     handles: dict[str, object]
+    driver_address: str = ""  # this driver's Ray node address (its workers reach the control socket directly)
 
     def call(self, name: str, method: str, *args, timeout: float = CALL_TIMEOUT_S):
         return self.gather({name: (method, args)}, timeout)[name]
@@ -95,7 +99,9 @@ def start_agents(machines: list[Machine]) -> Agents:
     remote = ray.remote(num_cpus=0, max_restarts=0)(MachineAgent)
     handles = {m.name: remote.options(resources={f"node:{m.address}": 0.001}, name=None)
                .remote(m.name, sys.executable) for m in machines}
-    agents = Agents({m.name: m for m in machines}, handles)
+    ray = _ray()
+    here = ray.util.get_node_ip_address()
+    agents = Agents({m.name: m for m in machines}, handles, here)
     here = code_fingerprint()
     for name, info in agents.gather({n: ("info", ()) for n in handles}, timeout=120).items():
         if info["code"] != here:
@@ -107,11 +113,22 @@ def start_agents(machines: list[Machine]) -> Agents:
     return agents
 
 
+class RemoteStderr:
+    """A finished remote process's stderr, read through its agent."""
+
+    def __init__(self, proc: RemoteProcess) -> None:
+        self.proc = proc
+
+    def read(self) -> str:
+        return self.proc.agents.call(self.proc.machine, "stderr", self.proc.pid)
+
+
 class RemoteProcess:
     """A process an agent started: what testbed/emu/check.py needs of a subprocess.Popen."""
 
     def __init__(self, agents: Agents, machine: str, pid: int) -> None:
         self.agents, self.machine, self.pid, self.returncode = agents, machine, pid, None
+        self.stderr = RemoteStderr(self)
 
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
         out, err, self.returncode = self.agents.call(self.machine, "communicate", self.pid, timeout)
@@ -146,23 +163,51 @@ class ClusterBackend(Backend):
             self.nodes[ns] = Node(ns, "gateway", ns=ns, extra={"machine": plan.dc_machine[dc]})
         for w in addr.wans:  # a link split between two machines has a WAN namespace on each: no one machine
             a, b = plan.dc_machine[w.a], plan.dc_machine[w.b]
-            self.nodes[w.ns] = Node(w.ns, "wan", ns=w.ns, extra={"machine": a if a == b else None})
+            # the device towards a DC is in the half that sends to it: the other DC's machine
+            self.nodes[w.ns] = Node(w.ns, "wan", ns=w.ns, extra={"machine": a if a == b else None,
+                                                                  "by_dev": {w.a: b, w.b: a}})
 
-    def machine(self, node: Node) -> str:
-        if node.extra["machine"] is None:
-            raise EmuError(f"{node.name} is split between two machines: commands in a tunnelled link's WAN "
-                           f"namespaces are not yet supported")
-        return node.extra["machine"]
+    def machine(self, node: Node, argv: list[str] | None = None) -> str:
+        """The machine that runs `argv` in `node`: a tunnelled link's WAN namespace by the device it names."""
+        if node.extra["machine"] is not None:
+            return node.extra["machine"]
+        for flag, value in itertools.pairwise(argv or []):
+            if flag in ("dev", "-o") and value in node.extra["by_dev"]:
+                return node.extra["by_dev"][value]
+        raise EmuError(f"{node.name} is split between two machines and {' '.join((argv or ['a process'])[:3])} names "
+                       f"no device of it: not yet supported")
 
     def run(self, node: Node, argv: list[str], **kw) -> str:
-        return self.agents.call(self.machine(node), "run", node.ns, argv, kw.get("check", True), kw.get("timeout"))
+        return self.agents.call(self.machine(node, argv), "run", node.ns, argv, kw.get("check", True),
+                                kw.get("timeout"))
 
     def popen(self, node: Node, argv: list[str], **kw) -> RemoteProcess:  # type: ignore[override]
         machine = self.machine(node)
         return RemoteProcess(self.agents, machine, self.agents.call(machine, "popen", node.ns, argv))
 
     def spawn(self, node, module, args, **kw):  # type: ignore[override]
-        raise EmuError("role processes on a cluster (experiment run, launch --cluster) are not yet supported")
+        """A role process on the node's machine, the run's files among `args` (configs) copied there first."""
+        from testbed.emu import state
+
+        if node is None or module != "testbed.runtime.worker":
+            raise EmuError(f"{module} on a cluster is not yet supported (workers only: no Atlas sidecar, BubbleTea "
+                           f"or decoder)")
+        files = {a: Path(a).read_text() for a in args if Path(a).is_file() and state.STATE_DIR in Path(a).parents}
+        machine = self.machine(node)
+        return RemoteProcess(self.agents, machine, self.agents.call(machine, "spawn", node.ns, module, args, files))
+
+    def control_relay(self, controller):
+        """Every other machine's agent carries its workers' control connections to `controller` over the cluster
+        network (testbed/cluster/relay.py), with a secret made for this run."""
+        import secrets
+
+        from testbed.cluster.relay import DriverRelay
+
+        here = self.agents.driver_address
+        others = {n: m.address for n, m in self.agents.machines.items() if m.address != here}
+        relay = DriverRelay(here, others, secrets.token_hex(16), controller.vouch)
+        self.agents.gather({n: ("relay", (controller.path, tuple(relay.address), relay.secret)) for n in others})
+        return ClusterRelay(self.agents, list(others), relay)
 
     def add_node(self, name: str, role: str) -> Node:
         raise EmuError("a cluster's nodes are built by its machines' agents")
@@ -180,12 +225,41 @@ class ClusterBackend(Backend):
         self.nodes.clear()
 
 
-def up(topo: Topology, cluster: Cluster, prefix: str, scale: float, delay: str = "auto") -> Emulation:
-    """Every machine's part built at once; any failure tears every machine's part down and names the machine."""
+class ClusterRelay:
+    def __init__(self, agents: Agents, machines: list[str], relay) -> None:
+        self.agents, self.machines, self.relay = agents, machines, relay
+
+    def close(self) -> None:
+        self.relay.close()
+        with contextlib.suppress(EmuError):
+            self.agents.gather({n: ("close_relay", ()) for n in self.machines}, timeout=30)
+
+
+CLOCK_TOLERANCE_S = 0.001  # how far a machine's CLOCK_MONOTONIC may be from the driver's
+
+
+def check_clocks(agents: Agents) -> None:
+    """The workers' logs and the iterations' start times are CLOCK_MONOTONIC values: every machine must share
+    the driver's clock (containers on one host do; separate servers do not, and offsets are not yet applied)."""
+    import time
+
+    for name in agents.handles:
+        t0 = time.monotonic()
+        there = agents.call(name, "clock")
+        t1 = time.monotonic()
+        off = there - (t0 + t1) / 2
+        if abs(off) > (t1 - t0) / 2 + CLOCK_TOLERANCE_S:
+            raise NotYetError(f"machine {name}'s monotonic clock is {off:+.3f} s from the driver's: a training run "
+                              f"across machines with their own clocks is not yet supported (docs/cluster.md)")
+
+
+def up(topo: Topology, cluster: Cluster, prefix: str, scale: float, delay: str = "auto", **kw) -> Emulation:
+    """Every machine's part built at once; any failure tears every machine's part down and names the machine.
+    `kw`: testbed/emu/build.py up's host settings (lan_gpus_per_host, congestion control, ...)."""
     machines = connect(cluster)
     plan = plan_cluster(topo, cluster, machines)
     agents = start_agents([m for m in machines if m.name in plan.parts])
-    calls = {n: ("up", (topo.model_dump(mode="json"), part, prefix, scale, delay, cluster.vxlan_port))
+    calls = {n: ("up", (topo.model_dump(mode="json"), part, prefix, scale, delay, cluster.vxlan_port, kw))
              for n, part in plan.parts.items()}
     try:
         built = agents.gather(calls)

@@ -40,18 +40,20 @@ class MachineAgent:
         return {"name": self.name, "euid": os.geteuid(), "hostname": socket.gethostname(), "pid": os.getpid(),
                 "code": code_fingerprint()}
 
-    def up(self, topo_json: dict, part: Part, prefix: str, scale: float, delay: str, vxlan_port: int) -> dict:
+    def up(self, topo_json: dict, part: Part, prefix: str, scale: float, delay: str, vxlan_port: int,
+           kw: dict | None = None) -> dict:
         from testbed.emu.build import up
         from testbed.emu.kernel import require_root
 
         require_root()
         topo = Topology.model_validate(topo_json)
-        self.emu = up(topo, prefix=prefix, scale=scale, delay=delay, builder=builder(part, vxlan_port))
+        self.emu = up(topo, prefix=prefix, scale=scale, delay=delay, builder=builder(part, vxlan_port), **(kw or {}))
         return {"delay": self.emu.delay, "notes": self.emu.notes}
 
     def down(self) -> None:
         from testbed.emu.build import down
 
+        self.close_relay()
         for p in self.procs.values():
             if p.poll() is None:
                 p.kill()
@@ -74,6 +76,41 @@ class MachineAgent:
         from testbed.emu.sh import run
 
         return run(self._argv(ns, argv), check=check, **({"timeout": timeout} if timeout else {}))
+
+    def spawn(self, ns: str, module: str, args: list[str], files: dict[str, str]) -> int:
+        """A role process (`python -m module args`) in namespace `ns`, its files (path -> text: configs the
+        driver wrote) written here first; stdout discarded, stderr kept for `status`."""
+        from pathlib import Path
+
+        for path, text in files.items():
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(text)
+        p = subprocess.Popen(self._argv(ns, [sys.executable, "-m", module, *args]), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.procs[p.pid] = p
+        return p.pid
+
+    def stderr(self, pid: int) -> str:
+        p = self.procs.get(pid)
+        return p.stderr.read() if p is not None and p.stderr and p.poll() is not None else ""
+
+    def relay(self, path: str, driver: tuple[str, int], secret: str) -> None:
+        """Carry this machine's workers' control connections (at `path`) to the driver (testbed/cluster/relay.py)."""
+        from testbed.cluster.relay import AgentRelay
+
+        self.close_relay()
+        self.relays = [AgentRelay(path, self.name, driver, secret, lambda: set(self.procs))]
+
+    def close_relay(self) -> None:
+        for r in getattr(self, "relays", []):
+            r.close()
+        self.relays = []
+
+    def clock(self) -> float:
+        """CLOCK_MONOTONIC here: the driver compares it with its own (one clock for the whole run)."""
+        import time
+
+        return time.monotonic()
 
     def popen(self, ns: str, argv: list[str]) -> int:
         p = subprocess.Popen(self._argv(ns, argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

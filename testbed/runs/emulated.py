@@ -216,7 +216,7 @@ def preflight(points: list[tuple[Experiment, dict]]) -> None:
 
 
 def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: bool = False, on_up=None,
-              timing_budget: float = DEFAULT_BUDGET
+              timing_budget: float = DEFAULT_BUDGET, cluster=None
               ) -> tuple[list[RunResult], list[tuple], list[tuple], list[tuple], list[tuple]]:
     """Emulated runs (and, for modeled compute, the simulator's rows and the validation) of one point.
     The fifth list: with BubbleTea and real compute, the prefill model fitted to this CPU, pass by pass.
@@ -235,8 +235,18 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
     cpu_rows: list[tuple] = []
     durations: dict[str, list[float]] = {}
     cpu = None
-    emu = up(exp.topology, backend=em.backend, prefix=em.prefix, scale=scale, delay=em.delay,
-             lan_gpus_per_host=exp.workload.tp, **exp.network.host_tcp)
+    if cluster is not None:  # each machine its part (docs/cluster.md)
+        from testbed.cluster import driver
+
+        check_cluster_point(exp, same, dp, capture)
+        emu = driver.up(exp.topology, cluster, em.prefix, scale, em.delay, lan_gpus_per_host=exp.workload.tp,
+                        **exp.network.host_tcp)
+        driver.check_clocks(emu.backend.agents)
+        take_down = driver.down
+    else:
+        emu = up(exp.topology, backend=em.backend, prefix=em.prefix, scale=scale, delay=em.delay,
+                 lan_gpus_per_host=exp.workload.tp, **exp.network.host_tcp)
+        take_down = down
     wan = WanSchedule.from_topology(same.topology)
     try:
         if on_up is not None:
@@ -315,7 +325,7 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
                 validation.append((plan.run_id, sched, "served_in_bubbles@same_requests", round(a, 6), round(b, 6),
                                    round((a - b) / b, 6) if b else "", note))
     finally:
-        down(emu)
+        take_down(emu)
     if wan is not None:
         add_speedups([r.summary for r in results])
         return results, validation, losses, flows, cpu_rows
@@ -412,9 +422,26 @@ class EmulatedExperiment:
     captured: bool = False
 
 
+def check_cluster_point(exp: Experiment, same: Experiment, dp: int, capture: bool) -> None:
+    """What a run on a cluster cannot do yet, refused before anything is built."""
+    em = exp.emulation
+    if capture or em.compute != "modeled" or em.backend != "netns":
+        raise NotYetError("on a cluster: not yet with --capture, torch compute or a container backend "
+                          "(docs/cluster.md)")
+    if WanSchedule.from_topology(same.topology) is not None:
+        raise NotYetError("a changing WAN on a cluster: not yet")
+    for sched in exp.schedulers:
+        plan = build_plan(same, sched, dp=dp)
+        if plan.mech.bubbletea:
+            raise NotYetError(f"{sched} on a cluster: not yet (the BubbleTea service and its decoders)")
+        if any(lp.temporal for lp in plan.links.values()):
+            raise NotYetError(f"{sched} on a cluster: not yet (its Atlas sidecars take notices from both machines of "
+                              f"a link); run the fair-sharing schedulers (--set 'schedulers=[pp-wan]')")
+
+
 def run_experiment(points: list[tuple[Experiment, dict]], check: bool, capture: bool,
                    step: Callable[[], None], line: Callable[[str], None],
-                   timing_budget: float = DEFAULT_BUDGET) -> EmulatedExperiment:
+                   timing_budget: float = DEFAULT_BUDGET, cluster=None) -> EmulatedExperiment:
     """Every sweep point on the emulated WAN, one after the other; with `check`, every WAN pair of the
     first point's network is measured before training (links.csv). `step` is called after each emulated
     iteration, `line` with a message worth showing."""
@@ -431,7 +458,8 @@ def run_experiment(points: list[tuple[Experiment, dict]], check: bool, capture: 
         if check and i == 0:
             line("measuring every WAN pair (links.csv)")
         res, val, loss, flow, cpu = run_point(exp, i, point, step, capture,
-                                              on_up=measure if check and i == 0 else None, timing_budget=timing_budget)
+                                              on_up=measure if check and i == 0 else None, timing_budget=timing_budget,
+                                              cluster=cluster)
         run.results += res
         run.validation += val
         run.losses += loss
