@@ -24,3 +24,13 @@ def test_a_link_under_its_model_fails_even_when_the_single_machine_agrees() -> N
 def test_a_tunnel_slower_than_one_machine_fails() -> None:
     rows = compare([row("a-b", 29.5, 199.0, 31.0)], [row("a-b", 30.0, 199.0, 28.5)])
     assert [r["ok"] for r in rows] == [True, True, False]
+
+
+def test_iteration_times_compare_per_scheduler_emulated_rows_only() -> None:
+    from bench.cluster_demo import compare_iterations
+
+    single = [{"scheduler": "pp-wan", "source": "emu", "iteration_s": "1.00"},
+              {"scheduler": "pp-wan", "source": "sim", "iteration_s": "2.00"}]
+    ok = compare_iterations([{"scheduler": "pp-wan", "source": "emu", "iteration_s": "1.04"}], single)
+    slow = compare_iterations([{"scheduler": "pp-wan", "source": "emu", "iteration_s": "1.06"}], single)
+    assert [r["ok"] for r in ok] == [True] and [r["ok"] for r in slow] == [False]
