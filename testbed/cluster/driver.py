@@ -156,7 +156,7 @@ class ClusterBackend(Backend):
     def __init__(self, prefix: str, plan: ClusterPlan, agents: Agents, topo: Topology) -> None:
         super().__init__(prefix)
         self.agents = agents
-        addr = address_plan(topo, prefix)
+        addr = self.addr = address_plan(topo, prefix)
         for h in addr.hosts:
             self.nodes[h.ns] = Node(h.ns, "host", ns=h.ns, extra={"machine": plan.dc_machine[h.dc]})
         for dc, (ns, _) in addr.gateways.items():
@@ -195,6 +195,15 @@ class ClusterBackend(Backend):
         files = {a: Path(a).read_text() for a in args if Path(a).is_file() and state.STATE_DIR in Path(a).parents}
         machine = self.machine(node)
         return RemoteProcess(self.agents, machine, self.agents.call(machine, "spawn", node.ns, module, args, files))
+
+    def delay_stats(self) -> dict[str, dict]:
+        """`link|machine` -> the stats of that machine's delay line of the link (each half delays one direction)."""
+        out = {}
+        for machine, by_ns in self.agents.gather({n: ("delay_stats", ()) for n in self.agents.handles}).items():
+            for ns, stats in by_ns.items():
+                link = next(f"{w.a}-{w.b}" for w in self.addr.wans if w.ns == ns)
+                out[f"{link}|{machine}"] = stats
+        return out
 
     def control_relay(self, controller):
         """Every other machine's agent carries its workers' control connections to `controller` over the cluster

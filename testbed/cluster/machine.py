@@ -106,6 +106,21 @@ class MachineAgent:
             r.close()
         self.relays = []
 
+    def delay_stats(self) -> dict[str, dict]:
+        """WAN namespace -> its delay line's stats (poked to write them now: testbed/emu/health.py)."""
+        import time
+
+        from testbed.emu import state
+        from testbed.emu.build import delay_control
+        from testbed.emu.health import POKE_WAIT_S, delay_stats, poke
+
+        if self.emu is None or not self.emu.delaylines:
+            return {}
+        for ns in self.emu.delaylines:
+            poke(delay_control(self.emu, ns))
+        time.sleep(POKE_WAIT_S)
+        return {ns: delay_stats(str(state.run_dir(self.emu.prefix) / f"{ns}.delay.json")) for ns in self.emu.delaylines}
+
     def clock(self) -> float:
         """CLOCK_MONOTONIC here: the driver compares it with its own (one clock for the whole run)."""
         import time

@@ -63,6 +63,10 @@ class Backend(ABC):
         nothing: every worker is on this machine."""
         return NoRelay()
 
+    def delay_stats(self) -> dict[str, dict] | None:
+        """The delay lines' stats where they run elsewhere (a cluster's machines); None: here, read them."""
+        return None
+
     def run(self, node: Node, argv: list[str], **kw) -> str:
         from testbed.emu.sh import run
 
