@@ -69,11 +69,12 @@ def testbed_argv() -> list[str]:
 
 
 FAIR = "schedulers=[pp-wan, pp-wan+mtcp]"  # Atlas on a cluster is not yet (its sidecars span both machines)
+ITERATIONS = "iterations=6"  # five steady iterations a run: the comparison is of their mean
 
 
 def experiment_argv(exp: Path, prefix: str, out: Path) -> list[str]:
     return [*testbed_argv(), "experiment", "run", str(exp), "--check", "--prefix", prefix, "--set", FAIR,
-            "--out", str(out)]
+            "--set", ITERATIONS, "--out", str(out)]
 
 
 def cluster_run(lc: LocalCluster, exp: Path, out: Path) -> Path:

@@ -235,18 +235,7 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
     cpu_rows: list[tuple] = []
     durations: dict[str, list[float]] = {}
     cpu = None
-    if cluster is not None:  # each machine its part (docs/cluster.md)
-        from testbed.cluster import driver
-
-        check_cluster_point(exp, same, dp, capture)
-        emu = driver.up(exp.topology, cluster, em.prefix, scale, em.delay, lan_gpus_per_host=exp.workload.tp,
-                        **exp.network.host_tcp)
-        driver.check_clocks(emu.backend.agents)
-        take_down = driver.down
-    else:
-        emu = up(exp.topology, backend=em.backend, prefix=em.prefix, scale=scale, delay=em.delay,
-                 lan_gpus_per_host=exp.workload.tp, **exp.network.host_tcp)
-        take_down = down
+    emu, take_down = bring_up(exp, same, dp, scale, capture, cluster)
     wan = WanSchedule.from_topology(same.topology)
     try:
         if on_up is not None:
@@ -420,6 +409,25 @@ class EmulatedExperiment:
     cpu_prefill: list = field(default_factory=list)
     links: list[dict] = field(default_factory=list)
     captured: bool = False
+
+
+def bring_up(exp: Experiment, same: Experiment, dp: int, scale: float, capture: bool, cluster=None):
+    """The emulated network, on this machine or each machine its part (docs/cluster.md), and what takes it down."""
+    em = exp.emulation
+    if cluster is None:
+        return up(exp.topology, backend=em.backend, prefix=em.prefix, scale=scale, delay=em.delay,
+                  lan_gpus_per_host=exp.workload.tp, **exp.network.host_tcp), down
+    from testbed.cluster import driver
+
+    check_cluster_point(exp, same, dp, capture)
+    emu = driver.up(exp.topology, cluster, em.prefix, scale, em.delay, lan_gpus_per_host=exp.workload.tp,
+                    **exp.network.host_tcp)
+    try:
+        driver.check_clocks(emu.backend.agents)
+    except BaseException:
+        driver.down(emu)
+        raise
+    return emu, driver.down
 
 
 def check_cluster_point(exp: Experiment, same: Experiment, dp: int, capture: bool) -> None:
