@@ -82,8 +82,10 @@ class LocalCluster:
 
 
 def mounts(project: Path, out: Path) -> list[str]:
-    """Read-only: the project (and its venv), the venv's Python, iperf3's libraries; read-write: `out`."""
-    paths = [(project, "ro"), (Path(sys.base_prefix), "ro"), (out, "rw")]
+    """Read-only: the project (and its venv), the venv's Python (unless it is the system's, /usr: the image's
+    Debian Python is the same 3.11), iperf3's libraries; read-write: `out`."""
+    base = Path(sys.base_prefix)
+    paths = [(project, "ro"), *([] if base == Path("/usr") else [(base, "ro")]), (out, "rw")]
     args = []
     for p, mode in paths:
         args += ["-v", f"{p.resolve()}:{p.resolve()}:{mode}"]
