@@ -91,3 +91,28 @@ def test_atlas_on_a_cluster_says_not_yet_before_building(machines) -> None:
     assert p.returncode != 0 and "atlas on a cluster: not yet" in p.stdout + p.stderr, p.stdout + p.stderr
     assert not (out / "exp").exists()
     assert leftovers(lc) == []
+
+
+def test_a_training_run_across_two_machines_shapes_each_replica_on_both_halves_of_a_tunnel(machines) -> None:
+    """useast and uswest on m0, uscentral on m1: both pipeline hops cross a tunnel, and the WAN link between
+    useast and uswest is built whole on m0 beside them."""
+    import csv
+
+    lc, out = machines
+    p = run_testbed(lc, "experiment", "run", str(ROOT / "experiments" / "emu-3dc.yaml"), "--cluster",
+                    str(out / "cluster.yaml"), "--prefix", PREFIX, "--set", "schedulers=[pp-wan]", "--set",
+                    "iterations=2", "--no-probe", "--out", str(out / "train"), timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    with open(out / "train" / "summary.csv") as f:
+        emu = [r for r in csv.DictReader(f) if r["source"] == "emu"]
+    assert len(emu) == 1 and float(emu[0]["iteration_s"]) > 0
+    with open(out / "train" / "flows.csv") as f:
+        sent: dict[tuple[str, str, str], int] = {}
+        for r in csv.DictReader(f):
+            key = (r["link"], r["towards"], r["replica"])
+            sent[key] = max(sent.get(key, 0), int(r["wire_bytes"]))
+    for link, ends in (("useast-uscentral", ("useast", "uscentral")), ("uscentral-uswest", ("uscentral", "uswest"))):
+        for towards in ends:  # each direction's classes live on the half that sends into the tunnel
+            for replica in ("0", "1"):
+                assert sent.get((link, towards, replica), 0) > 0, (link, towards, replica, sorted(sent))
+    assert leftovers(lc) == []
