@@ -1,7 +1,8 @@
 """A cluster emulation's failure paths on two local machines (containers with Ray: testbed/cluster/local.py):
 a cluster network too small for the tunnels' packets fails the build naming the link and the machine and leaves
 nothing on either machine; a driver killed outright leaves its parts behind, and `testbed clean --cluster`
-removes them from every machine; Atlas' sidecars on a cluster are refused before anything is built.
+removes them from every machine; Atlas' sidecars on a cluster are refused before anything is built; a training
+run across the two machines counts each replica's traffic on both halves of each tunnel.
 (`make cluster-demo` runs the measured three-machine case.)"""
 
 from __future__ import annotations
