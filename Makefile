@@ -145,7 +145,7 @@ emu-docker: venv sysdeps
 # tunnels measured against the model and the single-machine run, a machine killed mid-run, nothing left anywhere.
 # Skipped, with the reason, without root, a Docker engine, the role images (sudo make docker-setup) or Ray.
 cluster-demo: venv sysdeps
-	$(BIN)/python bench/cluster_demo.py --out $(RESULTS)/cluster-demo
+	$(BIN)/python bench/cluster_demo.py --out $(RESULTS)/cluster-demo $(CLUSTER_DEMO_ARGS)
 
 # Up + checked; stays up for `testbed topology exec useast-h0 -- ...`; `make topology-down` removes it.
 # TOPO_PREFIX names it (default gdtb0, the topology commands' default).

@@ -12,6 +12,7 @@ machine's, each link's workers' throughput within 10 % of its model and of the s
 
 Writes OUT/cluster/ and OUT/single/ (each run's CSVs) and OUT/cluster-demo.csv. Exit 0: passed or skipped (no
 root, no Docker engine, no role image, no Ray: the reason is printed); exit 1: a check failed (named).
+`--timing-report` (CI) prints the timing comparisons without failing on them.
 
 Run: sudo .venv/bin/python bench/cluster_demo.py --out results/cluster-demo
 """
@@ -137,6 +138,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "cluster-demo")
     ap.add_argument("--prefix", default="gdtbdm", help="names the containers, their network and the emulation")
     ap.add_argument("--no-kill", action="store_true", help="skip the machine killed mid-run")
+    ap.add_argument("--timing-report", action="store_true",
+                    help="print the timing comparisons without failing on them (CI: a timed assertion on a shared "
+                         "runner is noise; the machine kill, the clean-up and leftovers still fail)")
     args = ap.parse_args()
     why = "it needs root" if os.geteuid() != 0 else unavailable()
     if why:
@@ -159,8 +163,12 @@ def main() -> int:
         on_cluster, alone = cluster_run(lc, args.experiment, out), single_run(args.prefix, args.experiment, out)
         rows = compare(read_csv(on_cluster / "links.csv"), read_csv(alone / "links.csv"))
         rows += compare_iterations(read_csv(on_cluster / "summary.csv"), read_csv(alone / "summary.csv"))
-        failures += [f"{r['link']} {r['metric']}: cluster {r['cluster']}, single {r['single']}, model {r['model']}"
-                     for r in rows if not r["ok"]]
+        off = [f"{r['link']} {r['metric']}: cluster {r['cluster']}, single {r['single']}, model {r['model']}"
+               for r in rows if not r["ok"]]
+        if args.timing_report:
+            print("\n".join(f"outside its share (reported, not failed: --timing-report): {x}" for x in off))
+        else:
+            failures += off
         with open(out / "cluster-demo.csv", "w", newline="") as f:
             w = csv.DictWriter(f, HEADER)
             w.writeheader()
