@@ -7,7 +7,7 @@ RESULTS := results
 
 .PHONY: all venv sysdeps test unit integration lint experiment sim-paper sim-bubbletea claims emu-multitcp emu-training \
         figures bench base-image docker-setup wheels images testbed-image emu-docker emu-docker-if-ready \
-        topology-3dc topology-down clean distclean wan-change check-docs figure-families
+        topology-3dc topology-down clean distclean wan-change check-docs figure-families cluster-demo
 
 all: test
 
@@ -152,6 +152,12 @@ testbed-image: wheels
 emu-docker: venv sysdeps
 	$(BIN)/python bench/backend_compare.py experiments/emu-docker.yaml $(EMU) --out $(RESULTS)/emu-docker
 	$(call REPORT,emu-docker)
+
+# One emulation over three machines (local containers with Ray inside, one DC each; docs/cluster.md): its WAN
+# tunnels measured against the model and the single-machine run, a machine killed mid-run, nothing left anywhere.
+# Skipped, with the reason, without root, a Docker engine, the role images (sudo make docker-setup) or Ray.
+cluster-demo: venv sysdeps
+	$(BIN)/python bench/cluster_demo.py --out $(RESULTS)/cluster-demo $(CLUSTER_DEMO_ARGS)
 
 # Up + checked; stays up for `testbed topology exec useast-h0 -- ...`; `make topology-down` removes it.
 # TOPO_PREFIX names it (default gdtb0, the topology commands' default).

@@ -372,6 +372,8 @@ def _raise_interrupt(*_: object) -> None:
 topology_app = typer.Typer(no_args_is_help=True, help="Emulated WAN topologies: up, check, status, exec, down.")
 app.add_typer(topology_app, name="topology")
 PrefixOpt = Annotated[str, typer.Option(help="Name prefix of everything this topology creates (gdtb<id>)")]
+ClusterOpt = Annotated[Path | None, typer.Option(help="cluster.yaml: spread the emulation over a Ray cluster's "
+                                                     "machines (docs/cluster.md)")]
 
 
 def _run_check(emu, streams: int, seconds: float, out: Path) -> None:
@@ -398,6 +400,9 @@ def topology_up(
     set_: SetOpt = None,
     check: Annotated[bool, typer.Option(help="Measure every WAN pair once it is up")] = False,
     out: Annotated[Path, typer.Option(help="links.csv from --check")] = Path("results/topology/links.csv"),
+    cluster: ClusterOpt = None,
+    hold: Annotated[bool, typer.Option(help="With --cluster: keep the network up until Ctrl-C (--no-hold: tear it "
+                                            "down after --check)")] = True,
 ) -> None:
     """Build the emulated network; it stays up (netns and docker backends) until `testbed topology down`."""
     import signal
@@ -417,6 +422,10 @@ def topology_up(
     topo = load_topology(topology, set_)
     k = scale or auto_scale(topo)
     check_scale(topo, k, field="--scale")
+    if cluster is not None:
+        if backend != "netns":
+            raise NotYetError(f"--cluster with --backend {backend}: not yet; a cluster builds netns on each machine")
+        return _cluster_up(topo, cluster, prefix, k, delay, check, out, hold)
     t0 = time.perf_counter()
     with console.status(f"building {escape(topo.name)} ({backend}, scale {k:g})"):
         emu = up(topo, backend=backend, prefix=prefix, scale=k, delay=delay)
@@ -439,6 +448,44 @@ def topology_up(
             from testbed.emu.build import down
 
             down(emu)
+
+
+def _cluster_up(topo, cluster_path: Path, prefix: str, k: float, delay: str, check: bool, out: Path,
+                hold: bool) -> None:
+    """`topology up --cluster`: each machine builds its part; the network lives while this command runs."""
+    from testbed.cluster import driver
+    from testbed.spec.load import load_cluster
+
+    spec = load_cluster(cluster_path)
+    t0 = time.perf_counter()
+    with console.status(f"building {escape(topo.name)} on the cluster (scale {k:g})"):
+        emu = driver.up(topo, spec, prefix, k, delay)
+    plan = emu.cluster_plan
+    where = ", ".join(f"{dc} on {m}" for dc, m in plan.dc_machine.items())
+    console.print(f"[green]{escape(topo.name)} is up[/green] on {len(plan.parts)} machine(s) in "
+                  f"{time.perf_counter() - t0:.1f} s: prefix {prefix}, delay by [bold]{emu.delay}[/bold], scale "
+                  f"k={k:g}; {where}")
+    failed: EmuError | None = None
+    try:
+        if check:
+            _run_check(emu, 8, 3.0, out)
+        if hold:
+            console.print("the cluster's network lives in this process: press Ctrl-C to tear it down")
+            while True:
+                time.sleep(5)
+                emu.backend.agents.check_alive()
+    except KeyboardInterrupt:
+        pass
+    except EmuError as e:  # a machine died or a measurement failed: every other machine still tears down
+        failed = e
+    finally:
+        errors = driver.down(emu)
+        driver.shutdown()
+    if failed is not None or errors:
+        first = str(failed) if failed is not None else errors.pop(0)
+        rest = [e for e in errors if e.split(" (")[0] not in first]  # one line per machine
+        raise EmuError(first + "".join(f"; {e}" for e in rest) + "; the other machines tore their part down")
+    console.print(f"torn down on {len(plan.parts)} machine(s)")
 
 
 @topology_app.command("check")
@@ -551,6 +598,7 @@ def clean_cmd(
     prefix: Annotated[str | None, typer.Option(help="Only this prefix (default: every gdtb* prefix)")] = None,
     images: Annotated[bool, typer.Option(help="Also remove the testbed's Docker images (kept otherwise)")] = False,
     force: ForceOpt = False,
+    cluster: ClusterOpt = None,
 ) -> None:
     """Remove leftovers of any earlier run (like `mn -c`, but only what carries the testbed's prefix).
     A prefix whose owner is another live process (a running experiment) is kept unless --force."""
@@ -558,6 +606,8 @@ def clean_cmd(
     from testbed.emu.kernel import require_root
     from testbed.emu.names import check_prefix
 
+    if cluster is not None:
+        return _cluster_clean(cluster, check_prefix(prefix) if prefix else None, force, images)
     require_root()
     kept: list[str] = []
     removed = clean(check_prefix(prefix) if prefix else None, force=force, kept=kept)
@@ -572,12 +622,31 @@ def clean_cmd(
     console.print("clean" if not removed else f"removed {len(removed)} item(s)")
 
 
+def _cluster_clean(cluster_path: Path, prefix: str | None, force: bool, images: bool) -> None:
+    """`testbed clean --cluster`: the same clean on every machine of the cluster."""
+    from testbed.cluster import driver
+    from testbed.spec.load import load_cluster
+
+    if images:
+        raise NotYetError("--images with --cluster: not yet; remove images on each machine")
+    try:
+        removed = driver.clean(load_cluster(cluster_path), prefix, force)
+    finally:
+        driver.shutdown()
+    for machine, items in removed.items():
+        for r in items:
+            console.print(f"{machine}: removed {r}", highlight=False)
+    total = sum(len(v) for v in removed.values())
+    console.print(f"clean on {len(removed)} machine(s)" if not total else f"removed {total} item(s) on "
+                  f"{len(removed)} machine(s)")
+
+
 def _warn(text: str) -> None:
     err_console.print(f"[yellow]warning:[/yellow] {escape(text)}", highlight=False, soft_wrap=True)
 
 
 def _training_run(points: list, out: Path, check: bool, spec: dict, capture: bool = False, strict: bool = False,
-                  timing_budget: float = DEFAULT_BUDGET) -> None:
+                  timing_budget: float = DEFAULT_BUDGET, cluster=None) -> None:
     from testbed.progress import Progress
     from testbed.results import write_spec
     from testbed.runs.emulated import run_experiment, write_experiment
@@ -593,7 +662,13 @@ def _training_run(points: list, out: Path, check: bool, spec: dict, capture: boo
             where = f"point {p} ({point_text(points[p][1])}), {exp0.schedulers[sc]}"
             prog.step(f"{where}: iteration {it + 1}/{n_i} done")
 
-        run = run_experiment(points, check, capture, step, prog.line, timing_budget)
+        try:
+            run = run_experiment(points, check, capture, step, prog.line, timing_budget, cluster)
+        finally:
+            if cluster is not None:
+                from testbed.cluster.driver import shutdown
+
+                shutdown()
     paths = [*write_experiment(out, run), write_spec(out, spec, sys.argv[1:])]
     print_summary(out, f"{escape(exp0.name)}: emulated and simulated")
     print_knees(out)
@@ -610,6 +685,19 @@ def _training_run(points: list, out: Path, check: bool, spec: dict, capture: boo
     if strict and degraded:
         raise EmuError(f"{len(degraded)} run(s) degraded (--strict), first {degraded[0]['run_id']}: "
                        f"{degraded[0]['degraded']}")
+
+
+def _cluster_training_run(points: list, experiment: Path, sets: list[str], sweep, out: Path, check: bool,
+                          strict: bool, timing_budget: float, cluster_path: Path) -> None:
+    from testbed.spec.load import load_cluster, resolved_spec
+
+    if points[0][0].multitcp is not None or len(points) > 1:
+        raise NotYetError("on a cluster: one training point for now (no multitcp experiment, no sweep)")
+    held = points[0][0].emulation.prefix or "gdtb0"
+    points = [(exp.model_copy(update={"emulation": exp.emulation.model_copy(update={"prefix": held})}), pt)
+              for exp, pt in points]
+    spec = resolved_spec(experiment, [*sets, f"emulation.prefix={held}"], sweep)
+    _training_run(points, out, check, spec, False, strict, timing_budget, load_cluster(cluster_path))
 
 
 experiment_app = typer.Typer(no_args_is_help=True, help="Experiments on the emulated WAN (and the simulator).")
@@ -636,6 +724,7 @@ def experiment_run(
     = DEFAULT_BUDGET,
     probe: Annotated[bool, typer.Option(help="Measure the machine's headroom first (about a second) and size k to "
                                              "it (an explicit emulation.scale is kept)")] = True,
+    cluster: ClusterOpt = None,
 ) -> None:
     """Bring the topology up, run the experiment on it, tear it down (also on error and Ctrl-C). The prefix
     is held for the whole run: no other run can take it, and `testbed clean` leaves it alone."""
@@ -673,6 +762,8 @@ def experiment_run(
     require_root()
     signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill` tears down like Ctrl-C does
     asked = points[0][0].emulation.prefix
+    if cluster is not None:  # each machine's agent holds the prefix there (docs/cluster.md)
+        return _cluster_training_run(points, experiment, sets, sweep, out, check, strict, timing_budget, cluster)
     with owner.owned(check_prefix(asked) if asked else None) as held:
         if not asked:
             console.print(f"emulation prefix: {held} (free; --prefix picks one)")
@@ -717,6 +808,7 @@ def launch_cmd(
     out: Annotated[Path, typer.Option(help="Folder for the job (TESTBED_OUT), ranks.csv, launch.log, flows.csv")]
     = Path("results/launch"),
     set_: SetOpt = None,
+    cluster: ClusterOpt = None,
 ) -> None:
     """Run your torch.distributed script on every emulated host with torchrun's environment:
     `testbed launch topologies/3dc.yaml -- python train.py ARGS`."""
@@ -726,6 +818,8 @@ def launch_cmd(
     from testbed.emu.kernel import require_root
     from testbed.launch.wan import bring_up, connections, load_spec, parse_scale
 
+    if cluster is not None:
+        raise NotYetError("launch --cluster: not yet; ranks run on one machine (docs/cluster.md)")
     if not ctx.args:
         raise SpecError("command", "nothing to launch", "add the command after --, e.g. -- python train.py")
     if sharing not in ("fair", "temporal"):

@@ -22,6 +22,7 @@ LAYERS: list[set[str]] = [
     {"runtime"},  # role processes; besides, they import only the ground floor, program.py and runtime/
     {"emu"},
     {"launch"},
+    {"cluster"},  # several machines: placement, the agents, the driver
     {"runs"},
     {"figures", "tables"},
     {"claims", "report", "answer"},

@@ -13,12 +13,13 @@ import contextlib
 import math
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from testbed.emu import owner, state
 from testbed.emu.backends import Backend, Node, make_backend
 from testbed.emu.kernel import delay_method, require_root
-from testbed.emu.names import AddressPlan, address_plan, host_name
+from testbed.emu.names import AddressPlan, WanAddr, address_plan, host_name
 from testbed.emu.rungroup import run_gid, secure_dir
 from testbed.emu.scale import FOREIGN_SHARE, MAX_LAN_BPS, check_scale, receive_buffer, window_notes  # noqa: F401
 from testbed.emu.sh import EmuError
@@ -29,7 +30,7 @@ from testbed.net.units import gbps_to_bps
 from testbed.net.wire import GSO_SEGMENTS
 from testbed.plan.network import lower_network
 from testbed.spec.experiment import warm_windows as default_warm_windows
-from testbed.spec.topology import Topology
+from testbed.spec.topology import Topology, WanLink
 
 
 @dataclass
@@ -111,10 +112,11 @@ class Emulation:
 def up(topo: Topology, *, backend: str = "netns", prefix: str | None = "gdtb0", scale: float = 1.0,
        delay: str = "auto", lan_gpus_per_host: int = 1, slow_start_after_idle: bool = False,
        congestion_control: str = "cubic", mounts: list[str] | None = None, warm_windows: bool | None = None,
-       user_timeout_s: float = 30.0) -> Emulation:
+       user_timeout_s: float = 30.0, builder: Callable[[Emulation], None] | None = None) -> Emulation:
     """Build the topology (prefix None: the first free gdtb<N>). On any failure (or Ctrl-C) everything
     built so far is removed. `mounts`: host folders the container backends bind-mount at the same path in
-    every host container."""
+    every host container. `builder`: what of the topology this machine builds (default all of it; a cluster
+    machine its part: testbed/cluster/part.py)."""
     check_scale(topo, scale, lan_gpus_per_host=lan_gpus_per_host)  # before anything exists
     require_root()
     if prefix is None:
@@ -144,7 +146,7 @@ def up(topo: Topology, *, backend: str = "netns", prefix: str | None = "gdtb0", 
         raise
     emu.save()
     try:
-        _build(emu)
+        (builder or _build)(emu)
         emu.save()
     except BaseException:
         down(emu)
@@ -234,58 +236,82 @@ def peer_routes(emu: Emulation, dc: str) -> dict[str, list[str]]:
 
 
 def _build(emu: Emulation) -> None:
-    be, topo, addr = emu.backend, emu.topo, emu.addr
+    prepare_machine(emu)
+    gws = {dc.name: build_dc(emu, i, dc.name) for i, dc in enumerate(emu.topo.dcs)}
+    for w, link in zip(emu.addr.wans, emu.topo.links, strict=True):
+        build_wan(emu, w, link, gws)
+    emu.backend.start()
+
+
+def prepare_machine(emu: Emulation) -> None:
+    """The machine-wide settings a build needs: its congestion control allowed, its receive buffers' cap."""
     allow_congestion_control(emu.congestion_control)
     from testbed.runtime.worker import socket_buffer
 
     allow_receive_buffer(socket_buffer(max((link.emulated.window_bytes for link in emu.net.links  # type: ignore[union-attr]
                                             ), default=0)))
-    gws: dict[str, Node] = {}
-    for i, dc in enumerate(topo.dcs):
-        gw_ns, gw_ip = addr.gateways[dc.name]
-        gw = gws[dc.name] = be.add_node(gw_ns, "gateway")
-        hosts = [h for h in addr.hosts if h.dc == dc.name]
-        nodes = [be.add_node(h.ns, "host") for h in hosts]
-        emu.save()
-        lan = be.attach_lan(i, gw, nodes, MTU)
-        be.run(gw, ["ip", "addr", "add", f"{gw_ip}/24", "dev", lan])
-        be.run(gw, ["sysctl", "-qw", "net.ipv4.ip_forward=1"])
-        lan_bps = emu.lan_rate_bps(dc.name)
-        for h, node in zip(hosts, nodes, strict=True):
-            be.run(node, ["ip", "addr", "add", f"{h.ip}/24", "dev", "eth0"])
-            be.run(node, ["ip", "route", "add", "default", "via", gw_ip])
-            # no TSO/GSO packet larger than HTB's quantum (runtime/htb.py link_quantum): turns stay byte-fair
-            be.run(node, ["ip", "link", "set", "dev", "eth0", "gso_max_segs", str(GSO_SEGMENTS)])
-            for peer, route in peer_routes(emu, dc.name).items():
-                be.run(node, ["ip", "route", "add", addr.lan_subnet[peer], "via", gw_ip, *route])
-            for setting in host_sysctls(emu, dc.name):
-                be.run(node, ["sysctl", "-qw", setting])
-            if lan_bps is not None:  # the host's NIC into the DC fabric: a TP group's NICs, scaled
-                for cmd in lan_commands("eth0", lan_bps):
-                    be.run(node, cmd)
-    for w, link in zip(addr.wans, topo.links, strict=True):
-        wan = be.add_node(w.ns, "wan")
-        emu.save()
-        be.run(wan, ["sysctl", "-qw", "net.ipv4.ip_forward=1"])
-        for dc, peer, gw_ip, wan_ip in ((w.a, w.b, w.gw_a_ip, w.wan_a_ip), (w.b, w.a, w.gw_b_ip, w.wan_b_ip)):
-            gw = gws[dc]
-            be.link(gw, f"w-{peer}", wan, dc, MTU)
-            be.run(gw, ["ip", "addr", "add", f"{gw_ip}/30", "dev", f"w-{peer}"])
-            be.run(wan, ["ip", "addr", "add", f"{wan_ip}/30", "dev", dc])
-            be.run(gw, ["ip", "route", "add", addr.lan_subnet[peer], "via", wan_ip])
-            be.run(wan, ["ip", "route", "add", addr.lan_subnet[dc], "via", gw_ip])
-        e = emu.link(w.a, w.b)
-        netem = e.delay_ms if emu.delay == "netem" else None
-        for dev in (w.a, w.b):  # egress towards that DC
-            for cmd in htb_commands(dev, e.rate_bps, e.rtt_s, netem, e.mtu):
-                be.run(wan, cmd)
-        if emu.delay == "nfqueue" and max([e.latency_s, *(p.latency_ms for p in link.trace or [])]) > 0:
-            start_delayline(emu, wan, w.a, w.b, e.delay_ms)
-    be.start()
 
 
-def start_delayline(emu: Emulation, wan: Node, a: str, b: str, latency_ms: float) -> None:
-    """One delay-line process per WAN node, bound before the iptables rules that feed it exist."""
+def build_dc(emu: Emulation, i: int, dc: str) -> Node:
+    """DC `dc` (the i-th): its gateway, its hosts on the gateway's LAN, their routes and TCP settings; returns
+    the gateway."""
+    be, addr = emu.backend, emu.addr
+    gw_ns, gw_ip = addr.gateways[dc]
+    gw = be.add_node(gw_ns, "gateway")
+    hosts = [h for h in addr.hosts if h.dc == dc]
+    nodes = [be.add_node(h.ns, "host") for h in hosts]
+    emu.save()
+    lan = be.attach_lan(i, gw, nodes, MTU)
+    be.run(gw, ["ip", "addr", "add", f"{gw_ip}/24", "dev", lan])
+    be.run(gw, ["sysctl", "-qw", "net.ipv4.ip_forward=1"])
+    lan_bps = emu.lan_rate_bps(dc)
+    for h, node in zip(hosts, nodes, strict=True):
+        be.run(node, ["ip", "addr", "add", f"{h.ip}/24", "dev", "eth0"])
+        be.run(node, ["ip", "route", "add", "default", "via", gw_ip])
+        # no TSO/GSO packet larger than HTB's quantum (runtime/htb.py link_quantum): turns stay byte-fair
+        be.run(node, ["ip", "link", "set", "dev", "eth0", "gso_max_segs", str(GSO_SEGMENTS)])
+        for peer, route in peer_routes(emu, dc).items():
+            be.run(node, ["ip", "route", "add", addr.lan_subnet[peer], "via", gw_ip, *route])
+        for setting in host_sysctls(emu, dc):
+            be.run(node, ["sysctl", "-qw", setting])
+        if lan_bps is not None:  # the host's NIC into the DC fabric: a TP group's NICs, scaled
+            for cmd in lan_commands("eth0", lan_bps):
+                be.run(node, cmd)
+    return gw
+
+
+def build_wan(emu: Emulation, w: WanAddr, link: WanLink, gws: dict[str, Node]) -> None:
+    """A WAN link whose two DCs are both here: its WAN node between the gateways, each direction shaped on its
+    way out and delayed."""
+    be = emu.backend
+    wan = be.add_node(w.ns, "wan")
+    emu.save()
+    be.run(wan, ["sysctl", "-qw", "net.ipv4.ip_forward=1"])
+    for dc, peer, gw_ip, wan_ip in ((w.a, w.b, w.gw_a_ip, w.wan_a_ip), (w.b, w.a, w.gw_b_ip, w.wan_b_ip)):
+        gw = gws[dc]
+        be.link(gw, f"w-{peer}", wan, dc, MTU)
+        be.run(gw, ["ip", "addr", "add", f"{gw_ip}/30", "dev", f"w-{peer}"])
+        be.run(wan, ["ip", "addr", "add", f"{wan_ip}/30", "dev", dc])
+        be.run(gw, ["ip", "route", "add", emu.addr.lan_subnet[peer], "via", wan_ip])
+        be.run(wan, ["ip", "route", "add", emu.addr.lan_subnet[dc], "via", gw_ip])
+    for dev in (w.a, w.b):  # egress towards that DC
+        shape_egress(emu, wan, dev, link)
+    e = emu.link(w.a, w.b)
+    if emu.delay == "nfqueue" and max([e.latency_s, *(p.latency_ms for p in link.trace or [])]) > 0:
+        start_delayline(emu, wan, w.a, w.b, e.delay_ms)
+
+
+def shape_egress(emu: Emulation, wan: Node, dev: str, link: WanLink) -> None:
+    """HTB at the link's emulated rate (and netem's delay, where the kernel has it) on `dev`'s way out."""
+    e = emu.link(*link.between)
+    netem = e.delay_ms if emu.delay == "netem" else None
+    for cmd in htb_commands(dev, e.rate_bps, e.rtt_s, netem, e.mtu):
+        emu.backend.run(wan, cmd)
+
+
+def start_delayline(emu: Emulation, wan: Node, a: str, b: str, latency_ms: float, both: bool = True) -> None:
+    """One delay-line process per WAN node, bound before the iptables rules that feed it exist: queue 0 delays
+    a -> b, queue 1 b -> a (`both` False: only a -> b, the half of a link that sends into a tunnel)."""
     be = emu.backend
     stats = state.run_dir(emu.prefix) / f"{wan.name}.delay.json"
     log = open(state.run_dir(emu.prefix) / f"{wan.name}.delay.log", "w")  # noqa: SIM115 (owned by the child)
@@ -297,7 +323,7 @@ def start_delayline(emu: Emulation, wan: Node, a: str, b: str, latency_ms: float
     line = _readline(p, 15.0)
     if line != "ready":
         raise EmuError(f"delay line in {wan.name} did not start: {line or 'no output'} (see {log.name})")
-    for qnum, (src, dst) in enumerate(((a, b), (b, a))):
+    for qnum, (src, dst) in enumerate(((a, b), (b, a)) if both else ((a, b),)):
         be.run(wan, ["iptables", "-t", "mangle", "-A", "FORWARD", "-i", src, "-o", dst, "-j", "NFQUEUE",
                      "--queue-num", str(qnum)])
 

@@ -281,9 +281,13 @@ class Meter:
         return [(f"{w.a}-{w.b}", w.ns, self.emu.link(w.a, w.b).rtt_s) for w in self.emu.addr.wans]
 
     def _delay(self) -> dict[str, dict]:
+        """WAN link (or `link|machine`: one half of a link between machines) -> its delay line's stats."""
         from testbed.emu import state
         from testbed.emu.build import delay_control
 
+        remote = self.emu.backend.delay_stats()
+        if remote is not None:
+            return remote
         out = {}
         for _name, ns, _rtt in self._links():
             if ns in self.emu.delaylines:
@@ -333,8 +337,12 @@ class Meter:
         after = self._delay()
         for name, _ns, rtt in self._links():
             h.rtt_s[name] = rtt
-            if name in after:
-                h.lag_mean_s[name], h.lag_max_s[name] = lag_over(s.delay.get(name, {}), after[name])
+        for key in after:  # a link split between machines has a delay line per half: the later one counts
+            name = key.split("|")[0]
+            mean, worst = lag_over(s.delay.get(key, {}), after[key])
+            if name not in h.lag_mean_s or abs(mean) > abs(h.lag_mean_s[name]):
+                h.lag_mean_s[name] = mean
+            h.lag_max_s[name] = max(worst, h.lag_max_s.get(name, worst))
         for name, n in self._drops().items():
             h.drops[name] = max(0, n - s.drops.get(name, 0))
         return h

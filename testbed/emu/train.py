@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import queue
 import socket
 import subprocess
 import threading
@@ -223,6 +224,11 @@ class Controller:
         self.refused: list[str] = []
         self.rejected: list[str] = []  # malformed messages from our workers, skipped
         self.watch = lambda: None  # raises EmuError when a part of the run the workers need has died
+        # connections another machine's agent relayed (testbed/cluster/relay.py), with the worker it vouched for
+        self.vouched: queue.Queue[tuple[socket.socket, str, int]] = queue.Queue()
+
+    def vouch(self, c: socket.socket, machine: str, pid: int) -> None:
+        self.vouched.put((c, machine, pid))
 
     def _refuse(self, c: socket.socket, why: str) -> None:
         pid, uid, gid = peer_cred(c)
@@ -241,18 +247,31 @@ class Controller:
                 return key
         return "not a process this run started"
 
+    def _next(self, procs: dict[tuple[int, int], subprocess.Popen]) -> tuple[socket.socket | None, tuple | str]:
+        """The next connection and whose it is: one an agent vouched for, else one on our socket (None: none yet)."""
+        try:
+            c, machine, pid = self.vouched.get_nowait()
+        except queue.Empty:
+            try:
+                c, _ = self.srv.accept()
+            except TimeoutError:
+                return None, ""
+            return c, self._worker_of(c, procs)
+        for key, p in procs.items():
+            if getattr(p, "machine", None) == machine and p.pid == pid:
+                return c, key
+        return c, f"not a process this run started on machine {machine} (pid {pid})"
+
     def accept_all(self, procs: dict[tuple[int, int], subprocess.Popen], timeout: float) -> None:
-        self.srv.settimeout(1.0)
+        self.srv.settimeout(0.2)
         deadline = time.monotonic() + timeout
         while len(self.conns) < self.n:
             _check(list(procs.values()))
             if time.monotonic() > deadline:
                 raise EmuError(f"only {len(self.conns)} of {self.n} workers registered within {timeout:g} s")
-            try:
-                c, _ = self.srv.accept()
-            except TimeoutError:
+            c, who = self._next(procs)
+            if c is None:
                 continue
-            who = self._worker_of(c, procs)
             if isinstance(who, str):
                 self._refuse(c, who)
                 continue
@@ -498,6 +517,8 @@ def control_socket(stack: contextlib.ExitStack, emu: Emulation, n: int) -> Contr
     ctl = Controller(str(state.run_dir(emu.prefix) / "ctl.sock"), n, run_gid(emu.backend), worker_uid(emu.backend))
     ctl.watch = lambda: check_delaylines(emu)
     stack.callback(ctl.close)
+    relay = emu.backend.control_relay(ctl)  # other machines' workers reach ctl through their agents (a cluster)
+    stack.callback(relay.close)
     return ctl
 
 

@@ -206,7 +206,7 @@ class PointResult:
 
 
 def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: bool = False, on_up=None,
-              timing_budget: float = DEFAULT_BUDGET) -> PointResult:
+              timing_budget: float = DEFAULT_BUDGET, cluster=None) -> PointResult:
     """Emulated runs (and, for modeled compute, the simulator's rows and the validation) of one point, every
     scheduler on one network. `on_up(emu)` runs once the network is up, before any training (e.g. to measure the
     links). A run whose timing error (testbed/emu/health.py) exceeds `timing_budget` is marked degraded."""
@@ -214,8 +214,7 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
     scale = em.scale or auto_scale(exp.topology)
     dp = resolve_dp(exp)
     out = PointResult()
-    emu = up(exp.topology, backend=em.backend, prefix=em.prefix, scale=scale, delay=em.delay,
-             lan_gpus_per_host=exp.workload.tp, **exp.network.host_tcp)
+    emu, take_down = bring_up(exp, dp, scale, capture, cluster)
     wan = WanSchedule.from_topology(exp.topology)
     try:
         if on_up is not None:
@@ -228,7 +227,7 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
             else:
                 _static_run(exp, plan, emu, scale, progress, capture, sweep, timing_budget, out)
     finally:
-        down(emu)
+        take_down(emu)
     if wan is None:
         _slowdowns_vs_alone(out)
     out.validation += slowdown_validation([r.summary for r in out.results])
@@ -435,9 +434,45 @@ class EmulatedExperiment:
     captured: bool = False
 
 
+def bring_up(exp: Experiment, dp: int, scale: float, capture: bool, cluster=None):
+    """The emulated network, on this machine or each machine its part (docs/cluster.md), and what takes it down."""
+    em = exp.emulation
+    if cluster is None:
+        return up(exp.topology, backend=em.backend, prefix=em.prefix, scale=scale, delay=em.delay,
+                  lan_gpus_per_host=exp.workload.tp, **exp.network.host_tcp), down
+    from testbed.cluster import driver
+
+    check_cluster_point(exp, dp, capture)
+    emu = driver.up(exp.topology, cluster, em.prefix, scale, em.delay, lan_gpus_per_host=exp.workload.tp,
+                    **exp.network.host_tcp)
+    try:
+        driver.check_clocks(emu.backend.agents)
+    except BaseException:
+        driver.down(emu)
+        raise
+    return emu, driver.down
+
+
+def check_cluster_point(exp: Experiment, dp: int, capture: bool) -> None:
+    """What a run on a cluster cannot do yet, refused before anything is built."""
+    em = exp.emulation
+    if capture or em.compute != "modeled" or em.backend != "netns":
+        raise NotYetError("on a cluster: not yet with --capture, torch compute or a container backend "
+                          "(docs/cluster.md)")
+    if WanSchedule.from_topology(exp.topology) is not None:
+        raise NotYetError("a changing WAN on a cluster: not yet")
+    for sched in exp.schedulers:
+        plan = build_plan(exp, sched, dp=dp)
+        if plan.mech.bubbletea:
+            raise NotYetError(f"{sched} on a cluster: not yet (the BubbleTea service and its decoders)")
+        if any(lp.temporal for lp in plan.links.values()):
+            raise NotYetError(f"{sched} on a cluster: not yet (its Atlas sidecars take notices from both machines of "
+                              f"a link); run the fair-sharing schedulers (--set 'schedulers=[pp-wan]')")
+
+
 def run_experiment(points: list[tuple[Experiment, dict]], check: bool, capture: bool,
                    step: Callable[[], None], line: Callable[[str], None],
-                   timing_budget: float = DEFAULT_BUDGET) -> EmulatedExperiment:
+                   timing_budget: float = DEFAULT_BUDGET, cluster=None) -> EmulatedExperiment:
     """Every sweep point on the emulated WAN, one after the other; with `check`, every WAN pair of the
     first point's network is measured before training (links.csv). `step` is called after each emulated
     iteration, `line` with a message worth showing."""
@@ -454,7 +489,7 @@ def run_experiment(points: list[tuple[Experiment, dict]], check: bool, capture: 
         if check and i == 0:
             line("measuring every WAN pair (links.csv)")
         res = run_point(exp, i, point, step, capture, on_up=measure if check and i == 0 else None,
-                        timing_budget=timing_budget)
+                        timing_budget=timing_budget, cluster=cluster)
         run.results += res.results
         run.validation += res.validation
         run.losses += res.losses

@@ -283,3 +283,10 @@ def load_experiment(
     for d, point in expand_sweep(data, sweeps):
         out.append((validate(Experiment, d), point))
     return out
+
+
+def load_cluster(path: str | Path) -> Any:
+    """A cluster spec (testbed/spec/cluster.py), validated."""
+    from testbed.spec.cluster import Cluster
+
+    return validate(Cluster, _read_yaml(Path(path)), "cluster")

@@ -17,6 +17,11 @@ class Node:
     extra: dict = field(default_factory=dict)
 
 
+class NoRelay:
+    def close(self) -> None:
+        """Nothing to stop."""
+
+
 class Backend(ABC):
     name: str
     persistent: bool  # does the network outlive the process that built it?
@@ -52,6 +57,15 @@ class Backend(ABC):
 
     def start(self) -> None:  # noqa: B027 - optional hook, a no-op for most backends
         """Called once every node and link exists (Mininet starts its switches here)."""
+
+    def control_relay(self, controller) -> NoRelay:
+        """What carries other machines' workers to `controller` (a cluster: testbed/cluster/driver.py); here
+        nothing: every worker is on this machine."""
+        return NoRelay()
+
+    def delay_stats(self) -> dict[str, dict] | None:
+        """The delay lines' stats where they run elsewhere (a cluster's machines); None: here, read them."""
+        return None
 
     def run(self, node: Node, argv: list[str], **kw) -> str:
         from testbed.emu.sh import run

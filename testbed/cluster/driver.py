@@ -1,0 +1,316 @@
+"""The driver's side of a cluster emulation (run on one node of the Ray cluster): the machines, an agent on each
+(testbed/cluster/machine.py, pinned to its node), their parts built in parallel, and an Emulation whose backend
+runs each command on the machine that holds the namespace, so the single-machine checks (testbed/emu/check.py)
+measure the tunnels unchanged. A machine that dies ends what is running with an error naming it."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from testbed.cluster.machine import MachineAgent, code_fingerprint
+from testbed.cluster.placement import ClusterPlan, plan_cluster
+from testbed.emu.backends.base import Backend, Node
+from testbed.emu.build import Emulation, window_notes
+from testbed.emu.names import address_plan
+from testbed.emu.sh import EmuError
+from testbed.errors import NotYetError
+from testbed.spec.cluster import Cluster, Machine
+from testbed.spec.topology import Topology
+
+CALL_TIMEOUT_S = 300.0  # one agent call (a part's build, a measurement)
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise EmuError("--cluster needs Ray: pip install -e '.[ray]' on every machine") from None
+    return ray
+
+
+def connect(cluster: Cluster) -> list[Machine]:
+    """Join the Ray cluster; the machines, each checked to be an alive node (default: every alive node)."""
+    ray = _ray()
+    if not ray.is_initialized():
+        try:
+            ray.init(address=cluster.ray_address, log_to_driver=False, logging_level="ERROR")
+        except (ConnectionError, RuntimeError) as e:
+            raise EmuError(f"no Ray cluster at {cluster.ray_address}: {e}; run testbed on a node of the cluster "
+                           f"(ray start --address HEAD:6379 there)") from None
+    nodes = sorted(n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"])
+    if not cluster.machines:
+        return [Machine(name=f"m{i}", address=ip) for i, ip in enumerate(nodes)]
+    for m in cluster.machines:
+        if m.address not in nodes:
+            raise EmuError(f"machine {m.name} ({m.address}) is not an alive node of the Ray cluster (nodes: "
+                           f"{', '.join(nodes) or 'none'}); start Ray there: ray start --address HEAD:6379")
+    return list(cluster.machines)
+
+
+@dataclass
+class Agents:
+    """One agent per machine, and calls to them that name the machine when it fails or dies."""
+
+    machines: dict[str, Machine]
+    handles: dict[str, object]
+    driver_address: str = ""  # this driver's Ray node address (its workers reach the control socket directly)
+
+    def call(self, name: str, method: str, *args, timeout: float = CALL_TIMEOUT_S):
+        return self.gather({name: (method, args)}, timeout)[name]
+
+    def gather(self, calls: dict[str, tuple[str, tuple]], timeout: float = CALL_TIMEOUT_S) -> dict:
+        """Run calls on several machines at once; the first failure (in machine order) raises, naming it."""
+        ray = _ray()
+        refs = {n: getattr(self.handles[n], m).remote(*a) for n, (m, a) in calls.items()}
+        out, errors = {}, []
+        for n, ref in refs.items():
+            try:
+                out[n] = ray.get(ref, timeout=timeout)
+            except Exception as e:  # noqa: BLE001 - every failure is reported with its machine
+                errors.append(self.describe(n, e))
+        if errors:
+            raise EmuError(errors[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
+        return out
+
+    def describe(self, name: str, e: Exception) -> str:
+        ray, m = _ray(), self.machines[name]
+        if isinstance(e, ray.exceptions.RayTaskError):
+            cause = e.as_instanceof_cause()
+            if isinstance(cause, subprocess.TimeoutExpired):
+                raise cause from None  # the caller's own timeout (RemoteProcess.wait)
+            return f"machine {name} ({m.address}): {getattr(cause, 'args', [cause])[0] if cause.args else cause}"
+        if isinstance(e, ray.exceptions.GetTimeoutError):
+            return f"machine {name} ({m.address}) did not answer within the call's timeout"
+        return f"machine {name} ({m.address}) died or left the cluster ({type(e).__name__})"
+
+    def check_alive(self) -> None:
+        """Raise, naming it, if a machine's agent is gone."""
+        self.gather({n: ("info", ()) for n in self.handles}, timeout=30)
+
+
+def start_agents(machines: list[Machine]) -> Agents:
+    """An agent on each machine, pinned to its Ray node (the node:<address> resource), checked to run as root."""
+    ray = _ray()
+    remote = ray.remote(num_cpus=0, max_restarts=0)(MachineAgent)
+    handles = {m.name: remote.options(resources={f"node:{m.address}": 0.001}, name=None)
+               .remote(m.name, sys.executable) for m in machines}
+    ray = _ray()
+    here = ray.util.get_node_ip_address()
+    agents = Agents({m.name: m for m in machines}, handles, here)
+    here = code_fingerprint()
+    for name, info in agents.gather({n: ("info", ()) for n in handles}, timeout=120).items():
+        if info["code"] != here:
+            raise EmuError(f"machine {name} runs other testbed code ({info['code']}, here {here}): install the same "
+                           f"checkout on every machine")
+        if info["euid"] != 0:
+            raise EmuError(f"machine {name}: Ray runs as uid {info['euid']} there; the emulation needs root "
+                           f"(start Ray as root on every machine)")
+    return agents
+
+
+class RemoteStderr:
+    """A finished remote process's stderr, read through its agent."""
+
+    def __init__(self, proc: RemoteProcess) -> None:
+        self.proc = proc
+
+    def read(self) -> str:
+        return self.proc.agents.call(self.proc.machine, "stderr", self.proc.pid)
+
+
+class RemoteProcess:
+    """A process an agent started: what testbed/emu/check.py needs of a subprocess.Popen."""
+
+    def __init__(self, agents: Agents, machine: str, pid: int) -> None:
+        self.agents, self.machine, self.pid, self.returncode = agents, machine, pid, None
+        self.stderr = RemoteStderr(self)
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        out, err, self.returncode = self.agents.call(self.machine, "communicate", self.pid, timeout)
+        return out, err
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.communicate(timeout)
+        return self.returncode  # type: ignore[return-value]
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.agents.call(self.machine, "poll", self.pid)
+        return self.returncode
+
+    def kill(self) -> None:
+        self.agents.call(self.machine, "kill", self.pid)
+
+
+class ClusterBackend(Backend):
+    """Commands in a namespace run on the machine that holds it (a link's WAN namespace: its first DC's)."""
+
+    name = "cluster"
+    persistent = False  # the agents live with the driver
+
+    def __init__(self, prefix: str, plan: ClusterPlan, agents: Agents, topo: Topology) -> None:
+        super().__init__(prefix)
+        self.agents = agents
+        addr = self.addr = address_plan(topo, prefix)
+        for h in addr.hosts:
+            self.nodes[h.ns] = Node(h.ns, "host", ns=h.ns, extra={"machine": plan.dc_machine[h.dc]})
+        for dc, (ns, _) in addr.gateways.items():
+            self.nodes[ns] = Node(ns, "gateway", ns=ns, extra={"machine": plan.dc_machine[dc]})
+        for w in addr.wans:  # a link split between two machines has a WAN namespace on each: no one machine
+            a, b = plan.dc_machine[w.a], plan.dc_machine[w.b]
+            # the device towards a DC is in the half that sends to it: the other DC's machine
+            self.nodes[w.ns] = Node(w.ns, "wan", ns=w.ns, extra={"machine": a if a == b else None,
+                                                                  "by_dev": {w.a: b, w.b: a}})
+
+    def machine(self, node: Node, argv: list[str] | None = None) -> str:
+        """The machine that runs `argv` in `node`: a tunnelled link's WAN namespace by the device it names."""
+        if node.extra["machine"] is not None:
+            return node.extra["machine"]
+        for flag, value in itertools.pairwise(argv or []):
+            if flag in ("dev", "-o") and value in node.extra["by_dev"]:
+                return node.extra["by_dev"][value]
+        raise EmuError(f"{node.name} is split between two machines and {' '.join((argv or ['a process'])[:3])} names "
+                       f"no device of it: not yet supported")
+
+    def run(self, node: Node, argv: list[str], **kw) -> str:
+        return self.agents.call(self.machine(node, argv), "run", node.ns, argv, kw.get("check", True),
+                                kw.get("timeout"))
+
+    def popen(self, node: Node, argv: list[str], **kw) -> RemoteProcess:  # type: ignore[override]
+        machine = self.machine(node)
+        return RemoteProcess(self.agents, machine, self.agents.call(machine, "popen", node.ns, argv))
+
+    def spawn(self, node, module, args, **kw):  # type: ignore[override]
+        """A role process on the node's machine, the run's files among `args` (configs) copied there first."""
+        from testbed.emu import state
+
+        if node is None or module != "testbed.runtime.worker":
+            raise EmuError(f"{module} on a cluster is not yet supported (workers only: no Atlas sidecar, BubbleTea "
+                           f"or decoder)")
+        files = {a: Path(a).read_text() for a in args if Path(a).is_file() and state.STATE_DIR in Path(a).parents}
+        machine = self.machine(node)
+        return RemoteProcess(self.agents, machine, self.agents.call(machine, "spawn", node.ns, module, args, files))
+
+    def delay_stats(self) -> dict[str, dict]:
+        """`link|machine` -> the stats of that machine's delay line of the link (each half delays one direction)."""
+        out = {}
+        for machine, by_ns in self.agents.gather({n: ("delay_stats", ()) for n in self.agents.handles}).items():
+            for ns, stats in by_ns.items():
+                link = next(f"{w.a}-{w.b}" for w in self.addr.wans if w.ns == ns)
+                out[f"{link}|{machine}"] = stats
+        return out
+
+    def control_relay(self, controller):
+        """Every other machine's agent carries its workers' control connections to `controller` over the cluster
+        network (testbed/cluster/relay.py), with a secret made for this run."""
+        import secrets
+
+        from testbed.cluster.relay import DriverRelay
+
+        here = self.agents.driver_address
+        others = {n: m.address for n, m in self.agents.machines.items() if m.address != here}
+        relay = DriverRelay(here, others, secrets.token_hex(16), controller.vouch)
+        self.agents.gather({n: ("relay", (controller.path, tuple(relay.address), relay.secret)) for n in others})
+        return ClusterRelay(self.agents, list(others), relay)
+
+    def add_node(self, name: str, role: str) -> Node:
+        raise EmuError("a cluster's nodes are built by its machines' agents")
+
+    def link(self, a: Node, a_if: str, b: Node, b_if: str, mtu: int) -> None:
+        raise EmuError("a cluster's links are built by its machines' agents")
+
+    def attach_lan(self, index: int, gw: Node, hosts: list[Node], mtu: int) -> str:
+        raise EmuError("a cluster's LANs are built by its machines' agents")
+
+    def argv(self, node: Node, argv: list[str]) -> list[str]:
+        raise EmuError("a cluster node's commands run through its machine's agent")
+
+    def teardown(self) -> None:
+        self.nodes.clear()
+
+
+class ClusterRelay:
+    def __init__(self, agents: Agents, machines: list[str], relay) -> None:
+        self.agents, self.machines, self.relay = agents, machines, relay
+
+    def close(self) -> None:
+        self.relay.close()
+        with contextlib.suppress(EmuError):
+            self.agents.gather({n: ("close_relay", ()) for n in self.machines}, timeout=30)
+
+
+CLOCK_TOLERANCE_S = 0.001  # how far a machine's CLOCK_MONOTONIC may be from the driver's
+
+
+def check_clocks(agents: Agents) -> None:
+    """The workers' logs and the iterations' start times are CLOCK_MONOTONIC values: every machine must share
+    the driver's clock (containers on one host do; separate servers do not, and offsets are not yet applied)."""
+    import time
+
+    for name in agents.handles:
+        t0 = time.monotonic()
+        there = agents.call(name, "clock")
+        t1 = time.monotonic()
+        off = there - (t0 + t1) / 2
+        if abs(off) > (t1 - t0) / 2 + CLOCK_TOLERANCE_S:
+            raise NotYetError(f"machine {name}'s monotonic clock is {off:+.3f} s from the driver's: a training run "
+                              f"across machines with their own clocks is not yet supported (docs/cluster.md)")
+
+
+def up(topo: Topology, cluster: Cluster, prefix: str, scale: float, delay: str = "auto", **kw) -> Emulation:
+    """Every machine's part built at once; any failure tears every machine's part down and names the machine.
+    `kw`: testbed/emu/build.py up's host settings (lan_gpus_per_host, congestion control, ...)."""
+    machines = connect(cluster)
+    plan = plan_cluster(topo, cluster, machines)
+    agents = start_agents([m for m in machines if m.name in plan.parts])
+    calls = {n: ("up", (topo.model_dump(mode="json"), part, prefix, scale, delay, cluster.vxlan_port, kw))
+             for n, part in plan.parts.items()}
+    try:
+        built = agents.gather(calls)
+    except BaseException:
+        down_all(agents)
+        raise
+    delays = {b["delay"] for b in built.values()}
+    if len(delays) > 1:
+        down_all(agents)
+        raise EmuError(f"the machines delay packets differently ({', '.join(sorted(delays))}); pass --delay nfqueue")
+    backend = ClusterBackend(prefix, plan, agents, topo)
+    emu = Emulation(prefix, topo, backend, address_plan(topo, prefix), scale, delays.pop(), window_notes(topo, scale))
+    emu.cluster_plan = plan  # type: ignore[attr-defined]
+    return emu
+
+
+def down_all(agents: Agents) -> list[str]:
+    """Tear every machine's part down; a machine that fails or is gone is named, the others still clean up."""
+    errors = []
+    for name in agents.handles:
+        try:
+            agents.call(name, "down", timeout=120)
+        except EmuError as e:
+            errors.append(str(e))
+    return errors
+
+
+def down(emu: Emulation) -> list[str]:
+    return down_all(emu.backend.agents)  # type: ignore[attr-defined]
+
+
+def clean(cluster: Cluster, prefix: str | None, force: bool) -> dict[str, list[str]]:
+    """`testbed clean` on every machine: machine name -> what it removed."""
+    agents = start_agents(connect(cluster))
+    return agents.gather({n: ("clean", (prefix, force)) for n in agents.handles})
+
+
+def leftovers(cluster: Cluster, prefix: str) -> dict[str, list[str]]:
+    agents = start_agents(connect(cluster))
+    return agents.gather({n: ("leftovers", (prefix,)) for n in agents.handles})
+
+
+def shutdown() -> None:
+    with contextlib.suppress(Exception):
+        _ray().shutdown()

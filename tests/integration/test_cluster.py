@@ -1,0 +1,119 @@
+"""A cluster emulation's failure paths on two local machines (containers with Ray: testbed/cluster/local.py):
+a cluster network too small for the tunnels' packets fails the build naming the link and the machine and leaves
+nothing on either machine; a driver killed outright leaves its parts behind, and `testbed clean --cluster`
+removes them from every machine; Atlas' sidecars on a cluster are refused before anything is built; a training
+run across the two machines counts each replica's traffic on both halves of each tunnel.
+(`make cluster-demo` runs the measured three-machine case.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from testbed.cluster.local import LocalCluster, start, stop, unavailable
+from tests.conftest import ROOT
+
+WHY = unavailable()
+pytestmark = pytest.mark.skipif(bool(WHY), reason=f"local cluster: {WHY}")
+PREFIX = "gdtbct"
+TOPO = ROOT / "experiments" / "emu-3dc-topology.yaml"
+TESTBED = str(Path(sys.executable).with_name("testbed"))
+
+
+@pytest.fixture(scope="module")
+def machines(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cluster")
+    lc = LocalCluster(PREFIX, 2, subnet="10.250.33.0/24")
+    stop(lc)
+    try:
+        start(lc, ROOT, out)
+        (out / "cluster.yaml").write_text("ray_address: auto\n")
+        yield lc, out
+    finally:
+        stop(lc)
+
+
+def run_testbed(lc: LocalCluster, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", "exec", "-w", str(ROOT), lc.name(0), TESTBED, *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def leftovers(lc: LocalCluster) -> list[str]:
+    script = f"ip netns list | grep '^{PREFIX}-'; ip -o link show | grep -o ' {PREFIX}-[^:@]*'; true"
+    return [ln for i in range(lc.count) for ln in lc.exec(i, ["sh", "-c", script]).splitlines() if ln.strip()]
+
+
+def set_mtu(lc: LocalCluster, mtu: int) -> None:
+    for i in range(lc.count):
+        lc.exec(i, ["ip", "link", "set", "dev", "eth0", "mtu", str(mtu)])
+
+
+def test_a_cluster_network_without_jumbo_frames_fails_naming_the_machine_and_leaves_nothing(machines) -> None:
+    lc, out = machines
+    set_mtu(lc, 1500)
+    try:
+        p = run_testbed(lc, "topology", "up", str(TOPO), "--scale", "50", "--prefix", PREFIX, "--cluster",
+                       str(out / "cluster.yaml"), "--no-hold")
+    finally:
+        set_mtu(lc, lc.mtu)
+    assert p.returncode != 0
+    assert "machine m" in p.stdout + p.stderr and "MTU" in p.stdout + p.stderr, p.stdout + p.stderr
+    assert leftovers(lc) == []
+
+
+def test_clean_cluster_removes_what_a_killed_driver_left_on_every_machine(machines) -> None:
+    lc, out = machines
+    cmd = (f"cd {ROOT} && echo $$ > /tmp/driver.pid && exec {TESTBED} topology up {TOPO} --scale 50 --prefix "
+           f"{PREFIX} --cluster {out / 'cluster.yaml'}")
+    with subprocess.Popen(["docker", "exec", lc.name(0), "sh", "-c", cmd], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True) as p:
+        deadline = time.monotonic() + 240
+        for line in p.stdout:  # type: ignore[union-attr]
+            if "is up" in line or time.monotonic() > deadline:
+                break
+        lc.exec(0, ["sh", "-c", "kill -9 $(cat /tmp/driver.pid)"])
+        p.wait(30)
+    left = leftovers(lc)
+    assert any(f"{PREFIX}-useast-h0" in ln for ln in left) and any(f"{PREFIX}-uscentral-h0" in ln for ln in left)
+    c = run_testbed(lc, "clean", "--cluster", str(out / "cluster.yaml"), "--prefix", PREFIX)
+    assert c.returncode == 0, c.stdout + c.stderr
+    assert "m0: removed" in c.stdout and "m1: removed" in c.stdout
+    assert leftovers(lc) == []
+
+
+def test_atlas_on_a_cluster_says_not_yet_before_building(machines) -> None:
+    lc, out = machines
+    p = run_testbed(lc, "experiment", "run", str(ROOT / "experiments" / "emu-3dc.yaml"), "--cluster",
+                   str(out / "cluster.yaml"), "--out", str(out / "exp"))
+    assert p.returncode != 0 and "atlas on a cluster: not yet" in p.stdout + p.stderr, p.stdout + p.stderr
+    assert not (out / "exp").exists()
+    assert leftovers(lc) == []
+
+
+def test_a_training_run_across_two_machines_shapes_each_replica_on_both_halves_of_a_tunnel(machines) -> None:
+    """useast and uswest on m0, uscentral on m1: both pipeline hops cross a tunnel, and the WAN link between
+    useast and uswest is built whole on m0 beside them."""
+    import csv
+
+    lc, out = machines
+    p = run_testbed(lc, "experiment", "run", str(ROOT / "experiments" / "emu-3dc.yaml"), "--cluster",
+                    str(out / "cluster.yaml"), "--prefix", PREFIX, "--set", "schedulers=[pp-wan]", "--set",
+                    "iterations=2", "--no-probe", "--out", str(out / "train"), timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    with open(out / "train" / "summary.csv") as f:
+        emu = [r for r in csv.DictReader(f) if r["source"] == "emu"]
+    assert len(emu) == 1 and float(emu[0]["iteration_s"]) > 0
+    with open(out / "train" / "flows.csv") as f:
+        sent: dict[tuple[str, str, str], int] = {}
+        for r in csv.DictReader(f):
+            key = (r["link"], r["towards"], r["replica"])
+            sent[key] = max(sent.get(key, 0), int(r["wire_bytes"]))
+    for link, ends in (("useast-uscentral", ("useast", "uscentral")), ("uscentral-uswest", ("uscentral", "uswest"))):
+        for towards in ends:  # each direction's classes live on the half that sends into the tunnel
+            for replica in ("0", "1"):
+                assert sent.get((link, towards, replica), 0) > 0, (link, towards, replica, sorted(sent))
+    assert leftovers(lc) == []
