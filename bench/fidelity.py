@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
 import random
 import statistics
 import subprocess
@@ -77,24 +78,75 @@ def choose_scale(fastest_gbps: float) -> float:
     return float(f"{max(1.0, fastest_gbps * 1e3 / TARGET_MBPS):.3g}")
 
 
+DRAWS = ("wide", "narrow")  # wide: what users run (issue 27); narrow: the draw of the rounds before it
+
+
+@dataclass(frozen=True)
+class Draw:
+    """The ranges one draw takes its topologies and jobs from."""
+
+    max_gbps: float  # links 1 Gbit/s to this, log-uniform
+    tps: tuple[int, ...]
+    max_dp: int
+    default_hosts: bool  # half the topologies keep the spec's default hosts per DC (several groups share one)
+    max_groups: int  # pp x dp at most (GPU groups, one worker process each): what two vCPUs keep in time
+
+
+DRAW = {"wide": Draw(20.0, (1, 2), 4, True, 16), "narrow": Draw(10.0, (1,), 3, False, 18)}
+
+
 def random_case(rng: random.Random, index: int, seed: int, prefix: str | None, iterations: int,
-                schedulers: tuple[str, ...] = SCHEDULERS) -> Case:
+                schedulers: tuple[str, ...] = SCHEDULERS, draw: str = "wide") -> Case:
+    """One topology and job from the draw's ranges: 3-5 DCs, every pair linked, pp 2-6, 1F1B or GPipe, one TCP
+    window of 1-16 MiB; wide: links 1-20 Gbit/s, tp 1-2, dp 1-4, the spec's default hosts or one per group."""
+    d = DRAW[draw]
     n_dcs = rng.randint(3, 5)
-    pp, dp = rng.randint(2, 6), rng.randint(1, 3)
+    pp, dp = rng.randint(2, 6), rng.randint(1, d.max_dp)
+    if draw == "wide":
+        while pp * dp > d.max_groups:
+            pp, dp = rng.randint(2, 6), rng.randint(1, d.max_dp)
+    tp = rng.choice(d.tps) if len(d.tps) > 1 else d.tps[0]
     schedule = rng.choice(["1f1b", "gpipe"])
     window_mb = round(2 ** rng.uniform(0, 4), 3)  # log-uniform 1-16 MiB
     m = rng.randint(pp, min(2 * pp, 10))
     names = [f"dc{i}" for i in range(n_dcs)]
-    links = [{"between": [a, b], "gbps": round(10 ** rng.uniform(0, 1), 3), "latency_ms": round(rng.uniform(2, 60), 2)}
-             for a, b in combinations(names, 2)]
+    top = math.log10(d.max_gbps)
+    links = [{"between": [a, b], "gbps": round(10 ** rng.uniform(0, top), 3),
+              "latency_ms": round(rng.uniform(2, 60), 2)} for a, b in combinations(names, 2)]
+    default_hosts = d.default_hosts and rng.random() < 0.5
     share = math.ceil(pp / n_dcs)  # pp-wan's stages per DC; Atlas fills the DCs with the most free GPUs first
     stages = [share + rng.randint(0, 1) for _ in names]
     scale = choose_scale(max(lk["gbps"] for lk in links))
     lan_mbps = max(LAN_MBPS, 2 * max(lk["gbps"] for lk in links) * 1e3 / scale)
-    dcs = [{"name": n, "gpu": "H100", "gpus": c * dp, "gpus_per_node": 1, "hosts": min(16, c * dp),
-            "intra_gbps": round(lan_mbps * scale / 1e3, 6)} for n, c in zip(names, stages, strict=True)]
-    # compute comparable to the transfers: between half and twice the geometric mean of pp-wan's (two NCCL
-    # channels, window-bound) and multi-TCP's (link-bound) activation transfer on the median link
+    dcs = [{"name": n, "gpu": "H100", "gpus": c * dp * tp, "gpus_per_node": tp,
+            "intra_gbps": round(lan_mbps * scale / 1e3, 6), **({} if default_hosts else {"hosts": min(16, c * dp)})}
+           for n, c in zip(names, stages, strict=True)]
+    mfu = choose_mfu(rng, links, window_mb, pp, tp)
+    model = {"name": "fidelity", "layers": LAYERS_PER_STAGE * pp, "hidden": HIDDEN, "heads": 8, "vocab": VOCAB,
+             "seq_len": SEQ}
+    spec = {
+        "name": f"fidelity-{seed}-{index}",
+        "topology": {"name": f"random{index}", "tcp_window_mb": window_mb, "dcs": dcs, "links": links},
+        "workload": {"model": model, "global_batch": m * dp, "microbatch": 1, "tp": tp, "pp": pp, "dp": dp,
+                     "schedule": schedule, "mfu": mfu, "recompute": "none"},
+        "schedulers": list(schedulers),
+        "iterations": iterations,
+        "seed": seed,
+        "timeline": "none",
+        "emulation": {"backend": "netns", "scale": scale, "prefix": prefix},
+    }
+    params = {"topology": index, "seed": seed, "draw": draw, "dcs": n_dcs,
+              "latency_ms": "|".join(f"{lk['latency_ms']:g}" for lk in links),
+              "wan_gbps": "|".join(f"{lk['gbps']:g}" for lk in links), "tcp_window_mb": window_mb, "tp": tp, "pp": pp,
+              "dp": dp, "hosts": "default" if default_hosts else "per-group", "schedule": schedule,
+              "microbatches": m, "mfu": mfu, "scale": scale}
+    return Case(index, params, Experiment.model_validate(spec))
+
+
+def choose_mfu(rng: random.Random, links: list[dict], window_mb: float, pp: int, tp: int) -> float:
+    """The MFU that makes one microbatch's forward and backward on a stage take between half and twice the
+    geometric mean of pp-wan's (two NCCL channels, window-bound) and multi-TCP's (link-bound) activation transfer
+    on the median link: neither compute nor the WAN dominates. A tp group's GPUs split the compute."""
     act = SEQ * HIDDEN * 2
     median = sorted(links, key=lambda lk: pipe_rate_bps(lk["gbps"], lk["latency_ms"], window_mb * 2**20, 2))
     lk = median[len(median) // 2]
@@ -103,24 +155,8 @@ def random_case(rng: random.Random, index: int, seed: int, prefix: str | None, i
     target = math.sqrt(t_pp * t_mtcp) * 2 ** rng.uniform(-1, 1)  # forward + backward of one microbatch
     model = {"name": "fidelity", "layers": LAYERS_PER_STAGE * pp, "hidden": HIDDEN, "heads": 8, "vocab": VOCAB,
              "seq_len": SEQ}
-    flops = LAYERS_PER_STAGE * resolve_model(model_spec(model)).layer_fwd_flops(SEQ, SEQ)
-    mfu = float(f"{min(1.0, 3 * flops / (GPUS['H100'].peak_tflops * 1e12 * target)):.4g}")
-    spec = {
-        "name": f"fidelity-{seed}-{index}",
-        "topology": {"name": f"random{index}", "tcp_window_mb": window_mb, "dcs": dcs, "links": links},
-        "workload": {"model": model, "global_batch": m * dp, "microbatch": 1, "tp": 1, "pp": pp, "dp": dp,
-                     "schedule": schedule, "mfu": mfu, "recompute": "none"},
-        "schedulers": list(schedulers),
-        "iterations": iterations,
-        "seed": seed,
-        "timeline": "none",
-        "emulation": {"backend": "netns", "scale": scale, "prefix": prefix},
-    }
-    params = {"topology": index, "seed": seed, "dcs": n_dcs,
-              "latency_ms": "|".join(f"{lk['latency_ms']:g}" for lk in links),
-              "wan_gbps": "|".join(f"{lk['gbps']:g}" for lk in links), "tcp_window_mb": window_mb, "pp": pp,
-              "dp": dp, "schedule": schedule, "microbatches": m, "mfu": mfu, "scale": scale}
-    return Case(index, params, Experiment.model_validate(spec))
+    flops = LAYERS_PER_STAGE * resolve_model(model_spec(model)).layer_fwd_flops(SEQ, SEQ) / tp
+    return float(f"{min(1.0, 3 * flops / (GPUS['H100'].peak_tflops * 1e12 * target)):.4g}")
 
 
 def model_spec(d: dict):
@@ -129,7 +165,8 @@ def model_spec(d: dict):
     return CustomModel.model_validate(d)
 
 
-def cases(seed: int, n: int, prefix: str | None, iterations: int, schedulers: tuple[str, ...]) -> list[Case]:
+def cases(seed: int, n: int, prefix: str | None, iterations: int, schedulers: tuple[str, ...],
+          draw: str = "wide") -> list[Case]:
     """n random cases that every scheduler can place (a draw that cannot be planned is drawn again)."""
     from testbed.errors import SpecError
     from testbed.runs.emulated import preflight
@@ -137,7 +174,7 @@ def cases(seed: int, n: int, prefix: str | None, iterations: int, schedulers: tu
     rng = random.Random(seed)
     out: list[Case] = []
     while len(out) < n:
-        case = random_case(rng, len(out), seed, prefix, iterations, schedulers)
+        case = random_case(rng, len(out), seed, prefix, iterations, schedulers, draw)
         try:
             preflight([(case.experiment, {})])
         except SpecError as e:
@@ -258,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iterations", type=int, default=5, help="per run; the first is left out (connection set-up)")
     ap.add_argument("--prefix", default=None, help="emulation prefix gdtb<id> (default: the first free one)")
     ap.add_argument("--schedulers", default=",".join(SCHEDULERS))
+    ap.add_argument("--draw", choices=DRAWS, default="wide",
+                    help="wide: tp 1-2, dp 1-4, links 1-20 Gbit/s, default hosts or one per group; narrow: the earlier "
+                         "rounds' tp 1, dp 1-3, 1-10 Gbit/s, one host per group (their seeds draw the same cases)")
     ap.add_argument("--only", type=int, nargs="*", help="run only these topology indices (of the seed's draw)")
     ap.add_argument("--out", type=Path, default=Path("results/fidelity"))
     ap.add_argument("--timelines", action="store_true", help="also write both engines' timelines (OUT/timelines/)")
@@ -279,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.monotonic()
     scheds = tuple(s for s in args.schedulers.split(",") if s)
-    todo = cases(args.seed, args.topologies, args.prefix, args.iterations, scheds)
+    todo = cases(args.seed, args.topologies, args.prefix, args.iterations, scheds, args.draw)
     if args.only:
         todo = [c for c in todo if c.index in args.only]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -292,13 +332,17 @@ def main(argv: list[str] | None = None) -> int:
                                            update={"tcp_initial_window": args.tcp_initial_window})})
             case = Case(case.index, case.params, c)
             p = case.params
-            print(f"load {load}, topology {case.index}: {p['dcs']} DCs, pp {p['pp']}, dp {p['dp']}, {p['schedule']}, "
+            loadavg = os.getloadavg()[0]
+            print(f"load {load} (load average {loadavg:.2f}), topology {case.index}: {p['dcs']} DCs, tp {p['tp']}, "
+                  f"pp {p['pp']}, dp {p['dp']}, hosts {p['hosts']}, {p['schedule']}, "
                   f"m {p['microbatches']}, window {p['tcp_window_mb']} MiB, k {p['scale']}, "
                   f"links {p['wan_gbps']} Gbit/s, {p['latency_ms']} ms", flush=True)
             t1 = time.monotonic()
             with cpu_load(load):
                 new_rows = run_case(case, args.out / "timelines" if args.timelines else None, load,
                                     args.timing_budget)
+            for r in new_rows:
+                r["loadavg"] = round(loadavg, 2)
             for r in new_rows:
                 flag = f"  flagged: {r['degraded']}" if r["flagged"] else ""
                 print(f"  {r['scheduler']:<12} sim {float(r['sim_s']):7.3f} s  emu {float(r['emu_s']):7.3f} s "
