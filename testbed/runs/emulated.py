@@ -45,6 +45,27 @@ def as_emulated(topo: Topology, scale: float) -> Topology:
     return topo.model_copy(update={"links": links})
 
 
+MAX_HOSTS = 16  # emulated hosts per DC at most (the spec's bound on `hosts`)
+
+
+def host_per_group(exp: Experiment, dp: int) -> Experiment:
+    """The experiment with every DC given an emulated host per GPU group any scheduler places there (at least the
+    spec's `hosts`, at most MAX_HOSTS). The simulator gives each group its NICs whole, as a GPU's NICs are its own;
+    groups that share an emulated host share one NIC of one group's rate towards other hosts and reach each other
+    through the host's loopback, unshaped, so their transfers read slower or faster than the model's, not either."""
+    counts: dict[str, int] = {}
+    for sched in exp.schedulers:
+        plan = build_plan(exp, sched, dp=dp)
+        for dc in {d for row in plan.stage_dc for d in row}:
+            n = sum(row.count(dc) for row in plan.stage_dc)
+            counts[dc] = max(counts.get(dc, 0), n)
+    dcs = [d.model_copy(update={"hosts": min(MAX_HOSTS, max(d.hosts, counts.get(d.name, 0)))})
+           for d in exp.topology.dcs]
+    if all(a.hosts == b.hosts for a, b in zip(dcs, exp.topology.dcs, strict=True)):
+        return exp
+    return exp.model_copy(update={"topology": exp.topology.model_copy(update={"dcs": dcs})})
+
+
 def opened_connections(exp: Experiment, scheduler: str, wan: WanSchedule) -> dict[tuple[str, str], int]:
     """Per WAN hop, the most connections any iteration's plan stripes over on a changing WAN: the workers open
     them all at the start, and each iteration uses as many as its plan says."""
@@ -226,8 +247,9 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
     `timing_budget` is marked degraded."""
     em = exp.emulation
     scale = em.scale or auto_scale(exp.topology)
+    dp = resolve_dp(exp.model_copy(update={"topology": as_emulated(exp.topology, scale)}))
+    exp = host_per_group(exp, dp)
     same = exp.model_copy(update={"topology": as_emulated(exp.topology, scale)})
-    dp = resolve_dp(same)
     results: list[RunResult] = []
     validation: list[tuple] = []
     losses: list[tuple] = []

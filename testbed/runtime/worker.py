@@ -813,17 +813,16 @@ def main(cfg_path: str, ctl_path: str) -> None:
 
         return done
 
-    def receive(st: Recv, it: int):
-        """Wait for the step's message, serving prefill meanwhile. Without prefill to serve, how late this thread
-        resumes after the message's last chunk came in is a wake-up the timing health counts."""
+    def receive(st: Recv, it: int) -> tuple[bytearray | None, float]:
+        """Wait for the step's message, serving prefill meanwhile; the payload (torch) and, without prefill to
+        serve, how late this thread resumed after the message's last chunk came in (0 if it came before the wait)."""
         key = (st.kind.encode(), it, wire_mb(st.microbatch, st.chunk))
         t_wait = time.monotonic()
         bt.wait_for(inbox, key, rec)
         t_send, t_in = inbox.wait(key)
-        if cfg.bubbletea is None and t_in > t_wait:  # it came while this thread waited for it
-            wakes.add(0.0, time.monotonic() - t_in)
+        late = time.monotonic() - t_in if cfg.bubbletea is None and t_in > t_wait else 0.0
         rec("recv", st.microbatch, t_send, t_in, st.bytes)
-        return inbox.payload(key) if torch_mode else None
+        return (inbox.payload(key) if torch_mode else None), late
 
     comp = TorchCompute(cfg) if torch_mode else Modeled(cfg)
     buckets = Buckets(prog.group, ring, inbox, cfg.scale, rec)
@@ -850,12 +849,21 @@ def main(cfg_path: str, ctl_path: str) -> None:
         ahead = 0.0  # how long ago the next compute may have started (an Await's lead): it takes that much less
         n_ar = 0  # all-reduces so far (their messages' keys)
         syncs: dict[int, OuterSyncThread] = {}  # fragment -> its OuterSync in flight
+        woke = 0.0  # how late this thread resumed for the last message, not yet taken back by a compute
         for st in p_it.steps:
             t = type(st)
+            if woke and not (t is Forward or t is Backward or t is BackwardWeight):
+                wakes.add(0.0, woke)  # a late wake-up that no compute absorbs: the timing health counts it
+                woke = 0.0
             if t is Recv:
-                data = receive(st, it)
-                ahead = 0.0
+                data, woke = receive(st, it)
+                # a modeled GPU starts on its input when it arrives: the thread's late resumption is the
+                # emulator's, so the compute that follows starts then and takes that much less
+                ahead = 0.0 if torch_mode else woke
             elif t is Forward or t is Backward or t is BackwardWeight:  # W: modeled only (torch refuses "zb")
+                if woke:  # what the compute could not absorb still lengthens the path
+                    wakes.add(0.0, woke if torch_mode else max(0.0, woke - st.seconds))
+                    woke = 0.0
                 now = time.monotonic()
                 run = dataclasses.replace(st, seconds=max(0.0, st.seconds - ahead)) if ahead else st
                 out_data = (comp.forward if t is Forward else comp.backward)(it, run, data)
