@@ -2,12 +2,16 @@
 iteration time per scheduler (median, p90 and worst |error|), `fidelity.csv` (one row per run) and
 `fidelity.png` (simulated vs emulated, one point per run, with the y = x line).
 
-Each topology: 3-5 DCs, every pair linked (1-10 Gbit/s, 2-60 ms one way), one TCP window for the
-whole topology (1-16 MiB, a host's receive buffer is per host), pp 2-6, dp 1-3, 1F1B or GPipe. The
-model (hidden 1024, 4096 tokens, 4 layers per stage) runs at an MFU chosen so that one microbatch's
-forward and backward on a stage take between half and twice the geometric mean of pp-wan's and
-multi-TCP's activation transfer time on the median link: neither compute nor the WAN dominates.
-Every DC has one emulated host per GPU group it can hold, so no two groups share a host's NIC.
+Each topology (`--draw wide`, the default: what users run): 3-5 DCs, every pair linked (1-20 Gbit/s, log-uniform,
+2-60 ms one way), one TCP window for the whole topology (1-16 MiB, a host's receive buffer is per host), tp 1-2,
+pp 2-6, dp 1-4 (pp x dp at most 16 GPU groups), 1F1B or GPipe, and in half the topologies the spec's default two
+emulated hosts per DC, in the other half one per group (an emulated training run gives each group a host of its own
+either way: runs/emulated.py host_per_group). `--draw narrow` is the earlier rounds' draw (links 1-10 Gbit/s, tp 1,
+dp 1-3, one host per group), the same cases per seed as then. The model (hidden 1024, 4096 tokens, 4 layers per
+stage) runs at an MFU chosen so that one microbatch's forward and backward on a stage take between half and twice the
+geometric mean of pp-wan's and multi-TCP's activation transfer time on the median link: neither compute nor the WAN
+dominates. `--schedulers families` runs dp-wan, dp-wan-overlap, diloco and streaming-diloco (H = 4 inner steps: an
+iteration is one sync period).
 
 The emulation scale k brings the fastest link to 200 Mbit/s (testbed/emu/scale.py); where that takes the
 window under the emulator's 64 KiB floor (testbed/emu/build.py: MIN_WINDOW), both engines run the floored
@@ -22,7 +26,8 @@ error its timing can cause exceeds `--timing-budget`; per load the bench prints 
 runs flagged, and the unflagged runs whose error exceeds 8 % (docs/reliability.md); `health.csv` holds each
 emulated run's timing-health columns (as in summary.csv) beside its error.
 
-Run: sudo .venv/bin/python bench/fidelity.py --seed 1 --topologies 10 [--load 0,1,2] [--prefix gdtbN] [--out DIR]
+Run: sudo .venv/bin/python bench/fidelity.py --seed 1 --topologies 10 [--draw wide|narrow] [--schedulers families]
+     [--load 0,1,2] [--prefix gdtbN] [--out DIR]
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ from testbed.emu.scale import TARGET_MBPS
 from testbed.spec.experiment import Experiment
 
 SCHEDULERS = ("pp-wan", "pp-wan+mtcp", "atlas")
+FAMILIES = ("dp-wan", "dp-wan-overlap", "diloco", "streaming-diloco")  # `--schedulers families`
+DILOCO_INNER_STEPS = 4  # H of the DiLoCo families: an emulated iteration is one sync period of H inner steps
 HEADER = tuple(c.name for c in FIDELITY.columns)  # fidelity.csv, documented in testbed/columns.py
 HIDDEN, SEQ, LAYERS_PER_STAGE, VOCAB = 1024, 4096, 4, 1024
 FLAG_ERROR = 0.08  # an unflagged run whose error exceeds this is a miss of the timing health (issue 30's target)
@@ -128,7 +135,9 @@ def random_case(rng: random.Random, index: int, seed: int, prefix: str | None, i
         "name": f"fidelity-{seed}-{index}",
         "topology": {"name": f"random{index}", "tcp_window_mb": window_mb, "dcs": dcs, "links": links},
         "workload": {"model": model, "global_batch": m * dp, "microbatch": 1, "tp": tp, "pp": pp, "dp": dp,
-                     "schedule": schedule, "mfu": mfu, "recompute": "none"},
+                     "schedule": schedule, "mfu": mfu, "recompute": "none",
+                     **({"diloco": {"inner_steps": DILOCO_INNER_STEPS}} if any("diloco" in x for x in schedulers)
+                        else {})},
         "schedulers": list(schedulers),
         "iterations": iterations,
         "seed": seed,
@@ -258,13 +267,14 @@ def quantile(xs: list[float], q: float) -> float:
     return xs[lo] if lo + 1 >= len(xs) else xs[lo] + (i - lo) * (xs[lo + 1] - xs[lo])
 
 
-def summary(rows: list[dict[str, object]]) -> list[tuple[str, int, float, float, float]]:
-    """(scheduler, runs, median |error|, p90 |error|, worst error (signed)) per scheduler."""
+def summary(rows: list[dict[str, object]]) -> list[tuple[str, int, float, float, float, float]]:
+    """(scheduler, runs, median |error|, p90 |error|, worst error (signed), median signed error) per scheduler."""
     out = []
     for sched in dict.fromkeys(str(r["scheduler"]) for r in rows):
         errs = [float(r["error"]) for r in rows if r["scheduler"] == sched]
         worst = max(errs, key=abs)
-        out.append((sched, len(errs), statistics.median(map(abs, errs)), quantile([abs(e) for e in errs], 0.9), worst))
+        out.append((sched, len(errs), statistics.median(map(abs, errs)), quantile([abs(e) for e in errs], 0.9), worst,
+                    statistics.median(errs)))
     return out
 
 
@@ -294,7 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--topologies", type=int, default=10)
     ap.add_argument("--iterations", type=int, default=5, help="per run; the first is left out (connection set-up)")
     ap.add_argument("--prefix", default=None, help="emulation prefix gdtb<id> (default: the first free one)")
-    ap.add_argument("--schedulers", default=",".join(SCHEDULERS))
+    ap.add_argument("--schedulers", default=",".join(SCHEDULERS),
+                    help=f"comma list; `families` stands for {','.join(FAMILIES)} (DiLoCo with H = "
+                         f"{DILOCO_INNER_STEPS}: an iteration is one sync period)")
     ap.add_argument("--draw", choices=DRAWS, default="wide",
                     help="wide: tp 1-2, dp 1-4, links 1-20 Gbit/s, default hosts or one per group; narrow: the earlier "
                          "rounds' tp 1, dp 1-3, 1-10 Gbit/s, one host per group (their seeds draw the same cases)")
@@ -318,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     from testbed.results import write_csv
 
     t0 = time.monotonic()
-    scheds = tuple(s for s in args.schedulers.split(",") if s)
+    scheds = tuple(x for s in args.schedulers.split(",") if s for x in (FAMILIES if s == "families" else (s,)))
     todo = cases(args.seed, args.topologies, args.prefix, args.iterations, scheds, args.draw)
     if args.only:
         todo = [c for c in todo if c.index in args.only]
@@ -357,9 +369,12 @@ def main(argv: list[str] | None = None) -> int:
     if not rows:
         return 1
     figure(rows, args.out / "fidelity.png")
-    print(f"\n{'scheduler':<14}{'runs':>5}{'median |err|':>14}{'p90 |err|':>11}{'worst':>9}")
-    for sched, n, med, p90, worst in summary(rows):
-        print(f"{sched:<14}{n:>5}{med:>14.1%}{p90:>11.1%}{worst:>+9.1%}")
+    print(f"\n{'scheduler':<18}{'runs':>5}{'median |err|':>14}{'p90 |err|':>11}{'worst':>9}{'median signed':>15}")
+    for sched, n, med, p90, worst, signed in summary(rows):
+        print(f"{sched:<18}{n:>5}{med:>14.1%}{p90:>11.1%}{worst:>+9.1%}{signed:>+15.1%}")
+    loads = [float(r["loadavg"]) for r in rows]
+    print(f"load average as the cases started: {min(loads):.2f}-{max(loads):.2f} "
+          f"(median {statistics.median(loads):.2f})")
     for load, n, med, worst, flagged, missed in by_load(rows):
         print(f"load {load}: {n} runs, error median {med:.1%}, worst {worst:+.1%}, flagged {flagged} of {n}, "
               f"unflagged runs over {FLAG_ERROR * 100:g} %: {missed}")
