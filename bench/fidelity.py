@@ -214,6 +214,8 @@ def run_case(case: Case, timelines: Path | None = None, load: int = 0,
         if metric != "iteration_s":
             continue
         its = emu[sched].timeline.iteration_s
+        per = emu_s / (sum(its) / len(its))  # 1, or 1 / H where an emulated iteration is a sync period of H steps
+        its = [t * per for t in its]
         rows.append({**case.params, "scheduler": sched, "sim_s": round(sim, 6), "emu_s": round(emu_s, 6),
                      "emu_min_s": round(min(its), 6), "emu_max_s": round(max(its), 6), "error": err,
                      "steal_share": steal, "load": load, "timing_error": emu[sched].summary.get("timing_error", ""),
@@ -327,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     if not loads or min(loads) < 0:
         ap.error(f"--load {args.load!r}: give process counts of 0 or more, e.g. 0,1,2")
     from testbed.emu import owner
+    from testbed.emu.sh import EmuError
     from testbed.results import write_csv
 
     t0 = time.monotonic()
@@ -336,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         todo = [c for c in todo if c.index in args.only]
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, object]] = []
+    failed: list[str] = []
     with owner.owned(args.prefix) as held:
         for load, case in ((n, c) for n in loads for c in todo):
             exp = case.experiment
@@ -350,9 +354,14 @@ def main(argv: list[str] | None = None) -> int:
                   f"m {p['microbatches']}, window {p['tcp_window_mb']} MiB, k {p['scale']}, "
                   f"links {p['wan_gbps']} Gbit/s, {p['latency_ms']} ms", flush=True)
             t1 = time.monotonic()
-            with cpu_load(load):
-                new_rows = run_case(case, args.out / "timelines" if args.timelines else None, load,
-                                    args.timing_budget)
+            try:
+                with cpu_load(load):
+                    new_rows = run_case(case, args.out / "timelines" if args.timelines else None, load,
+                                        args.timing_budget)
+            except EmuError as e:  # one case's failure (said, and counted at the end) leaves the others to run
+                print(f"  FAILED: {e}", flush=True)
+                failed.append(f"load {load}, topology {case.index}: {e}")
+                continue
             for r in new_rows:
                 r["loadavg"] = round(loadavg, 2)
             for r in new_rows:
@@ -366,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
             write_csv(args.out / "fidelity.csv", HEADER, ([r[h] for h in HEADER] for r in rows))
             write_csv(args.out / "health.csv", ("topology", "load", "scheduler", "error", *HEALTH_COLUMNS),
                       ([r["topology"], r["load"], r["scheduler"], r["error"], *r["health"].values()] for r in rows))
+    for f in failed:
+        print(f"failed: {f}")
     if not rows:
         return 1
     figure(rows, args.out / "fidelity.png")
@@ -380,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
               f"unflagged runs over {FLAG_ERROR * 100:g} %: {missed}")
     print(f"wrote {args.out / 'fidelity.csv'}, {args.out / 'fidelity.png'}; "
           f"total wall time {time.monotonic() - t0:.0f} s")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

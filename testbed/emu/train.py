@@ -293,8 +293,9 @@ class Controller:
             _check(procs)
             self.watch()
             if errors:
-                raise EmuError(f"waiting for {key}: {errors[0]}")
+                break
         if errors:
+            _check_soon(procs)  # a worker that died closed its control connection: its own message says why
             raise EmuError(f"waiting for {key}: {errors[0]}")
         return out
 
@@ -361,6 +362,14 @@ def check_delaylines(emu: Emulation) -> None:
             how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
             raise EmuError(f"the delay line of WAN link {ns} died ({how}): the link stopped (its log: "
                            f"{state.run_dir(emu.prefix) / (ns + '.delay.log')})")
+
+
+def _check_soon(procs: list[subprocess.Popen], wait_s: float = 1.0) -> None:
+    """_check after giving a worker that is exiting up to `wait_s` to be gone."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        _check(procs)
+        time.sleep(0.05)
 
 
 def _check(procs: list[subprocess.Popen]) -> None:
