@@ -414,6 +414,13 @@ class WaitStats:
             return [self.n, self.late_sum_s, self.late_max_s, self.err_sum_s]
 
 
+def unabsorbed_s(woke_late_s: float, compute_s: float, modeled: bool) -> float:
+    """How much of a receiving thread's late resumption still delays the compute that follows: a modeled compute
+    starts back at its input's arrival and takes that much less, so only the part beyond its own time remains; a
+    real (torch) compute cannot start before the thread does."""
+    return max(0.0, woke_late_s - compute_s) if modeled else woke_late_s
+
+
 class Modeled:
     """Compute that waits the cost model's time and moves zeros of the plan's (scaled) sizes."""
 
@@ -862,7 +869,7 @@ def main(cfg_path: str, ctl_path: str) -> None:
                 ahead = 0.0 if torch_mode else woke
             elif t is Forward or t is Backward or t is BackwardWeight:  # W: modeled only (torch refuses "zb")
                 if woke:  # what the compute could not absorb still lengthens the path
-                    wakes.add(0.0, woke if torch_mode else max(0.0, woke - st.seconds))
+                    wakes.add(0.0, unabsorbed_s(woke, st.seconds, not torch_mode))
                     woke = 0.0
                 now = time.monotonic()
                 run = dataclasses.replace(st, seconds=max(0.0, st.seconds - ahead)) if ahead else st
