@@ -59,7 +59,7 @@ DILOCO_INNER_STEPS = 4  # H of the DiLoCo families: an emulated iteration is one
 HEADER = tuple(c.name for c in FIDELITY.columns)  # fidelity.csv, documented in testbed/columns.py
 HIDDEN, SEQ, LAYERS_PER_STAGE, VOCAB = 1024, 4096, 4, 1024
 FLAG_ERROR = 0.08  # an unflagged run whose error exceeds this is a miss of the timing health (issue 30's target)
-LAN_MBPS = 400.0  # a host's emulated NIC into its DC fabric (the DC's intra_gbps is k x this), at least
+LAN_MBPS = 400.0  # a host's emulated NIC into its DC fabric (the DC's intra_gbps is k / tp x this), at least
 # twice the fastest emulated WAN link: the simulator does not bound a WAN transfer by the sender's NIC
 
 
@@ -125,8 +125,11 @@ def random_case(rng: random.Random, index: int, seed: int, prefix: str | None, i
     stages = [share + rng.randint(0, 1) for _ in names]
     scale = choose_scale(max(lk["gbps"] for lk in links))
     lan_mbps = max(LAN_MBPS, 2 * max(lk["gbps"] for lk in links) * 1e3 / scale)
+    # a host's NIC stands for its group's tp GPUs' NICs (intra_gbps is per GPU): the host at lan_mbps whatever tp,
+    # so the emulated DC fabric carries what the emulator can with tp 2 as with tp 1
     dcs = [{"name": n, "gpu": "H100", "gpus": c * dp * tp, "gpus_per_node": tp,
-            "intra_gbps": round(lan_mbps * scale / 1e3, 6), **({} if default_hosts else {"hosts": min(16, c * dp)})}
+            "intra_gbps": round(lan_mbps * scale / tp / 1e3, 6),
+            **({} if default_hosts else {"hosts": min(16, c * dp)})}
            for n, c in zip(names, stages, strict=True)]
     mfu = choose_mfu(rng, links, window_mb, pp, tp)
     model = {"name": "fidelity", "layers": LAYERS_PER_STAGE * pp, "hidden": HIDDEN, "heads": 8, "vocab": VOCAB,
