@@ -3,12 +3,14 @@ configuration, with the relative error per metric (validation.csv)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from testbed.analysis.metrics import add_speedups, summary_row, wan_links_used
 from testbed.emu.build import down, emulated_window, link_mss, up
+from testbed.emu.fabric import allreduce_excess_s, lan_transfer_excess_s
 from testbed.emu.health import DEFAULT_BUDGET, PathLink, budget, critical_steps, summary_fields, verdict
 from testbed.emu.scale import auto_scale, check_scale, check_transfer_bytes
 from testbed.emu.train import run_training
@@ -141,8 +143,24 @@ def assess(plan, run, iteration_s: float, limit: float) -> tuple[dict[str, objec
                                  lp.transfer_cap_bytes_s < lp.capacity_bytes_s)
             for a, b in wan_links_used(plan) for lp in (plan.links[(a, b)],)}
     b = budget(run.health, iteration_s, waits, crossings, used)
+    b = dataclasses.replace(b, fabric=fabric_share(plan, run.timeline.steady().intervals, iteration_s))
     why = "; ".join(x for x in (run.degraded, verdict(run.health, b, limit)) if x)
     return {**summary_fields(run.health, b), "timing_budget": limit}, why
+
+
+def fabric_share(plan, intervals: list, iteration_s: float) -> float:
+    """The iteration-time error a slow emulated DC fabric can cause (testbed/emu/fabric.py): every message inside a
+    DC on replica 0's critical path late by the mean measured, and the slowest all-reduce inside a DC."""
+    if iteration_s <= 0:
+        return 0.0
+    bw = {d: x.bandwidth_bytes_s for d, x in plan.intra.items()}
+    lat = {d: x.latency_s for d, x in plan.intra.items()}
+    row = plan.stage_dc[0]
+    lan = sum(1 for a, b in zip(row, row[1:], strict=False) if a == b)
+    _, crossings = critical_steps(plan.pp, plan.microbatches, lan)
+    late = crossings * lan_transfer_excess_s(intervals, bw, lat) + allreduce_excess_s(intervals, plan.grad_bytes,
+                                                                                      bw, lat)
+    return late / iteration_s
 
 
 def check_emulable(exp: Experiment) -> None:
