@@ -180,7 +180,7 @@ def model_spec(d: dict):
 def cases(seed: int, n: int, prefix: str | None, iterations: int, schedulers: tuple[str, ...],
           draw: str = "wide") -> list[Case]:
     """n random cases that every scheduler can place (a draw that cannot be planned is drawn again)."""
-    from testbed.errors import SpecError
+    from testbed.errors import NotYetError, SpecError
     from testbed.runs.emulated import preflight
 
     rng = random.Random(seed)
@@ -189,7 +189,7 @@ def cases(seed: int, n: int, prefix: str | None, iterations: int, schedulers: tu
         case = random_case(rng, len(out), seed, prefix, iterations, schedulers, draw)
         try:
             preflight([(case.experiment, {})])
-        except SpecError as e:
+        except (SpecError, NotYetError) as e:
             print(f"(topology {case.index} redrawn: {e})", file=sys.stderr)
             continue
         out.append(case)

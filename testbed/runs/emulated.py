@@ -163,6 +163,25 @@ def fabric_share(plan, intervals: list, iteration_s: float) -> float:
     return late / iteration_s
 
 
+def unpaired_exchange(programs: dict) -> str:
+    """"" if every collective's exchanges pair up (each group a peer receives from sends to it in turn), else one
+    pair that does not. The workers open their ring connections from these exchanges: a receive nobody sends
+    waits out the connection timeout."""
+    from testbed.program import collective_exchanges, ring_collectives
+
+    sends: dict[tuple, set[str]] = {}
+    recvs: list[tuple[tuple, str, str]] = []
+    for prog in programs.values():
+        for k, st in enumerate(dict.fromkeys(ring_collectives(prog.steps))):
+            for ex in collective_exchanges(st, prog.group):
+                sends.setdefault((k, ex.send_to), set()).add(prog.group)
+                recvs.append(((k, prog.group), ex.recv_from, prog.group))
+    for key, sender, group in recvs:
+        if sender not in sends.get(key, set()):
+            return f"{group} receives from {sender}, which never sends to it"
+    return ""
+
+
 def check_emulable(exp: Experiment) -> None:
     if exp.emulation.backend == "mininet":
         raise NotYetError("emulated training runs on the mininet backend: use netns, docker or containernet")
@@ -179,6 +198,11 @@ def check_programs(plan, compute: str) -> None:
     if problems:
         raise SpecError("schedulers", f"{plan.scheduler}: the lowered programs do not fit together: {problems[0]}",
                         "report it: a plan should always lower")
+    unpaired = unpaired_exchange(programs)
+    if unpaired:
+        raise NotYetError(f"{plan.scheduler}: the emulated workers' collective across DCs with DCs holding different "
+                          f"numbers of replicas ({unpaired}); simulate it, or give every DC the same number of "
+                          "replicas of each stage")
     if compute == "torch" and plan.diloco is not None:
         raise NotYetError(f"{plan.scheduler}: torch compute of a sync period (real outer gradients in the workers); "
                           "use modeled compute, or examples/diloco.py under testbed launch")
