@@ -10,8 +10,8 @@ either way: runs/emulated.py host_per_group). `--draw narrow` is the earlier rou
 dp 1-3, one host per group), the same cases per seed as then. The model (hidden 1024, 4096 tokens, 4 layers per
 stage) runs at an MFU chosen so that one microbatch's forward and backward on a stage take between half and twice the
 geometric mean of pp-wan's and multi-TCP's activation transfer time on the median link: neither compute nor the WAN
-dominates. `--schedulers families` runs dp-wan, dp-wan-overlap, diloco and streaming-diloco (H = 4 inner steps: an
-iteration is one sync period).
+dominates. `--schedulers families` runs dp-wan, dp-wan-overlap, diloco and streaming-diloco at dp 2-4 (H = 4 inner
+steps: an iteration is one sync period).
 
 The emulation scale k brings the fastest link to 200 Mbit/s (testbed/emu/scale.py); where that takes the
 window under the emulator's 64 KiB floor (testbed/emu/build.py: MIN_WINDOW), both engines run the floored
@@ -108,10 +108,11 @@ def random_case(rng: random.Random, index: int, seed: int, prefix: str | None, i
     window of 1-16 MiB; wide: links 1-20 Gbit/s, tp 1-2, dp 1-4, the spec's default hosts or one per group."""
     d = DRAW[draw]
     n_dcs = rng.randint(3, 5)
-    pp, dp = rng.randint(2, 6), rng.randint(1, d.max_dp)
+    low_dp = 2 if all(x in FAMILIES for x in schedulers) else 1  # a data-parallel family at dp 1 is one pipeline
+    pp, dp = rng.randint(2, 6), rng.randint(low_dp, d.max_dp)
     if draw == "wide":
         while pp * dp > d.max_groups:
-            pp, dp = rng.randint(2, 6), rng.randint(1, d.max_dp)
+            pp, dp = rng.randint(2, 6), rng.randint(low_dp, d.max_dp)
     tp = rng.choice(d.tps) if len(d.tps) > 1 else d.tps[0]
     schedule = rng.choice(["1f1b", "gpipe"])
     window_mb = round(2 ** rng.uniform(0, 4), 3)  # log-uniform 1-16 MiB
