@@ -2,12 +2,16 @@
 iteration time per scheduler (median, p90 and worst |error|), `fidelity.csv` (one row per run) and
 `fidelity.png` (simulated vs emulated, one point per run, with the y = x line).
 
-Each topology: 3-5 DCs, every pair linked (1-10 Gbit/s, 2-60 ms one way), one TCP window for the
-whole topology (1-16 MiB, a host's receive buffer is per host), pp 2-6, dp 1-3, 1F1B or GPipe. The
-model (hidden 1024, 4096 tokens, 4 layers per stage) runs at an MFU chosen so that one microbatch's
-forward and backward on a stage take between half and twice the geometric mean of pp-wan's and
-multi-TCP's activation transfer time on the median link: neither compute nor the WAN dominates.
-Every DC has one emulated host per GPU group it can hold, so no two groups share a host's NIC.
+Each topology (`--draw wide`, the default: what users run): 3-5 DCs, every pair linked (1-20 Gbit/s, log-uniform,
+2-60 ms one way), one TCP window for the whole topology (1-16 MiB, a host's receive buffer is per host), tp 1-2,
+pp 2-6, dp 1-4 (pp x dp at most 16 GPU groups), 1F1B or GPipe, and in half the topologies the spec's default two
+emulated hosts per DC, in the other half one per group (an emulated training run gives each group a host of its own
+either way: runs/emulated.py host_per_group). `--draw narrow` is the earlier rounds' draw (links 1-10 Gbit/s, tp 1,
+dp 1-3, one host per group), the same cases per seed as then. The model (hidden 1024, 4096 tokens, 4 layers per
+stage) runs at an MFU chosen so that one microbatch's forward and backward on a stage take between half and twice the
+geometric mean of pp-wan's and multi-TCP's activation transfer time on the median link: neither compute nor the WAN
+dominates. `--schedulers families` runs dp-wan, dp-wan-overlap, diloco and streaming-diloco at dp 2-4 (H = 4 inner
+steps: an iteration is one sync period).
 
 The emulation scale k brings the fastest link to 200 Mbit/s (testbed/emu/scale.py); where that takes the
 window under the emulator's 64 KiB floor (testbed/emu/build.py: MIN_WINDOW), both engines run the floored
@@ -22,7 +26,8 @@ error its timing can cause exceeds `--timing-budget`; per load the bench prints 
 runs flagged, and the unflagged runs whose error exceeds 8 % (docs/reliability.md); `health.csv` holds each
 emulated run's timing-health columns (as in summary.csv) beside its error.
 
-Run: sudo .venv/bin/python bench/fidelity.py --seed 1 --topologies 10 [--load 0,1,2] [--prefix gdtbN] [--out DIR]
+Run: sudo .venv/bin/python bench/fidelity.py --seed 1 --topologies 10 [--draw wide|narrow] [--schedulers families]
+     [--load 0,1,2] [--prefix gdtbN] [--out DIR]
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
 import random
 import statistics
 import subprocess
@@ -48,10 +54,12 @@ from testbed.emu.scale import TARGET_MBPS
 from testbed.spec.experiment import Experiment
 
 SCHEDULERS = ("pp-wan", "pp-wan+mtcp", "atlas")
+FAMILIES = ("dp-wan", "dp-wan-overlap", "diloco", "streaming-diloco")  # `--schedulers families`
+DILOCO_INNER_STEPS = 4  # H of the DiLoCo families: an emulated iteration is one sync period of H inner steps
 HEADER = tuple(c.name for c in FIDELITY.columns)  # fidelity.csv, documented in testbed/columns.py
 HIDDEN, SEQ, LAYERS_PER_STAGE, VOCAB = 1024, 4096, 4, 1024
 FLAG_ERROR = 0.08  # an unflagged run whose error exceeds this is a miss of the timing health (issue 30's target)
-LAN_MBPS = 400.0  # a host's emulated NIC into its DC fabric (the DC's intra_gbps is k x this), at least
+LAN_MBPS = 400.0  # a host's emulated NIC into its DC fabric (the DC's intra_gbps is k / tp x this), at least
 # twice the fastest emulated WAN link: the simulator does not bound a WAN transfer by the sender's NIC
 
 
@@ -77,24 +85,81 @@ def choose_scale(fastest_gbps: float) -> float:
     return float(f"{max(1.0, fastest_gbps * 1e3 / TARGET_MBPS):.3g}")
 
 
+DRAWS = ("wide", "narrow")  # wide: what users run (issue 27); narrow: the draw of the rounds before it
+
+
+@dataclass(frozen=True)
+class Draw:
+    """The ranges one draw takes its topologies and jobs from."""
+
+    max_gbps: float  # links 1 Gbit/s to this, log-uniform
+    tps: tuple[int, ...]
+    max_dp: int
+    default_hosts: bool  # half the topologies keep the spec's default hosts per DC (several groups share one)
+    max_groups: int  # pp x dp at most (GPU groups, one worker process each): what two vCPUs keep in time
+
+
+DRAW = {"wide": Draw(20.0, (1, 2), 4, True, 16), "narrow": Draw(10.0, (1,), 3, False, 18)}
+
+
 def random_case(rng: random.Random, index: int, seed: int, prefix: str | None, iterations: int,
-                schedulers: tuple[str, ...] = SCHEDULERS) -> Case:
+                schedulers: tuple[str, ...] = SCHEDULERS, draw: str = "wide") -> Case:
+    """One topology and job from the draw's ranges: 3-5 DCs, every pair linked, pp 2-6, 1F1B or GPipe, one TCP
+    window of 1-16 MiB; wide: links 1-20 Gbit/s, tp 1-2, dp 1-4, the spec's default hosts or one per group."""
+    d = DRAW[draw]
     n_dcs = rng.randint(3, 5)
-    pp, dp = rng.randint(2, 6), rng.randint(1, 3)
+    low_dp = 2 if all(x in FAMILIES for x in schedulers) else 1  # a data-parallel family at dp 1 is one pipeline
+    pp, dp = rng.randint(2, 6), rng.randint(low_dp, d.max_dp)
+    if draw == "wide":
+        while pp * dp > d.max_groups:
+            pp, dp = rng.randint(2, 6), rng.randint(low_dp, d.max_dp)
+    tp = rng.choice(d.tps) if len(d.tps) > 1 else d.tps[0]
     schedule = rng.choice(["1f1b", "gpipe"])
     window_mb = round(2 ** rng.uniform(0, 4), 3)  # log-uniform 1-16 MiB
     m = rng.randint(pp, min(2 * pp, 10))
     names = [f"dc{i}" for i in range(n_dcs)]
-    links = [{"between": [a, b], "gbps": round(10 ** rng.uniform(0, 1), 3), "latency_ms": round(rng.uniform(2, 60), 2)}
-             for a, b in combinations(names, 2)]
+    top = math.log10(d.max_gbps)
+    links = [{"between": [a, b], "gbps": round(10 ** rng.uniform(0, top), 3),
+              "latency_ms": round(rng.uniform(2, 60), 2)} for a, b in combinations(names, 2)]
+    default_hosts = d.default_hosts and rng.random() < 0.5
     share = math.ceil(pp / n_dcs)  # pp-wan's stages per DC; Atlas fills the DCs with the most free GPUs first
     stages = [share + rng.randint(0, 1) for _ in names]
     scale = choose_scale(max(lk["gbps"] for lk in links))
     lan_mbps = max(LAN_MBPS, 2 * max(lk["gbps"] for lk in links) * 1e3 / scale)
-    dcs = [{"name": n, "gpu": "H100", "gpus": c * dp, "gpus_per_node": 1, "hosts": min(16, c * dp),
-            "intra_gbps": round(lan_mbps * scale / 1e3, 6)} for n, c in zip(names, stages, strict=True)]
-    # compute comparable to the transfers: between half and twice the geometric mean of pp-wan's (two NCCL
-    # channels, window-bound) and multi-TCP's (link-bound) activation transfer on the median link
+    # a host's NIC stands for its group's tp GPUs' NICs (intra_gbps is per GPU): the host at lan_mbps whatever tp,
+    # so the emulated DC fabric carries what the emulator can with tp 2 as with tp 1
+    dcs = [{"name": n, "gpu": "H100", "gpus": c * dp * tp, "gpus_per_node": tp,
+            "intra_gbps": round(lan_mbps * scale / tp / 1e3, 6),
+            **({} if default_hosts else {"hosts": min(16, c * dp)})}
+           for n, c in zip(names, stages, strict=True)]
+    mfu = choose_mfu(rng, links, window_mb, pp, tp)
+    model = {"name": "fidelity", "layers": LAYERS_PER_STAGE * pp, "hidden": HIDDEN, "heads": 8, "vocab": VOCAB,
+             "seq_len": SEQ}
+    spec = {
+        "name": f"fidelity-{seed}-{index}",
+        "topology": {"name": f"random{index}", "tcp_window_mb": window_mb, "dcs": dcs, "links": links},
+        "workload": {"model": model, "global_batch": m * dp, "microbatch": 1, "tp": tp, "pp": pp, "dp": dp,
+                     "schedule": schedule, "mfu": mfu, "recompute": "none",
+                     **({"diloco": {"inner_steps": DILOCO_INNER_STEPS}} if any("diloco" in x for x in schedulers)
+                        else {})},
+        "schedulers": list(schedulers),
+        "iterations": iterations,
+        "seed": seed,
+        "timeline": "none",
+        "emulation": {"backend": "netns", "scale": scale, "prefix": prefix},
+    }
+    params = {"topology": index, "seed": seed, "draw": draw, "dcs": n_dcs,
+              "latency_ms": "|".join(f"{lk['latency_ms']:g}" for lk in links),
+              "wan_gbps": "|".join(f"{lk['gbps']:g}" for lk in links), "tcp_window_mb": window_mb, "tp": tp, "pp": pp,
+              "dp": dp, "hosts": "default" if default_hosts else "per-group", "schedule": schedule,
+              "microbatches": m, "mfu": mfu, "scale": scale}
+    return Case(index, params, Experiment.model_validate(spec))
+
+
+def choose_mfu(rng: random.Random, links: list[dict], window_mb: float, pp: int, tp: int) -> float:
+    """The MFU that makes one microbatch's forward and backward on a stage take between half and twice the
+    geometric mean of pp-wan's (two NCCL channels, window-bound) and multi-TCP's (link-bound) activation transfer
+    on the median link: neither compute nor the WAN dominates. A tp group's GPUs split the compute."""
     act = SEQ * HIDDEN * 2
     median = sorted(links, key=lambda lk: pipe_rate_bps(lk["gbps"], lk["latency_ms"], window_mb * 2**20, 2))
     lk = median[len(median) // 2]
@@ -103,24 +168,8 @@ def random_case(rng: random.Random, index: int, seed: int, prefix: str | None, i
     target = math.sqrt(t_pp * t_mtcp) * 2 ** rng.uniform(-1, 1)  # forward + backward of one microbatch
     model = {"name": "fidelity", "layers": LAYERS_PER_STAGE * pp, "hidden": HIDDEN, "heads": 8, "vocab": VOCAB,
              "seq_len": SEQ}
-    flops = LAYERS_PER_STAGE * resolve_model(model_spec(model)).layer_fwd_flops(SEQ, SEQ)
-    mfu = float(f"{min(1.0, 3 * flops / (GPUS['H100'].peak_tflops * 1e12 * target)):.4g}")
-    spec = {
-        "name": f"fidelity-{seed}-{index}",
-        "topology": {"name": f"random{index}", "tcp_window_mb": window_mb, "dcs": dcs, "links": links},
-        "workload": {"model": model, "global_batch": m * dp, "microbatch": 1, "tp": 1, "pp": pp, "dp": dp,
-                     "schedule": schedule, "mfu": mfu, "recompute": "none"},
-        "schedulers": list(schedulers),
-        "iterations": iterations,
-        "seed": seed,
-        "timeline": "none",
-        "emulation": {"backend": "netns", "scale": scale, "prefix": prefix},
-    }
-    params = {"topology": index, "seed": seed, "dcs": n_dcs,
-              "latency_ms": "|".join(f"{lk['latency_ms']:g}" for lk in links),
-              "wan_gbps": "|".join(f"{lk['gbps']:g}" for lk in links), "tcp_window_mb": window_mb, "pp": pp,
-              "dp": dp, "schedule": schedule, "microbatches": m, "mfu": mfu, "scale": scale}
-    return Case(index, params, Experiment.model_validate(spec))
+    flops = LAYERS_PER_STAGE * resolve_model(model_spec(model)).layer_fwd_flops(SEQ, SEQ) / tp
+    return float(f"{min(1.0, 3 * flops / (GPUS['H100'].peak_tflops * 1e12 * target)):.4g}")
 
 
 def model_spec(d: dict):
@@ -129,18 +178,19 @@ def model_spec(d: dict):
     return CustomModel.model_validate(d)
 
 
-def cases(seed: int, n: int, prefix: str | None, iterations: int, schedulers: tuple[str, ...]) -> list[Case]:
+def cases(seed: int, n: int, prefix: str | None, iterations: int, schedulers: tuple[str, ...],
+          draw: str = "wide") -> list[Case]:
     """n random cases that every scheduler can place (a draw that cannot be planned is drawn again)."""
-    from testbed.errors import SpecError
+    from testbed.errors import NotYetError, SpecError
     from testbed.runs.emulated import preflight
 
     rng = random.Random(seed)
     out: list[Case] = []
     while len(out) < n:
-        case = random_case(rng, len(out), seed, prefix, iterations, schedulers)
+        case = random_case(rng, len(out), seed, prefix, iterations, schedulers, draw)
         try:
             preflight([(case.experiment, {})])
-        except SpecError as e:
+        except (SpecError, NotYetError) as e:
             print(f"(topology {case.index} redrawn: {e})", file=sys.stderr)
             continue
         out.append(case)
@@ -168,6 +218,8 @@ def run_case(case: Case, timelines: Path | None = None, load: int = 0,
         if metric != "iteration_s":
             continue
         its = emu[sched].timeline.iteration_s
+        per = emu_s / (sum(its) / len(its))  # 1, or 1 / H where an emulated iteration is a sync period of H steps
+        its = [t * per for t in its]
         rows.append({**case.params, "scheduler": sched, "sim_s": round(sim, 6), "emu_s": round(emu_s, 6),
                      "emu_min_s": round(min(its), 6), "emu_max_s": round(max(its), 6), "error": err,
                      "steal_share": steal, "load": load, "timing_error": emu[sched].summary.get("timing_error", ""),
@@ -221,13 +273,14 @@ def quantile(xs: list[float], q: float) -> float:
     return xs[lo] if lo + 1 >= len(xs) else xs[lo] + (i - lo) * (xs[lo + 1] - xs[lo])
 
 
-def summary(rows: list[dict[str, object]]) -> list[tuple[str, int, float, float, float]]:
-    """(scheduler, runs, median |error|, p90 |error|, worst error (signed)) per scheduler."""
+def summary(rows: list[dict[str, object]]) -> list[tuple[str, int, float, float, float, float]]:
+    """(scheduler, runs, median |error|, p90 |error|, worst error (signed), median signed error) per scheduler."""
     out = []
     for sched in dict.fromkeys(str(r["scheduler"]) for r in rows):
         errs = [float(r["error"]) for r in rows if r["scheduler"] == sched]
         worst = max(errs, key=abs)
-        out.append((sched, len(errs), statistics.median(map(abs, errs)), quantile([abs(e) for e in errs], 0.9), worst))
+        out.append((sched, len(errs), statistics.median(map(abs, errs)), quantile([abs(e) for e in errs], 0.9), worst,
+                    statistics.median(errs)))
     return out
 
 
@@ -257,7 +310,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--topologies", type=int, default=10)
     ap.add_argument("--iterations", type=int, default=5, help="per run; the first is left out (connection set-up)")
     ap.add_argument("--prefix", default=None, help="emulation prefix gdtb<id> (default: the first free one)")
-    ap.add_argument("--schedulers", default=",".join(SCHEDULERS))
+    ap.add_argument("--schedulers", default=",".join(SCHEDULERS),
+                    help=f"comma list; `families` stands for {','.join(FAMILIES)} (DiLoCo with H = "
+                         f"{DILOCO_INNER_STEPS}: an iteration is one sync period)")
+    ap.add_argument("--draw", choices=DRAWS, default="wide",
+                    help="wide: tp 1-2, dp 1-4, links 1-20 Gbit/s, default hosts or one per group; narrow: the earlier "
+                         "rounds' tp 1, dp 1-3, 1-10 Gbit/s, one host per group (their seeds draw the same cases)")
     ap.add_argument("--only", type=int, nargs="*", help="run only these topology indices (of the seed's draw)")
     ap.add_argument("--out", type=Path, default=Path("results/fidelity"))
     ap.add_argument("--timelines", action="store_true", help="also write both engines' timelines (OUT/timelines/)")
@@ -275,15 +333,17 @@ def main(argv: list[str] | None = None) -> int:
     if not loads or min(loads) < 0:
         ap.error(f"--load {args.load!r}: give process counts of 0 or more, e.g. 0,1,2")
     from testbed.emu import owner
+    from testbed.emu.sh import EmuError
     from testbed.results import write_csv
 
     t0 = time.monotonic()
-    scheds = tuple(s for s in args.schedulers.split(",") if s)
-    todo = cases(args.seed, args.topologies, args.prefix, args.iterations, scheds)
+    scheds = tuple(x for s in args.schedulers.split(",") if s for x in (FAMILIES if s == "families" else (s,)))
+    todo = cases(args.seed, args.topologies, args.prefix, args.iterations, scheds, args.draw)
     if args.only:
         todo = [c for c in todo if c.index in args.only]
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, object]] = []
+    failed: list[str] = []
     with owner.owned(args.prefix) as held:
         for load, case in ((n, c) for n in loads for c in todo):
             exp = case.experiment
@@ -292,13 +352,22 @@ def main(argv: list[str] | None = None) -> int:
                                            update={"tcp_initial_window": args.tcp_initial_window})})
             case = Case(case.index, case.params, c)
             p = case.params
-            print(f"load {load}, topology {case.index}: {p['dcs']} DCs, pp {p['pp']}, dp {p['dp']}, {p['schedule']}, "
+            loadavg = os.getloadavg()[0]
+            print(f"load {load} (load average {loadavg:.2f}), topology {case.index}: {p['dcs']} DCs, tp {p['tp']}, "
+                  f"pp {p['pp']}, dp {p['dp']}, hosts {p['hosts']}, {p['schedule']}, "
                   f"m {p['microbatches']}, window {p['tcp_window_mb']} MiB, k {p['scale']}, "
                   f"links {p['wan_gbps']} Gbit/s, {p['latency_ms']} ms", flush=True)
             t1 = time.monotonic()
-            with cpu_load(load):
-                new_rows = run_case(case, args.out / "timelines" if args.timelines else None, load,
-                                    args.timing_budget)
+            try:
+                with cpu_load(load):
+                    new_rows = run_case(case, args.out / "timelines" if args.timelines else None, load,
+                                        args.timing_budget)
+            except EmuError as e:  # one case's failure (said, and counted at the end) leaves the others to run
+                print(f"  FAILED: {e}", flush=True)
+                failed.append(f"load {load}, topology {case.index}: {e}")
+                continue
+            for r in new_rows:
+                r["loadavg"] = round(loadavg, 2)
             for r in new_rows:
                 flag = f"  flagged: {r['degraded']}" if r["flagged"] else ""
                 print(f"  {r['scheduler']:<12} sim {float(r['sim_s']):7.3f} s  emu {float(r['emu_s']):7.3f} s "
@@ -310,18 +379,23 @@ def main(argv: list[str] | None = None) -> int:
             write_csv(args.out / "fidelity.csv", HEADER, ([r[h] for h in HEADER] for r in rows))
             write_csv(args.out / "health.csv", ("topology", "load", "scheduler", "error", *HEALTH_COLUMNS),
                       ([r["topology"], r["load"], r["scheduler"], r["error"], *r["health"].values()] for r in rows))
+    for f in failed:
+        print(f"failed: {f}")
     if not rows:
         return 1
     figure(rows, args.out / "fidelity.png")
-    print(f"\n{'scheduler':<14}{'runs':>5}{'median |err|':>14}{'p90 |err|':>11}{'worst':>9}")
-    for sched, n, med, p90, worst in summary(rows):
-        print(f"{sched:<14}{n:>5}{med:>14.1%}{p90:>11.1%}{worst:>+9.1%}")
+    print(f"\n{'scheduler':<18}{'runs':>5}{'median |err|':>14}{'p90 |err|':>11}{'worst':>9}{'median signed':>15}")
+    for sched, n, med, p90, worst, signed in summary(rows):
+        print(f"{sched:<18}{n:>5}{med:>14.1%}{p90:>11.1%}{worst:>+9.1%}{signed:>+15.1%}")
+    loads = [float(r["loadavg"]) for r in rows]
+    print(f"load average as the cases started: {min(loads):.2f}-{max(loads):.2f} "
+          f"(median {statistics.median(loads):.2f})")
     for load, n, med, worst, flagged, missed in by_load(rows):
         print(f"load {load}: {n} runs, error median {med:.1%}, worst {worst:+.1%}, flagged {flagged} of {n}, "
               f"unflagged runs over {FLAG_ERROR * 100:g} %: {missed}")
     print(f"wrote {args.out / 'fidelity.csv'}, {args.out / 'fidelity.png'}; "
           f"total wall time {time.monotonic() - t0:.0f} s")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -37,7 +37,8 @@ def main() -> None:
     n = 1 + max(t for t, _ in emu)
     errs: dict[str, list[tuple[float, float]]] = {}
     print("topology scheduler | simulated: exact, with noise | emulated | error: exact, with noise")
-    for case in fidelity.cases(args.seed, n, None, 3, fidelity.SCHEDULERS):
+    draw = rows[0].get("draw") or "narrow"  # rows written before the wide draw have no draw column
+    for case in fidelity.cases(args.seed, n, None, 3, fidelity.SCHEDULERS, draw):
         exp = case.experiment
         built = lower_network(exp.topology, exp.emulation.scale)
         dp = resolve_dp(exp)

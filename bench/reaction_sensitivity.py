@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         by_seed.setdefault(int(r["seed"]), {})[int(r["topology"])] = r
     results = []  # (dp, emulated s, simulated s per reaction)
     for seed, runs in by_seed.items():
-        for case in fidelity.cases(seed, max(runs) + 1, None, 5, ("atlas",)):
+        draw = next(iter(runs.values())).get("draw") or "narrow"  # rows before the wide draw have no draw column
+        for case in fidelity.cases(seed, max(runs) + 1, None, 5, ("atlas",), draw):
             if case.index not in runs:
                 continue
             exp = case.experiment

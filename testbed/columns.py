@@ -506,12 +506,16 @@ FIDELITY = CsvFile("fidelity.csv", "`bench/fidelity.py`", "one row per random to
                    "emulated (docs/fidelity.md)", _cols(
     ("topology", "", "the topology's index in the seed's draw"),
     ("seed", "", "the random seed that drew it"),
+    ("draw", "", "`wide` (tp 1-2, dp 1-4, 1-20 Gbit/s, default hosts or one per group) or `narrow` (the earlier "
+     "rounds' tp 1, dp 1-3, 1-10 Gbit/s, one host per group)"),
     ("dcs", "", "DCs in the topology (every pair linked)"),
     ("latency_ms", "ms", "one-way latency of each link, `|`-separated, in the order of the DC pairs (0-1, 0-2, ...)"),
     ("wan_gbps", "Gbit/s", "capacity of each link, in the same order"),
     ("tcp_window_mb", "MiB", "the TCP window of every link (real-world)"),
+    ("tp", "", "tensor-parallel GPUs per group (one emulated worker; its host's NIC stands for tp NICs)"),
     ("pp", "", "pipeline stages"),
     ("dp", "", "data-parallel replicas"),
+    ("hosts", "", "`default`: the spec's emulated hosts per DC (groups share one); `per-group`: one per GPU group"),
     ("schedule", "", "`1f1b` or `gpipe`"),
     ("microbatches", "", "microbatches per replica per iteration"),
     ("mfu", "share", "the model's MFU, chosen so compute is comparable to the transfers"),
@@ -525,6 +529,8 @@ FIDELITY = CsvFile("fidelity.csv", "`bench/fidelity.py`", "one row per random to
     ("steal_share", "share", "of the VM's CPU time its hypervisor took during the case's emulated runs (/proc/stat "
      "steal): a busy host slows an emulated run"),
     ("load", "", "CPU-bound processes run beside the case (`--load`)"),
+    ("loadavg", "", "the machine's 1-minute load average as the case started (`uptime`): other work on a shared "
+     "machine"),
     ("timing_error", "share", "the emulated run's timing error (summary.csv)"),
     ("flagged", "", "1 if the emulated run was marked degraded (over its timing budget, drops, a lost sidecar)"),
     ("degraded", "", "why, as in summary.csv"),

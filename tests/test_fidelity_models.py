@@ -291,3 +291,11 @@ def test_delay_line_learns_its_wake_up_lateness_and_releases_that_much_early():
     for _ in range(200):
         q.woke(0.5)  # a stalled machine: never more than MAX_EARLY_S early
     assert q.early == delayline.MAX_EARLY_S
+
+
+def test_a_modeled_compute_takes_back_its_threads_late_wake_up_and_a_real_one_cannot():
+    from testbed.runtime.worker import unabsorbed_s
+
+    assert unabsorbed_s(0.4e-3, 3e-3, modeled=True) == 0.0  # started back at the input's arrival
+    assert unabsorbed_s(5e-3, 3e-3, modeled=True) == pytest.approx(2e-3)  # more than the compute takes
+    assert unabsorbed_s(0.4e-3, 3e-3, modeled=False) == 0.4e-3  # torch starts when the thread does

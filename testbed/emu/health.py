@@ -74,10 +74,11 @@ class Budget:
     delay: float
     steal: float
     wakes: float = 0.0
+    fabric: float = 0.0  # transfers inside a DC slower than the fabric's shaped rate (testbed/emu/fabric.py)
 
     @property
     def total(self) -> float:
-        return self.waits + self.delay + self.steal + self.wakes
+        return self.waits + self.delay + self.steal + self.wakes + self.fabric
 
 
 def critical_steps(pp: int, microbatches: int, wan_boundaries: int, optimizer: bool = True) -> tuple[int, int]:
@@ -132,7 +133,8 @@ def verdict(h: Health, b: Budget, limit: float = DEFAULT_BUDGET) -> str:
     shaping (the simulator loses none)."""
     why = []
     if b.total > limit:
-        parts = {"late waits": b.waits, "delay-line lag": b.delay, "CPU steal": b.steal, "late wake-ups": b.wakes}
+        parts = {"late waits": b.waits, "delay-line lag": b.delay, "CPU steal": b.steal, "late wake-ups": b.wakes,
+                 "a slow DC fabric": b.fabric}
         top = max(parts, key=lambda k: parts[k])
         why.append(f"timing error up to {b.total:.1%} > budget {limit:.1%} (most from {top})")
     dropped = sum(h.drops.values())

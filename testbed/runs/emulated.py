@@ -3,12 +3,14 @@ configuration, with the relative error per metric (validation.csv)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from testbed.analysis.metrics import add_speedups, summary_row, wan_links_used
 from testbed.emu.build import down, up
+from testbed.emu.fabric import allreduce_excess_s, lan_transfer_excess_s
 from testbed.emu.health import DEFAULT_BUDGET, PathLink, budget, critical_steps, summary_fields, verdict
 from testbed.emu.scale import auto_scale, check_scale, check_transfer_bytes
 from testbed.emu.train import run_training
@@ -30,6 +32,27 @@ CPU_PREFILL_HEADER = ("run_id", "model", "tokens", "cached", "measured_s", "held
 FLOWS_HEADER = ("run_id", "scheduler", "link", "towards", "replica", "iteration", "t_s", "wire_bytes", "scale",
                 "link_gbps")
 VALIDATION_HEADER = ("run_id", "scheduler", "metric", "sim", "emu", "rel_error", "degraded")  # (sim - emu) / emu
+
+
+MAX_HOSTS = 16  # emulated hosts per DC at most (the spec's bound on `hosts`)
+
+
+def host_per_group(exp: Experiment, dp: int) -> Experiment:
+    """The experiment with every DC given an emulated host per GPU group any scheduler places there (at least the
+    spec's `hosts`, at most MAX_HOSTS). The simulator gives each group its NICs whole, as a GPU's NICs are its own;
+    groups that share an emulated host share one NIC of one group's rate towards other hosts and reach each other
+    through the host's loopback, unshaped, so their transfers read slower or faster than the model's, not either."""
+    counts: dict[str, int] = {}
+    for sched in exp.schedulers:
+        plan = build_plan(exp, sched, dp=dp)
+        for dc in {d for row in plan.stage_dc for d in row}:
+            n = sum(row.count(dc) for row in plan.stage_dc)
+            counts[dc] = max(counts.get(dc, 0), n)
+    dcs = [d.model_copy(update={"hosts": min(MAX_HOSTS, max(d.hosts, counts.get(d.name, 0)))})
+           for d in exp.topology.dcs]
+    if all(a.hosts == b.hosts for a, b in zip(dcs, exp.topology.dcs, strict=True)):
+        return exp
+    return exp.model_copy(update={"topology": exp.topology.model_copy(update={"dcs": dcs})})
 
 
 def changing_run(exp: Experiment, plan, sched: str, dp: int, emu, scale: float, progress, capture: bool,
@@ -93,8 +116,43 @@ def assess(plan, run, iteration_s: float, limit: float) -> tuple[dict[str, objec
                                  lp.transfer_cap_bytes_s < lp.capacity_bytes_s)
             for a, b in wan_links_used(plan) for lp in (plan.links[(a, b)],)}
     b = budget(run.health, iteration_s, waits, crossings, used)
+    b = dataclasses.replace(b, fabric=fabric_share(plan, run.timeline.steady().intervals, iteration_s))
     why = "; ".join(x for x in (run.degraded, verdict(run.health, b, limit)) if x)
     return {**summary_fields(run.health, b), "timing_budget": limit}, why
+
+
+def fabric_share(plan, intervals: list, iteration_s: float) -> float:
+    """The iteration-time error a slow emulated DC fabric can cause (testbed/emu/fabric.py): every message inside a
+    DC on replica 0's critical path late by the mean measured, and the slowest all-reduce inside a DC."""
+    if iteration_s <= 0:
+        return 0.0
+    bw = {d: x.bandwidth_bytes_s for d, x in plan.intra.items()}
+    lat = {d: x.latency_s for d, x in plan.intra.items()}
+    row = plan.stage_dc[0]
+    lan = sum(1 for a, b in zip(row, row[1:], strict=False) if a == b)
+    _, crossings = critical_steps(plan.pp, plan.microbatches, lan)
+    late = crossings * lan_transfer_excess_s(intervals, bw, lat) + allreduce_excess_s(intervals, plan.grad_bytes,
+                                                                                      bw, lat)
+    return late / iteration_s
+
+
+def unpaired_exchange(programs: dict) -> str:
+    """"" if every collective's exchanges pair up (each group a peer receives from sends to it in turn), else one
+    pair that does not. The workers open their ring connections from these exchanges: a receive nobody sends
+    waits out the connection timeout."""
+    from testbed.program import collective_exchanges, ring_collectives
+
+    sends: dict[tuple, set[str]] = {}
+    recvs: list[tuple[tuple, str, str]] = []
+    for prog in programs.values():
+        for k, st in enumerate(dict.fromkeys(ring_collectives(prog.steps))):
+            for ex in collective_exchanges(st, prog.group):
+                sends.setdefault((k, ex.send_to), set()).add(prog.group)
+                recvs.append(((k, prog.group), ex.recv_from, prog.group))
+    for key, sender, group in recvs:
+        if sender not in sends.get(key, set()):
+            return f"{group} receives from {sender}, which never sends to it"
+    return ""
 
 
 def check_emulable(exp: Experiment) -> None:
@@ -116,6 +174,11 @@ def check_programs(plan, compute: str) -> None:
     if problems:
         raise SpecError("schedulers", f"{plan.scheduler}: the lowered programs do not fit together: {problems[0]}",
                         "report it: a plan should always lower")
+    unpaired = unpaired_exchange(programs)
+    if unpaired:
+        raise NotYetError(f"{plan.scheduler}: the emulated workers' collective across DCs with DCs holding different "
+                          f"numbers of replicas ({unpaired}); simulate it, or give every DC the same number of "
+                          "replicas of each stage")
     if compute == "torch" and plan.diloco is not None:
         raise NotYetError(f"{plan.scheduler}: torch compute of a sync period (real outer gradients in the workers); "
                           "use modeled compute, or examples/diloco.py under testbed launch")
@@ -213,6 +276,7 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
     em = exp.emulation
     scale = em.scale or auto_scale(exp.topology)
     dp = resolve_dp(exp)
+    exp = host_per_group(exp, dp)
     out = PointResult()
     emu, take_down = bring_up(exp, dp, scale, capture, cluster)
     wan = WanSchedule.from_topology(exp.topology)

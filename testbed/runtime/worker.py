@@ -439,6 +439,13 @@ class WaitStats:
             return [self.n, self.late_sum_s, self.late_max_s, self.err_sum_s]
 
 
+def unabsorbed_s(woke_late_s: float, compute_s: float, modeled: bool) -> float:
+    """How much of a receiving thread's late resumption still delays the compute that follows: a modeled compute
+    starts back at its input's arrival and takes that much less, so only the part beyond its own time remains; a
+    real (torch) compute cannot start before the thread does."""
+    return max(0.0, woke_late_s - compute_s) if modeled else woke_late_s
+
+
 class Modeled:
     """Compute that waits the cost model's time and moves zeros of the plan's (scaled) sizes."""
 
@@ -823,6 +830,7 @@ class Step:
     ahead: float = 0.0  # how long ago the next compute may have started (an Await's lead): it takes that much less
     n_ar: int = 0  # all-reduces so far (their messages' keys)
     syncs: dict[int, OuterSyncThread] = field(default_factory=dict)  # fragment -> its OuterSync in flight
+    woke: float = 0.0  # how late this thread resumed for the last message, not yet taken back by a compute
 
 
 class Worker:
@@ -868,25 +876,33 @@ class Worker:
 
         return done
 
-    def receive(self, st: Recv, it: int):
-        """Wait for the step's message, serving prefill meanwhile. Without prefill to serve, how late this thread
-        resumes after the message's last chunk came in is a wake-up the timing health counts."""
+    def receive(self, st: Recv, it: int) -> tuple[bytearray | None, float]:
+        """Wait for the step's message, serving prefill meanwhile; the payload (torch) and, without prefill to
+        serve, how late this thread resumed after the message's last chunk came in (0 if it came before the wait)."""
         key = (st.kind.encode(), it, wire_mb(st.microbatch, st.chunk))
         t_wait = time.monotonic()
         self.bt.wait_for(self.inbox, key, self.rec)
         t_send, t_in = self.inbox.wait(key)
-        if self.cfg.bubbletea is None and t_in > t_wait:  # it came while this thread waited for it
-            self.wakes.add(0.0, time.monotonic() - t_in)
+        late = time.monotonic() - t_in if self.cfg.bubbletea is None and t_in > t_wait else 0.0
         self.rec("recv", st.microbatch, t_send, t_in, st.bytes)
-        return self.inbox.payload(key) if self.torch_mode else None
+        return (self.inbox.payload(key) if self.torch_mode else None), late
 
     def step(self, st, x: Step, p_it) -> None:
         """Run one step of the iteration's program `p_it`."""
         t, it, comp, prog = type(st), x.it, self.comp, self.prog
+        compute = t is Forward or t is Backward or t is BackwardWeight
+        if x.woke and not compute:
+            self.wakes.add(0.0, x.woke)  # a late wake-up that no compute absorbs: the timing health counts it
+            x.woke = 0.0
         if t is Recv:
-            x.data = self.receive(st, it)
-            x.ahead = 0.0
-        elif t is Forward or t is Backward or t is BackwardWeight:  # W: modeled only (torch refuses "zb")
+            x.data, x.woke = self.receive(st, it)
+            # a modeled GPU starts on its input when it arrives: the thread's late resumption is the emulator's,
+            # so the compute that follows starts then and takes that much less
+            x.ahead = 0.0 if self.torch_mode else x.woke
+        elif compute:  # W: modeled only (torch refuses "zb")
+            if x.woke:  # what the compute could not absorb still lengthens the path
+                self.wakes.add(0.0, unabsorbed_s(x.woke, st.seconds, not self.torch_mode))
+                x.woke = 0.0
             now = time.monotonic()
             run = dataclasses.replace(st, seconds=max(0.0, st.seconds - x.ahead)) if x.ahead else st
             x.out_data = (comp.forward if t is Forward else comp.backward)(it, run, x.data)

@@ -1,0 +1,46 @@
+"""bench/fidelity.py's draws: the wide one covers what users run (tp 1-2, dp 1-4, links up to 20 Gbit/s, the spec's
+default hosts as well as one per group) and keeps every host's NIC at the bench's LAN rate whatever tp; the narrow
+one still draws the earlier rounds' cases."""
+
+import importlib.util
+import random
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def bench():
+    spec = importlib.util.spec_from_file_location("fidelity", ROOT / "bench" / "fidelity.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["fidelity"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_wide_draw_covers_what_users_run_and_holds_the_hosts_nic_rate():
+    f = bench()
+    rng = random.Random(5)
+    cases = [f.random_case(rng, i, 5, None, 3) for i in range(60)]
+    seen = {(c.params["tp"], c.params["hosts"]) for c in cases}
+    assert seen == {(1, "default"), (1, "per-group"), (2, "default"), (2, "per-group")}
+    assert max(c.params["dp"] for c in cases) == 4
+    assert max(max(float(g) for g in str(c.params["wan_gbps"]).split("|")) for c in cases) > 10
+    for c in cases:
+        w, topo = c.experiment.workload, c.experiment.topology
+        assert w.pp * w.dp <= f.DRAW["wide"].max_groups
+        fastest = max(lk.gbps for lk in topo.links)
+        for d in topo.dcs:  # a host's NIC (tp GPUs) at max(LAN_MBPS, twice the fastest emulated link)
+            host_mbps = d.intra_gbps * w.tp * 1e3 / c.params["scale"]
+            assert abs(host_mbps - max(f.LAN_MBPS, 2 * fastest * 1e3 / c.params["scale"])) < 1e-3 * host_mbps
+
+
+def test_the_families_are_drawn_across_dcs_and_the_narrow_draw_keeps_its_cases():
+    f = bench()
+    rng = random.Random(9)
+    fam = [f.random_case(rng, i, 9, None, 3, f.FAMILIES) for i in range(20)]
+    assert min(c.params["dp"] for c in fam) >= 2
+    assert all(c.experiment.workload.diloco.inner_steps == f.DILOCO_INNER_STEPS for c in fam)
+    narrow = f.random_case(random.Random(20261203), 0, 20261203, None, 5, f.SCHEDULERS, "narrow")
+    # the earlier rounds' draw of this seed's first case (bench/fidelity.py before --draw)
+    assert (narrow.params["mfu"], narrow.params["wan_gbps"], narrow.params["tp"]) == (0.06388, "3.495|7.069|2.663", 1)
