@@ -396,12 +396,21 @@ def _check_soon(procs: list[subprocess.Popen], wait_s: float = 1.0) -> None:
     _check(procs)
 
 
+LOST_PEER = "peer closed the connection"  # what a worker says when another one ended first
+
+
 def _check(procs: list[subprocess.Popen]) -> None:
+    """A worker that exited with an error ends the run with its last words; of several, one that did not merely
+    lose a peer (the peer that ended first says why)."""
+    dead = []
     for p in procs:
         if p.poll() is not None and p.returncode != 0:
             err = p.stderr.read().strip().splitlines() if p.stderr else []
             why = err[-1] if err else f"killed by signal {-p.returncode}" if p.returncode < 0 else "no message"
-            raise EmuError(f"a worker exited with status {p.returncode}: {why}")
+            dead.append((LOST_PEER in why, p.returncode, why))
+    if dead:
+        _, code, why = min(dead, key=lambda d: d[0])
+        raise EmuError(f"a worker exited with status {code}: {why}")
 
 
 def torch_config(plan: Plan, exp_model, lr: float) -> dict[int, dict]:
