@@ -18,7 +18,7 @@ from testbed.emu.train import run_training
 from testbed.figures.draw import draw_all
 from testbed.plan.build import build_plan, resolve_dp
 from testbed.results import write_csv
-from testbed.runs.emulated import as_emulated
+from testbed.runs.emulated import emulated_experiment
 from testbed.spec.load import load_experiment
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +32,7 @@ def main() -> None:
     a = ap.parse_args()
     exp = load_experiment(ROOT / "experiments" / "emu-3dc.yaml", [f"iterations={a.iterations}"])[0][0]
     k = exp.emulation.scale
-    same = exp.model_copy(update={"topology": as_emulated(exp.topology, k)})
+    same = emulated_experiment(exp, k)
     emu = up(exp.topology, prefix=a.prefix, scale=k)
     rows: list[tuple] = []
     try:

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fidelity  # noqa: E402  (bench/fidelity.py: the same cases from the same seed)
 
 from testbed.plan.build import build_plan, resolve_dp  # noqa: E402
-from testbed.runs.emulated import as_emulated  # noqa: E402
+from testbed.runs.emulated import emulated_experiment  # noqa: E402
 from testbed.sim.executor import simulate  # noqa: E402
 from testbed.sim.realised import Jitter, realise  # noqa: E402
 
@@ -39,7 +39,7 @@ def main() -> None:
     print("topology scheduler | simulated: exact, with noise | emulated | error: exact, with noise")
     for case in fidelity.cases(args.seed, n, None, 3, fidelity.SCHEDULERS):
         exp = case.experiment
-        same = exp.model_copy(update={"topology": as_emulated(exp.topology, exp.emulation.scale)})
+        same = emulated_experiment(exp, exp.emulation.scale)
         dp = resolve_dp(same)
         for sched in exp.schedulers:
             if (case.index, sched) not in emu:

@@ -22,7 +22,7 @@ import fidelity  # noqa: E402  (the bench's own case draw)
 import testbed.sim.executor as executor  # noqa: E402
 from testbed.emu.scale import auto_scale  # noqa: E402
 from testbed.plan.build import build_plan, resolve_dp  # noqa: E402
-from testbed.runs.emulated import as_emulated  # noqa: E402
+from testbed.runs.emulated import emulated_experiment  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,8 +44,7 @@ def main(argv: list[str] | None = None) -> int:
             if case.index not in runs:
                 continue
             exp = case.experiment
-            same = exp.model_copy(update={"topology": as_emulated(exp.topology, exp.emulation.scale
-                                                                  or auto_scale(exp.topology))})
+            same = emulated_experiment(exp, exp.emulation.scale or auto_scale(exp.topology))
             sims = []
             for reaction in reactions:
                 executor.SIDECAR_REACTION_S = reaction

@@ -25,19 +25,26 @@ class Mechanisms:
     # connections a stage boundary opens before multi-TCP: NCCL's sockets per TP rank ("nccl", as Megatron-LM
     # deploys it) or a single TCP connection for the whole boundary ("one")
     transport: Transport = "nccl"
+    # mechanisms the plan decides per link and regime (plan/choose.py): the atlas base leaves it every one of
+    # AUTO_ALL; a +/- modifier pins its own. The fields above are then the defaults the rules override.
+    auto: frozenset[str] = frozenset()
+
+
+AUTO_ALL = frozenset({"greedy", "mtcp", "temporal", "stagger", "warmup"})
 
 
 BASES: dict[str, Mechanisms] = {
     "dp-wan": Mechanisms("dp-wan", multi_tcp=False, temporal=False, stagger=False),
     "pp-wan": Mechanisms("pp-even", multi_tcp=False, temporal=False, stagger=False),
     "pp-1tcp": Mechanisms("pp-even", multi_tcp=False, temporal=False, stagger=False, transport="one"),
-    "atlas": Mechanisms("atlas", multi_tcp=True, temporal=True, stagger=True, warmup=True),
+    "atlas": Mechanisms("atlas", multi_tcp=True, temporal=True, stagger=True, warmup=True, auto=AUTO_ALL),
 }
 BASE_HELP = {
     "dp-wan": "whole pipelines inside each DC, gradients all-reduced across DCs over the WAN",
     "pp-wan": "Megatron-LM's pipeline across DCs over NCCL sockets (tp streams per boundary, NCCL's sockets each)",
     "pp-1tcp": "a pipeline across DCs over one TCP connection per stage boundary",
-    "atlas": "Atlas: greedy placement, multi-TCP, temporal sharing with stagger, latency-aware warm-up",
+    "atlas": "Atlas: greedy placement, multi-TCP, temporal sharing with stagger, latency-aware warm-up, each used "
+             "where the plan says it pays (plan/choose.py)",
 }
 # (field values when switched on, field values when switched off)
 MODIFIERS: dict[str, tuple[dict[str, object], dict[str, object]]] = {
@@ -48,6 +55,10 @@ MODIFIERS: dict[str, tuple[dict[str, object], dict[str, object]]] = {
     "warmup": ({"warmup": True}, {"warmup": False}),
     "bubbletea": ({"bubbletea": True}, {"bubbletea": False}),
 }
+# the mechanisms each modifier pins (takes away from the plan's choice)
+PINS: dict[str, frozenset[str]] = {"mtcp": frozenset({"mtcp"}), "temporal": frozenset({"temporal", "stagger"}),
+                                   "stagger": frozenset({"stagger"}), "greedy": frozenset({"greedy"}),
+                                   "warmup": frozenset({"warmup"}), "bubbletea": frozenset()}
 _NAME = re.compile(r"^(?P<base>" + "|".join(map(re.escape, sorted(BASES, key=len, reverse=True)))
                    + r")(?P<mods>(?:[+-][a-z0-9]+)*)$")
 
@@ -74,7 +85,7 @@ def parse_scheduler(name: str) -> Mechanisms:
         if mech.placement == "dp-wan" and m in ("greedy", "stagger"):
             raise ValueError(f"{name!r}: dp-wan keeps whole pipelines inside a DC; {sign}{m} applies to pipeline "
                              "bases (pp-wan, pp-1tcp, atlas)")
-        mech = replace(mech, **(on if sign == "+" else off))  # type: ignore[arg-type]
+        mech = replace(mech, **(on if sign == "+" else off), auto=mech.auto - PINS[m])  # type: ignore[arg-type]
     if mech.stagger and not mech.temporal:
         raise ValueError(f"{name!r}: +stagger interleaves turns; it needs +temporal")
     return mech

@@ -109,6 +109,17 @@ def changed_iterations(wan: WanSchedule, runs: list[list[float]]) -> tuple[int, 
     return (min(found), max(found)) if found else (0, -1)
 
 
+def emulated_experiment(exp: Experiment, scale: float) -> Experiment:
+    """The experiment as the emulator runs it: its topology as_emulated, and the Atlas sidecar reactive (the
+    emulated sidecar hears the workers' notices; `network.sidecar: predictive` is not yet emulated), so the
+    simulator's prediction of an emulated run hands turns over as the emulated run does."""
+    if exp.network.sidecar == "predictive":
+        raise NotYetError("network.sidecar: predictive on the emulated WAN (its sidecar reacts to the workers' "
+                          "notices): use auto or reactive")
+    net = exp.network.model_copy(update={"sidecar": "reactive"})
+    return exp.model_copy(update={"topology": as_emulated(exp.topology, scale), "network": net})
+
+
 def check_emulable(exp: Experiment) -> None:
     if exp.emulation.backend == "mininet":
         raise NotYetError("emulated training runs on the mininet backend: use netns, docker or containernet")
@@ -138,7 +149,7 @@ def preflight(points: list[tuple[Experiment, dict]]) -> None:
         try:
             scale = exp.emulation.scale or auto_scale(exp.topology)
             check_scale(exp.topology, scale, lan_gpus_per_host=exp.workload.tp)
-            same = exp.model_copy(update={"topology": as_emulated(exp.topology, scale)})
+            same = emulated_experiment(exp, scale)
             dp = resolve_dp(same)
             for sched in exp.schedulers:
                 plan = build_plan(same, sched, dp=dp)
@@ -158,7 +169,7 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
     (e.g. to measure the links)."""
     em = exp.emulation
     scale = em.scale or auto_scale(exp.topology)
-    same = exp.model_copy(update={"topology": as_emulated(exp.topology, scale)})
+    same = emulated_experiment(exp, scale)
     dp = resolve_dp(same)
     results: list[RunResult] = []
     validation: list[tuple] = []

@@ -224,6 +224,7 @@ def write_outputs(out: Path, results: list[RunResult]) -> list[Path]:
     header = (SUMMARY_HEADER + (KV_WAN_COLUMNS if any("kv_wan_bytes" in r.summary for r in results) else ())
               + (KV_EMU_COLUMNS if any("kv_not_arrived" in r.summary for r in results) else ())
               + (("wan_stall_s",) if any("wan_stall_s" in r.summary for r in results) else ())
+              + (("mechanisms",) if any("mechanisms" in r.summary for r in results) else ())
               + (SLOWDOWN_EMU_COLUMNS if any("train_slowdown_vs_alone" in r.summary for r in results) else ()))
     write_csv(paths[0], header, ([r.summary.get(k, "") for k in header] for r in results))
     tls = [r.timeline for r in results if r.timeline is not None]
