@@ -52,7 +52,7 @@ def test_link_loads_count_each_replicas_boundary_and_the_busier_direction():
     links = {("a", "b"): lp, ("b", "a"): replace(lp, src="b", dst="a")}
     loads = link_loads([["a", "a", "b"], ["a", "a", "b"]], [0.0, 50.0, 0.0], 4, links, compute_s=2.0)
     # two replicas x 4 microbatches x 50 bytes at 100 bytes/s = 4 s per direction, over 2 s of compute
-    assert loads == {frozenset({"a", "b"}): LinkLoad(pipes=2, load=2.0)}
+    assert loads == {frozenset({"a", "b"}): LinkLoad(pipes=2, load=2.0, busy_s=4.0)}
 
 
 def test_a_link_whose_sharers_fill_it_with_their_own_windows_is_not_striped():
@@ -71,6 +71,17 @@ def test_a_plan_keeps_the_base_connections_on_links_it_does_not_stripe():
         assert (lp.connections > base) == ("mtcp=" in mech and "-".join(sorted((a, b))) in mech.split("mtcp=")[1])
 
 
+def test_a_link_that_takes_turns_stripes_to_fill_it_with_one_transfer():
+    exp = _exp("topology.links.*.gbps=0.01")  # the replicas' transfers collide on a thin link: turns
+    plan = build_plan(exp, "atlas")
+    assert "turns=" in plan.meta["mechanisms"]
+    base = boundary_connections(parse_scheduler("atlas"), exp.workload.tp, exp.network)
+    turned = [lp for lp in plan.links.values() if lp.temporal]
+    assert turned
+    for lp in turned:  # striped exactly where one transfer's base windows fall short of the link
+        assert (lp.connections > base) == (base * lp.window_bytes / lp.rtt_s < lp.capacity_bytes_s)
+
+
 def test_stagger_only_interleaves_a_fixed_replica_order():
     assert stagger_pays(True, 4, "replica")
     assert not stagger_pays(True, 4, "microbatch")
@@ -78,9 +89,17 @@ def test_stagger_only_interleaves_a_fixed_replica_order():
     assert not stagger_pays(False, 4, "replica")
 
 
-def test_warmup_is_left_out_behind_a_link_that_turns_keep_busy():
-    assert warmup_pays(0.0) and warmup_pays(choose.WARMUP_MAX_TURN_LOAD / 2)
-    assert not warmup_pays(choose.WARMUP_MAX_TURN_LOAD)
+def test_warmup_is_left_out_behind_a_link_that_turns_keep_busy_beyond_its_round_trip():
+    big = choose.WARMUP_MAX_TURN_LOAD
+    assert warmup_pays(0.0, 0.0) and warmup_pays(big / 2, 5.0)
+    assert warmup_pays(big * 10, 0.5)  # busy, but latency still to cover
+    assert not warmup_pays(big, 1.0)
+
+
+def test_turns_go_by_earliest_microbatch_unless_replicas_outnumber_microbatches_or_gpipe_bursts():
+    assert choose.turn_order(36, 48, "1f1b") == "microbatch"
+    assert choose.turn_order(864, 16, "1f1b") == "replica"
+    assert choose.turn_order(2, 8, "gpipe") == "replica"
 
 
 def test_a_plan_whose_turn_link_is_busier_than_the_warmup_bound_runs_plain_1f1b():

@@ -10,7 +10,7 @@ from testbed.costs.models import ModelConfig, resolve_model
 from testbed.costs.stage import in_flight, layer_costs
 from testbed.costs.tcp import connections_for
 from testbed.errors import SpecError
-from testbed.plan.choose import TURN_ORDER, choose_links, label, warmup_pays
+from testbed.plan.choose import choose_links, label, turn_order, warmup_pays
 from testbed.plan.layers import stage_layers
 from testbed.plan.mechanisms import Mechanisms, parse_scheduler
 from testbed.plan.placement import place
@@ -264,13 +264,13 @@ def build_plan(
     ref = costs[0]
     links = link_plans(exp, mech)
     chosen = bool(mech.auto)  # the plan decides some of the mechanisms (plan/choose.py)
-    order = exp.network.turn_order if exp.network.turn_order != "auto" else TURN_ORDER
-    auto_turns, turn_load = "temporal" in mech.auto, 0.0
+    order = exp.network.turn_order if exp.network.turn_order != "auto" else turn_order(dp, m, w.schedule)
+    auto_turns, turn_load, busy_rtt = "temporal" in mech.auto, 0.0, 0.0
     if chosen:
         compute_s = m * max(c.fwd_s + c.bwd_s for row in costs for c in row)
         choice = choose_links(mech, stage_dc, [c.act_bytes for c in ref], m, compute_s, links,
                               boundary_connections(mech, w.tp, exp.network), order if auto_turns else None)
-        mech, links, turn_load = choice.mech, choice.links, choice.turn_load
+        mech, links, turn_load, busy_rtt = choice.mech, choice.links, choice.turn_load, choice.busy_over_rtt
     if mech.warmup:
         free = [GPUS[topo.dc(d).gpu].memory_gb - c.mem_gb for d, c in zip(stage_dc[0], ref, strict=True)]
         trips, busy = wan_round_trips(stage_dc[0], [c.act_bytes for c in ref], links, dp)
@@ -279,7 +279,7 @@ def build_plan(
     else:
         extra = [0] * w.pp
     if "warmup" in mech.auto:  # used where it asks for microbatches ahead of a WAN hop and pays
-        if not warmup_pays(turn_load):
+        if not warmup_pays(turn_load, busy_rtt):
             extra = [0] * w.pp
         mech = replace(mech, warmup=any(extra), auto=mech.auto - {"warmup"})
     mem = [max(costs[r][s].mem_gb + extra[s] * costs[r][s].act_gb_per_microbatch for r in range(dp))

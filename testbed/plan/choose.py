@@ -31,8 +31,15 @@ from testbed.plan.mechanisms import Mechanisms
 TURNS_MIN_LOAD = 0.01
 # a link that takes turns and is busier than this many times the busiest stage's compute gets no warm-up
 WARMUP_MAX_TURN_LOAD = 2.0
-# the order turns take on the links the plan chose: the earliest microbatch first (plan/turns.py by_microbatch)
-TURN_ORDER = "microbatch"
+
+
+def turn_order(dp: int, microbatches: int, schedule: str) -> str:
+    """The order turns take on the links the plan chose (plan/turns.py): the earliest microbatch first, which
+    keeps every 1F1B pipeline in step. With more replicas than microbatches per replica that order advances
+    each pipeline one microbatch per round of all dp replicas, and GPipe sends each replica's microbatches
+    as one burst: there the fixed replica order goes first, letting the first replicas finish while the
+    others compute."""
+    return "replica" if dp > microbatches or schedule == "gpipe" else "microbatch"
 
 
 @dataclass(frozen=True)
@@ -41,6 +48,7 @@ class LinkLoad:
 
     pipes: int  # stage boundaries (over all replicas) whose transfers cross it
     load: float  # its busier direction's time to carry one iteration's bytes at capacity / busiest stage compute
+    busy_s: float = 0.0  # that time, per iteration
 
 
 def link_loads(stage_dc: list[list[str]], act_bytes: list[float], microbatches: int, links: dict,
@@ -61,7 +69,7 @@ def link_loads(stage_dc: list[list[str]], act_bytes: list[float], microbatches: 
     for key, n in pipes.items():
         a, b = sorted(key)
         worst = max(busy.get((a, b), 0.0), busy.get((b, a), 0.0))
-        out[key] = LinkLoad(n, worst / compute_s if compute_s > 0 else float("inf"))
+        out[key] = LinkLoad(n, worst / compute_s if compute_s > 0 else float("inf"), worst)
     return out
 
 
@@ -96,6 +104,7 @@ class Choice:
     mtcp: list[str]  # links (`a-b`) that stripe
     turns: list[str]  # links that take turns
     turn_load: float  # the largest load (LinkLoad.load) of a link that takes turns; 0 without turns
+    busy_over_rtt: float  # that link's transfer time per microbatch (all replicas) over its round trip
 
 
 def choose_links(mech: Mechanisms, stage_dc: list[list[str]], act_bytes: list[float], microbatches: int,
@@ -105,7 +114,11 @@ def choose_links(mech: Mechanisms, stage_dc: list[list[str]], act_bytes: list[fl
     loads = link_loads(stage_dc, act_bytes, microbatches, links, compute_s)
     names = {key: "-".join(sorted(key)) for key in loads}
     if "mtcp" in mech.auto:
-        stripe = {key for key, ll in loads.items() if stripe_pays(links[tuple(sorted(key))], ll, base_connections)}
+        turns_ahead = {key for key, ll in loads.items() if takes_turns(ll)} if "temporal" in mech.auto else (
+            set(loads) if mech.temporal else set())
+        stripe = {key for key, ll in loads.items()  # turns carry one transfer at a time, at full rate
+                  if stripe_pays(links[tuple(sorted(key))], replace(ll, pipes=1) if key in turns_ahead else ll,
+                                 base_connections)}
         links = {h: lp if frozenset(h) in stripe else replace(lp, connections=base_connections)
                  for h, lp in links.items()}
     if "temporal" in mech.auto:
@@ -118,13 +131,19 @@ def choose_links(mech: Mechanisms, stage_dc: list[list[str]], act_bytes: list[fl
     mtcp = sorted(names[key] for key in loads if links[tuple(sorted(key))].connections > base_connections)
     mech = replace(mech, temporal=temporal, stagger=stagger, multi_tcp=bool(mtcp) or mech.multi_tcp,
                    auto=mech.auto - {"temporal", "stagger", "mtcp", "greedy"})
+    top = max(turns, key=lambda key: loads[key].load, default=None)
+    busy_rtt = 0.0
+    if top is not None:
+        lp = links[tuple(sorted(top))]  # type: ignore[index]
+        busy_rtt = loads[top].busy_s / microbatches / max(lp.rtt_s, 1e-12)
     return Choice(mech, links, mtcp, sorted(names[key] for key in turns),
-                  max((loads[key].load for key in turns), default=0.0))
+                  loads[top].load if top is not None else 0.0, busy_rtt)
 
 
 def stripe_pays(lp, ll: LinkLoad, base_connections: int) -> bool:
-    """Stripe a link whose sharers cannot fill it: the boundaries crossing it, each at its base connections'
-    n W / RTT, carry less than its capacity (where they fill it, more connections only split the same rate)."""
+    """Stripe a link whose sharers cannot fill it: the boundaries crossing it at once (`ll.pipes`; one on a
+    link that takes turns), each at its base connections' n W / RTT, carry less than its capacity (where
+    they fill it side by side, more connections only split the same rate)."""
     return ll.pipes * base_connections * lp.window_bytes / max(lp.rtt_s, 1e-12) < lp.capacity_bytes_s
 
 
@@ -134,8 +153,9 @@ def stagger_pays(temporal: bool, dp: int, order: str | None) -> bool:
     return temporal and dp > 1 and order in (None, "replica")
 
 
-def warmup_pays(turn_load: float) -> bool:
-    """The warm-up (where latency_warmup asks for microbatches) pays unless its WAN takes turns while it is
-    busier than WARMUP_MAX_TURN_LOAD times the compute: turns keep such a link busy already, and more
-    microbatches in flight only queue behind it (they cost 2-9 % in bench/atlas_vs_ablations.py)."""
-    return turn_load < WARMUP_MAX_TURN_LOAD
+def warmup_pays(turn_load: float, busy_over_rtt: float) -> bool:
+    """The warm-up (where latency_warmup asks for microbatches) covers round trips with microbatches in
+    flight. Behind a link that takes turns, is busier than WARMUP_MAX_TURN_LOAD times the compute and whose
+    transfers per microbatch (all replicas) outlast its round trip (`busy_over_rtt` >= 1), there is no latency
+    left to cover: more microbatches in flight only queue (they cost 2-13 % in bench/atlas_vs_ablations.py)."""
+    return turn_load < WARMUP_MAX_TURN_LOAD or busy_over_rtt < 1
