@@ -92,8 +92,8 @@ def test_stagger_only_interleaves_a_fixed_replica_order():
 def test_warmup_is_left_out_behind_a_link_that_turns_keep_busy_beyond_its_round_trip():
     big = choose.WARMUP_MAX_TURN_LOAD
     assert warmup_pays(0.0, 0.0) and warmup_pays(big / 2, 5.0)
-    assert warmup_pays(big * 10, 0.5)  # busy, but latency still to cover
-    assert not warmup_pays(big, 1.0)
+    assert warmup_pays(big * 10, choose.WARMUP_MIN_BUSY_RTT / 2)  # busy, but latency still to cover
+    assert not warmup_pays(big, choose.WARMUP_MIN_BUSY_RTT)
 
 
 def test_turns_go_by_earliest_microbatch_unless_replicas_outnumber_microbatches_or_gpipe_bursts():

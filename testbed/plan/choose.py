@@ -29,8 +29,10 @@ from testbed.plan.mechanisms import Mechanisms
 # a link takes turns only when its busy time per iteration is at least this share of the busiest stage's compute:
 # turns can save at most the time the link is busy, and below 1 % they have nothing measurable to give
 TURNS_MIN_LOAD = 0.01
-# a link that takes turns and is busier than this many times the busiest stage's compute gets no warm-up
-WARMUP_MAX_TURN_LOAD = 2.0
+# a link that takes turns and is busier than this many times the busiest stage's compute gets no warm-up ...
+WARMUP_MAX_TURN_LOAD = 1.5
+# ... and whose transfers per microbatch (all replicas) take at least this share of its round trip
+WARMUP_MIN_BUSY_RTT = 0.5
 
 
 def turn_order(dp: int, microbatches: int, schedule: str) -> str:
@@ -156,6 +158,7 @@ def stagger_pays(temporal: bool, dp: int, order: str | None) -> bool:
 def warmup_pays(turn_load: float, busy_over_rtt: float) -> bool:
     """The warm-up (where latency_warmup asks for microbatches) covers round trips with microbatches in
     flight. Behind a link that takes turns, is busier than WARMUP_MAX_TURN_LOAD times the compute and whose
-    transfers per microbatch (all replicas) outlast its round trip (`busy_over_rtt` >= 1), there is no latency
-    left to cover: more microbatches in flight only queue (they cost 2-13 % in bench/atlas_vs_ablations.py)."""
-    return turn_load < WARMUP_MAX_TURN_LOAD or busy_over_rtt < 1
+    transfers per microbatch (all replicas) fill a good part of its round trip (WARMUP_MIN_BUSY_RTT), little
+    latency is left to cover: more microbatches in flight only queue (they cost 2-9 % in
+    bench/atlas_vs_ablations.py)."""
+    return turn_load < WARMUP_MAX_TURN_LOAD or busy_over_rtt < WARMUP_MIN_BUSY_RTT
