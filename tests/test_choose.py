@@ -45,6 +45,7 @@ def test_turns_only_on_links_replicas_share_and_that_are_busy_for_a_measurable_s
     assert not takes_turns(LinkLoad(pipes=1, load=50.0))  # one pipeline: nobody to take turns with
     assert not takes_turns(LinkLoad(pipes=8, load=choose.TURNS_MIN_LOAD / 2))  # idle: nothing to gain
     assert takes_turns(LinkLoad(pipes=8, load=0.5))
+    assert takes_turns(LinkLoad(pipes=1, load=0.5), kv_caches=True)  # KV caches go after training
 
 
 def test_link_loads_count_each_replicas_boundary_and_the_busier_direction():

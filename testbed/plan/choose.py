@@ -75,11 +75,12 @@ def link_loads(stage_dc: list[list[str]], act_bytes: list[float], microbatches: 
     return out
 
 
-def takes_turns(ll: LinkLoad) -> bool:
+def takes_turns(ll: LinkLoad, kv_caches: bool = False) -> bool:
     """Turns pay on a link that replicas share (more than one boundary crosses it: identical replicas issue
-    their transfers at the same instants, so they collide) and that is busy for a measurable share of the
-    iteration (TURNS_MIN_LOAD)."""
-    return ll.pipes > 1 and ll.load >= TURNS_MIN_LOAD
+    their transfers at the same instants, so they collide) or that BubbleTea's KV caches may cross (`kv_caches`:
+    under turns they go after every training transfer, sharing fairly they slow training: 14 % on
+    emu-bubbletea-far), and that is busy for a measurable share of the iteration (TURNS_MIN_LOAD)."""
+    return (ll.pipes > 1 or kv_caches) and ll.load >= TURNS_MIN_LOAD
 
 
 def label(greedy: bool, mtcp_links: list[str], turn_links: list[str], stagger: bool, warmup: bool) -> str:
@@ -115,19 +116,18 @@ def choose_links(mech: Mechanisms, stage_dc: list[list[str]], act_bytes: list[fl
     planned with multi-TCP; `order`: the order turns take (None: not known yet)."""
     loads = link_loads(stage_dc, act_bytes, microbatches, links, compute_s)
     names = {key: "-".join(sorted(key)) for key in loads}
+    if "temporal" in mech.auto:
+        turns = {key for key, ll in loads.items() if takes_turns(ll, mech.bubbletea)}
+    else:
+        turns = set(loads) if mech.temporal else set()
     if "mtcp" in mech.auto:
-        turns_ahead = {key for key, ll in loads.items() if takes_turns(ll)} if "temporal" in mech.auto else (
-            set(loads) if mech.temporal else set())
         stripe = {key for key, ll in loads.items()  # turns carry one transfer at a time, at full rate
-                  if stripe_pays(links[tuple(sorted(key))], replace(ll, pipes=1) if key in turns_ahead else ll,
+                  if stripe_pays(links[tuple(sorted(key))], replace(ll, pipes=1) if key in turns else ll,
                                  base_connections)}
         links = {h: lp if frozenset(h) in stripe else replace(lp, connections=base_connections)
                  for h, lp in links.items()}
     if "temporal" in mech.auto:
-        turns = {key for key, ll in loads.items() if takes_turns(ll)}
         links = {h: replace(lp, temporal=frozenset(h) in turns) for h, lp in links.items()}
-    else:
-        turns = set(loads) if mech.temporal else set()
     temporal = bool(turns)
     stagger = stagger_pays(temporal, len(stage_dc), order) if "stagger" in mech.auto else mech.stagger and temporal
     mtcp = sorted(names[key] for key in loads if links[tuple(sorted(key))].connections > base_connections)
