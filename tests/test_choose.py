@@ -91,10 +91,10 @@ def test_stagger_only_interleaves_a_fixed_replica_order():
 
 
 def test_warmup_is_left_out_behind_a_link_that_turns_keep_busy_beyond_its_round_trip():
-    big = choose.WARMUP_MAX_BUSY2
-    assert warmup_pays(0.0, 0.0) and warmup_pays(0.5, big)  # the link is idle half the compute
-    assert warmup_pays(big * 100, 0.002)  # busy, but the round trip is all latency still to cover
-    assert not warmup_pays(big, 1.0) and not warmup_pays(2.0, big / 2)
+    assert warmup_pays(0.0, 0.0) and warmup_pays(0.5, 10.0)  # the link is idle half the compute
+    assert warmup_pays(100.0, 0.002)  # busy, but the round trip is all latency still to cover
+    assert warmup_pays(2.39, 0.805)  # both just above their floors, not their product
+    assert not warmup_pays(2.66, 1.035) and not warmup_pays(4.68, 0.805)
 
 
 def test_turns_go_by_earliest_microbatch_unless_replicas_outnumber_microbatches_or_gpipe_bursts():

@@ -29,9 +29,10 @@ from testbed.plan.mechanisms import Mechanisms
 # a link takes turns only when its busy time per iteration is at least this share of the busiest stage's compute:
 # turns can save at most the time the link is busy, and below 1 % they have nothing measurable to give
 TURNS_MIN_LOAD = 0.01
-# no warm-up behind a link that takes turns whose transfer time per microbatch (all replicas), squared, is at
-# least this many times the busiest stage's compute per microbatch times the link's round trip
-WARMUP_MAX_BUSY2 = 3.6
+# no warm-up behind a link that takes turns whose load is at least WARMUP_MIN_LOAD, whose transfers per
+# microbatch (all replicas) take at least WARMUP_MIN_BUSY_RTT of its round trip, and the two together at least
+# WARMUP_MIN_PRODUCT (measured on bench/atlas_vs_ablations.py's points: docs/atlas-mechanisms.md)
+WARMUP_MIN_LOAD, WARMUP_MIN_BUSY_RTT, WARMUP_MIN_PRODUCT = 1.8, 0.8, 2.5
 
 
 def turn_order(dp: int, microbatches: int, schedule: str) -> str:
@@ -156,8 +157,8 @@ def stagger_pays(temporal: bool, dp: int, order: str | None) -> bool:
 
 def warmup_pays(turn_load: float, busy_over_rtt: float) -> bool:
     """The warm-up (where latency_warmup asks for microbatches) covers round trips with microbatches in
-    flight. Behind a link that takes turns and whose transfers per microbatch (all replicas) `busy` outweigh
-    both the compute per microbatch `fb` and the round trip (busy^2 >= WARMUP_MAX_BUSY2 x fb x RTT, i.e.
-    turn_load x busy_over_rtt), little latency is left to cover: more microbatches in flight only queue (they
-    cost 2-9 % in bench/atlas_vs_ablations.py)."""
-    return turn_load * busy_over_rtt < WARMUP_MAX_BUSY2
+    flight. Behind a link that takes turns, carries more than the compute (`turn_load`) and whose transfers
+    per microbatch (all replicas) fill most of its round trip (`busy_over_rtt`), little latency is left to
+    cover: more microbatches in flight only queue (they cost 2-10 % in bench/atlas_vs_ablations.py)."""
+    return not (turn_load >= WARMUP_MIN_LOAD and busy_over_rtt >= WARMUP_MIN_BUSY_RTT
+                and turn_load * busy_over_rtt >= WARMUP_MIN_PRODUCT)
