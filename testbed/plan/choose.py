@@ -32,7 +32,7 @@ TURNS_MIN_LOAD = 0.01
 # no warm-up behind a link that takes turns whose load is at least WARMUP_MIN_LOAD, whose transfers per
 # microbatch (all replicas) take at least WARMUP_MIN_BUSY_RTT of its round trip, and the two together at least
 # WARMUP_MIN_PRODUCT (measured on bench/atlas_vs_ablations.py's points: docs/atlas-mechanisms.md)
-WARMUP_MIN_LOAD, WARMUP_MIN_BUSY_RTT, WARMUP_MIN_PRODUCT = 1.8, 0.8, 2.5
+WARMUP_MIN_LOAD, WARMUP_MIN_BUSY_RTT, WARMUP_MIN_PRODUCT = 1.7, 0.8, 2.5
 
 
 def turn_order(dp: int, microbatches: int, schedule: str) -> str:
