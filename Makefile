@@ -7,7 +7,7 @@ RESULTS := results
 
 .PHONY: all venv sysdeps test unit integration lint experiment sim-paper sim-bubbletea claims emu-multitcp emu-training \
         figures bench base-image docker-setup wheels images testbed-image emu-docker emu-docker-if-ready \
-        topology-3dc topology-down clean distclean wan-change
+        topology-3dc topology-down clean distclean wan-change check-docs
 
 all: test
 
@@ -50,6 +50,13 @@ sim-bubbletea: venv
 	    --set "schedulers=[atlas, atlas+bubbletea]" --sweep bubbletea.rate_scale=5,10,20,30,40,50; \
 	else echo "no Azure trace in $(AZURE): BubbleTea runs on the synthetic trace (same statistics)"; \
 	  $(TESTBED) sim experiments/bubbletea-3dc.yaml --out $(RESULTS)/bubbletea-3dc --set bubbletea.trace=synthetic; fi
+
+# Every simulated number of README.md and docs/*.md that carries a `check:` anchor, regenerated and compared
+# (bench/check_docs.py; the simulator is deterministic). CHECK_RUNS=paper,bubbletea checks only those runs
+# (what CI does: the claims take minutes). Runs on the Azure traces are skipped, by name, where AZURE has none.
+CHECK_RUNS ?=
+check-docs: venv
+	AZURE=$(abspath $(AZURE)) $(BIN)/python bench/check_docs.py $(if $(CHECK_RUNS),--runs $(CHECK_RUNS))
 
 # Every published claim we can express (experiments/claims/*.yaml), against the simulator: claims.csv + claims.png.
 claims: venv

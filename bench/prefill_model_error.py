@@ -65,6 +65,28 @@ def shipped_models() -> list[tuple[str, str, str, int]]:
     return out
 
 
+def ops_section(rows: list[dict]) -> None:
+    """The same held-out schemes for prefill from the training's operators (testbed/costs/prefill_ops.py)."""
+    from testbed.costs import prefill_ops
+
+    def ops_line(name: str, errs: list[float]) -> None:
+        med, p90 = spread(errs)
+        print(f"  {name:<58}{len(errs):>6}{med:>10.1%}{p90:>9.1%}")
+
+    print("\n  prefill from the training's operators (testbed/costs/prefill_ops.py; not the default):")
+    cfg = (lambda r: (r["model"], r["hardware"], r["tp"], r["prompt"], r["batch"]))  # noqa: E731
+    ops_line("5-fold grouped by configuration", prefill_ops.held_out(rows, cfg, 5))
+    ops_line("5-fold grouped by prompt shape (prompt, batch)",
+             prefill_ops.held_out(rows, lambda r: (r["prompt"], r["batch"]), 5))
+    ops_line("leave-one-model-out", prefill_ops.held_out(rows, lambda r: r["model"]))
+    for m in sorted({r["model"] for r in rows}):
+        others = [r for r in rows if r["model"] != m]
+        cal = prefill_ops.fit_rows(others)
+        errs = [abs(prefill_ops.ops_time_s(prefill_ops.row_work(r), cal[HARDWARE[r["hardware"]]]) / r["time_s"] - 1)
+                for r in rows if r["model"] == m]
+        ops_line(f"  {m} predicted from the others", errs)
+
+
 def main() -> None:
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     path = Path(args[0]) if args else DEFAULT
@@ -96,6 +118,8 @@ def main() -> None:
     short = [r for r in rows if r["prompt"] * r["batch"] <= 1024]
     line("fitted on <= 1,024 tokens per pass, scored on longer", relative_errors(
         [r for r in rows if r["prompt"] * r["batch"] > 1024], fit(short)))
+
+    ops_section(rows)
 
     print("\n  per (model, GPU, TP), 5-fold grouped by configuration:")
     by = defaultdict(list)

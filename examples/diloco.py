@@ -1,10 +1,10 @@
-"""DiLoCo across datacenters against DDP over the WAN: the same GPT-style model and data, two ways
-of synchronising. Plain torch: runs under `testbed launch` or torchrun alike.
+"""DiLoCo and Streaming DiLoCo across datacenters against DDP over the WAN: the same GPT-style model and data,
+three ways of synchronising. Plain torch: runs under `testbed launch` or torchrun alike.
 
-    sudo .venv/bin/testbed launch experiments/emu-3dc-topology.yaml --out results/diloco \\
-        -- python examples/diloco.py --method ddp
-    sudo .venv/bin/testbed launch experiments/emu-3dc-topology.yaml --out results/diloco \\
-        -- python examples/diloco.py --method diloco
+    for m in ddp diloco streaming; do
+      sudo .venv/bin/testbed launch experiments/emu-3dc-topology.yaml --out results/diloco \\
+          -- python examples/diloco.py --method $m
+    done
     .venv/bin/python examples/compare_loss.py results/diloco --target 2.0
 
 - ddp: torch's DistributedDataParallel over every rank: the gradients cross the WAN at every step.
@@ -13,10 +13,16 @@ of synchronising. Plain torch: runs under `testbed launch` or torchrun alike.
   round minus where they got) over the WAN and apply it with Nesterov momentum (the outer step).
   The outer all-reduce is sharded: host j of each DC averages the j-th slice, then the DC gathers
   the slices, so each host carries 1/hosts of the bytes over the WAN.
+- streaming (Douillard et al., 2025): the model's transformer blocks are split into F strided fragments
+  (`--fragments`); fragment f syncs every H steps at its own offset, its outer gradient quantised to
+  `--outer-bits` (4: two values a byte, one scale per shard) and gathered across DCs while the next
+  tau inner steps (`--overlap`) run; then its outer step, and the fragment restarts from the result.
 
-Ranks come in contiguous blocks per DC (testbed launch does this). Rank 0 evaluates the synchronised
-model on held-out batches every H steps (no communication) and writes OUT/<method>.csv
-(method, step, wall_s, loss, eval_loss), OUT being --out or $TESTBED_OUT.
+Any number of DCs: $TESTBED_DCS (testbed launch sets it), else `--dcs`; ranks come in contiguous blocks per
+DC (testbed launch does this). Rank 0 evaluates its model on held-out batches every H steps (no
+communication; for diloco the synchronised model) and writes OUT/<method>.csv
+(method, step, wall_s, loss, eval_loss, scale), OUT being --out or $TESTBED_OUT; scale is the WAN's k
+(TESTBED_SCALE, see wan_scale).
 """
 
 from __future__ import annotations
@@ -30,6 +36,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def wan_scale() -> float:
+    """The emulated WAN's scale k: testbed launch divides every WAN link's rate and window by k and sets
+    TESTBED_SCALE (1 when unset, as under torchrun). This script sends its tensors at their real size, so its
+    WAN transfers take up to k times as long as on the spec's WAN (testbed launch prints each link's factor);
+    it says so and records k next to its times. examples/ddp_scale.py shows a scale model (bytes / k)."""
+    return float(os.environ.get("TESTBED_SCALE", "1"))
+
+
+def say_scale(k: float) -> None:
+    if k != 1:
+        print(f"TESTBED_SCALE={k:g}: tensors are sent at their real size, so WAN transfers take up to {k:g}x as "
+              f"long as on the spec's WAN; times below are this emulated WAN's, not the real one's", flush=True)
 
 
 class Block(nn.Module):
@@ -73,33 +93,98 @@ def loss_of(model: nn.Module, x: torch.Tensor, y: torch.Tensor, vocab: int) -> t
     return nn.functional.cross_entropy(model(x).reshape(-1, vocab), y.reshape(-1))
 
 
-def outer_step(local: list[torch.Tensor], glob: list[torch.Tensor], outer: torch.optim.Optimizer, hosts: int,
-               host: int, cross_group, dc_group, dcs: int) -> None:
-    """Average the DCs' outer gradients (sharded over the DC's hosts), Nesterov step, restart from it."""
-    deltas = [g - p.detach() for g, p in zip(glob, local, strict=True)]
-    flat = torch._utils._flatten_dense_tensors(deltas)
+def fragment_of(name: str, fragments: int, layers: int) -> int:
+    """Strided fragments (Streaming DiLoCo): block k is in fragment k mod F; the embedding goes with the first
+    block, the head with the last."""
+    if name.startswith("blocks."):
+        return int(name.split(".")[1]) % fragments
+    return 0 if name.startswith(("embed", "pos")) else (layers - 1) % fragments
+
+
+def encode(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`x` as bytes on the wire: `bits` per value (4: symmetric levels -7..7, two a byte; 8: -127..127; 16: bf16;
+    32: fp32), and its scale."""
+    if bits >= 16:
+        return x.to(torch.bfloat16 if bits == 16 else torch.float32).contiguous().view(torch.uint8), torch.ones(1)
+    top = 2 ** (bits - 1) - 1
+    scale = x.abs().max().clamp(min=1e-12).reshape(1) / top
+    q = torch.round(x / scale).clamp(-top, top).to(torch.int16) + top
+    if bits == 4:
+        q = torch.nn.functional.pad(q, (0, q.numel() % 2))
+        return (q[0::2] * 16 + q[1::2]).to(torch.uint8), scale
+    return q.to(torch.uint8), scale
+
+
+def decode(b: torch.Tensor, scale: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    if bits >= 16:
+        return b.view(torch.bfloat16 if bits == 16 else torch.float32).float()[:n]
+    top = 2 ** (bits - 1) - 1
+    q = b.to(torch.int16)
+    if bits == 4:
+        q = torch.stack([q // 16, q % 16], 1).reshape(-1)
+    return (q[:n] - top).float() * scale
+
+
+class Fragment:
+    """Parameters synced together: their outer copy and Nesterov optimizer, and the sync in flight."""
+
+    def __init__(self, params: list[torch.Tensor], outer_lr: float, momentum: float) -> None:
+        self.local = params
+        self.glob = [q.detach().clone() for q in params]
+        self.outer = torch.optim.SGD(self.glob, lr=outer_lr, momentum=momentum, nesterov=True)
+        self.pending = None  # (step it is applied at, gather handles, payloads, scales, numel)
+
+
+def start_sync(fr: Fragment, step: int, tau: int, bits: int, hosts: int, host: int, cross, dcs: int) -> None:
+    """Gather this host's shard of the fragment's quantised outer gradient from every DC, in the background."""
+    flat = torch._utils._flatten_dense_tensors([g - p.detach() for g, p in zip(fr.glob, fr.local, strict=True)])
     n = -(-flat.numel() // hosts)
-    flat = torch.nn.functional.pad(flat, (0, n * hosts - flat.numel()))
-    shard = flat[host * n:(host + 1) * n].clone()
-    dist.all_reduce(shard, group=cross_group)  # over the WAN: host j of every DC
-    shard /= dcs
+    shard = torch.nn.functional.pad(flat, (0, n * hosts - flat.numel()))[host * n:(host + 1) * n]
+    if bits == 32:  # unquantised: summed on the way (a ring all-reduce carries 2 (D - 1) / D of it, a gather D - 1)
+        shard = shard.clone()
+        fr.pending = (step + tau, [dist.all_reduce(shard, group=cross, async_op=True)], [shard], None, n, flat.numel())
+        return
+    payload, scale = encode(shard, bits)
+    payloads = [torch.empty_like(payload) for _ in range(dcs)]
+    scales = [torch.empty_like(scale) for _ in range(dcs)]
+    works = [dist.all_gather(payloads, payload, group=cross, async_op=True),
+             dist.all_gather(scales, scale, group=cross, async_op=True)]  # over the WAN: host j of every DC
+    fr.pending = (step + tau, works, payloads, scales, n, flat.numel())
+
+
+def finish_sync(fr: Fragment, bits: int, hosts: int, dc_group) -> None:
+    """Wait for the gather, average, gather the DC's shards, outer step; the fragment restarts from it."""
+    _step, works, payloads, scales, n, numel = fr.pending
+    fr.pending = None
+    for w in works:
+        w.wait()
+    if scales is None:
+        shard = payloads[0] / dist.get_world_size() * hosts  # the sum over DCs, averaged
+    else:
+        shard = sum(decode(b, sc, bits, n) for b, sc in zip(payloads, scales, strict=True)) / len(payloads)
     parts = [torch.empty_like(shard) for _ in range(hosts)]
     dist.all_gather(parts, shard, group=dc_group)  # inside the DC
-    avg = torch._utils._unflatten_dense_tensors(torch.cat(parts)[:sum(d.numel() for d in deltas)], deltas)
-    for g, d in zip(glob, avg, strict=True):
+    like = [g.detach() for g in fr.glob]
+    avg = torch._utils._unflatten_dense_tensors(torch.cat(parts)[:numel], like)
+    for g, d in zip(fr.glob, avg, strict=True):
         g.grad = d
-    outer.step()
+    fr.outer.step()
     with torch.no_grad():
-        for g, p in zip(glob, local, strict=True):
+        for g, p in zip(fr.glob, fr.local, strict=True):
             p.copy_(g)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--method", choices=["diloco", "ddp"], required=True)
+    p.add_argument("--method", choices=["diloco", "streaming", "ddp"], required=True)
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--inner-steps", type=int, default=10, help="H: inner steps between outer steps (diloco)")
     p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (ddp, and diloco's inner steps)")
+    p.add_argument("--fragments", type=int, default=2, help="F: fragments synced in turn (streaming)")
+    p.add_argument("--overlap", type=int, default=1, help="tau: inner steps a fragment's sync overlaps (streaming)")
+    p.add_argument("--outer-bits", type=int, choices=[4, 8, 16, 32], default=None,
+                   help="bits per outer-gradient value on the WAN (default: diloco 32, streaming 4)")
+    p.add_argument("--dcs", type=int, default=1, help="DCs, when $TESTBED_DCS is not set (torchrun)")
     p.add_argument("--outer-lr", type=float, default=0.7)
     p.add_argument("--outer-momentum", type=float, default=0.9)
     p.add_argument("--layers", type=int, default=2)
@@ -113,7 +198,7 @@ def main() -> None:
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    dcs = max(1, len([d for d in os.environ.get("TESTBED_DCS", "").split(",") if d]))
+    dcs = len([d for d in os.environ.get("TESTBED_DCS", "").split(",") if d]) or a.dcs
     if world % dcs:
         raise SystemExit(f"{world} ranks do not split evenly over {dcs} DCs")
     hosts = world // dcs  # ranks per DC
@@ -122,15 +207,27 @@ def main() -> None:
     cross_groups = [dist.new_group([d * hosts + j for d in range(dcs)]) for j in range(hosts)]
 
     model = GPT(a)
+    streaming = a.method == "streaming"
+    F, tau = (a.fragments, a.overlap) if streaming else (1, 0)
+    bits = a.outer_bits or (4 if streaming else 32)
+    if a.inner_steps % F or (streaming and tau >= a.inner_steps // F):
+        raise SystemExit(f"--fragments {F} must divide --inner-steps {a.inner_steps} with --overlap below "
+                         f"inner_steps/fragments")
+    frags: list[Fragment] = []
     if a.method == "ddp":
         net = DDP(model)  # every rank, across the WAN
     else:
         net = DDP(model, process_group=dc_groups[dc])  # inner steps: data parallel inside the DC
-        glob = [q.detach().clone() for q in model.parameters()]
-        outer = torch.optim.SGD(glob, lr=a.outer_lr, momentum=a.outer_momentum, nesterov=True)
+        named = list(model.named_parameters())
+        frags = [Fragment([q for n, q in named if fragment_of(n, F, a.layers) == f], a.outer_lr, a.outer_momentum)
+                 for f in range(F)]
+        frags = [fr for fr in frags if fr.local]
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr)
     held_out = [batch(a, 10**9 + i) for i in range(4)]
     rows: list[tuple] = []
+    k = wan_scale()
+    if rank == 0:
+        say_scale(k)
     dist.barrier()  # the clock starts when every rank is ready
     t0 = time.perf_counter()
     for step in range(1, a.steps + 1):
@@ -139,23 +236,30 @@ def main() -> None:
         loss = loss_of(net, x, y, a.vocab)
         loss.backward()
         opt.step()
-        synced = a.method == "ddp" or step % a.inner_steps == 0
-        if a.method == "diloco" and synced:
-            outer_step(list(model.parameters()), glob, outer, hosts, host, cross_groups[host], dc_groups[dc], dcs)
+        for f, fr in enumerate(frags):  # fragment f syncs at step (f + 1) H / F - tau of each round of H
+            if fr.pending is not None and fr.pending[0] == step:
+                finish_sync(fr, bits, hosts, dc_groups[dc])
+            if (step + tau) % a.inner_steps == (f + 1) * a.inner_steps // len(frags) % a.inner_steps:
+                start_sync(fr, step, tau, bits, hosts, host, cross_groups[host], dcs)
+                if tau == 0:
+                    finish_sync(fr, bits, hosts, dc_groups[dc])
         if rank == 0:
             ev = ""
-            if synced and step % a.inner_steps == 0:  # the synchronised model on held-out data
+            if step % a.inner_steps == 0:  # held-out loss every H steps (diloco: the synchronised model)
                 with torch.no_grad():
                     ev = round(sum(loss_of(model, hx, hy, a.vocab).item() for hx, hy in held_out) / len(held_out), 6)
-            rows.append((a.method, step, round(time.perf_counter() - t0, 6), round(loss.item(), 6), ev))
+            rows.append((a.method, step, round(time.perf_counter() - t0, 6), round(loss.item(), 6), ev, k))
             if ev != "":
                 print(f"{a.method} step {step} wall {rows[-1][2]:.2f} s held-out loss {ev:.4f}", flush=True)
+    for fr in frags:  # syncs still in flight when the steps ran out
+        if fr.pending is not None:
+            finish_sync(fr, bits, hosts, dc_groups[dc])
     if rank == 0:
         os.makedirs(a.out, exist_ok=True)
         path = os.path.join(a.out, f"{a.method}.csv")
         with open(path + ".tmp", "w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["method", "step", "wall_s", "loss", "eval_loss"])
+            w.writerow(["method", "step", "wall_s", "loss", "eval_loss", "scale"])
             w.writerows(rows)
         os.replace(path + ".tmp", path)
         print(f"{a.method}: {a.steps} steps in {rows[-1][2]:.1f} s; wrote {path}", flush=True)

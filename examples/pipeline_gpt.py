@@ -10,7 +10,7 @@ activations and their gradients cross the WAN, the gradient all-reduce of a stag
 
 The data is synthetic but learnable (sequences that step through the vocabulary with a per-sequence
 stride), so the loss falls within a few steps. The last stage writes OUT/pipeline.csv (step, loss,
-iteration_s) where OUT is --out or $TESTBED_OUT.
+iteration_s, scale) where OUT is --out or $TESTBED_OUT; scale is the WAN's k (TESTBED_SCALE, see wan_scale).
 """
 
 from __future__ import annotations
@@ -24,6 +24,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+
+def wan_scale() -> float:
+    """The emulated WAN's scale k: testbed launch divides every WAN link's rate and window by k and sets
+    TESTBED_SCALE (1 when unset, as under torchrun). This script sends its tensors at their real size, so its
+    WAN transfers take up to k times as long as on the spec's WAN (testbed launch prints each link's factor);
+    it says so and records k next to its times. examples/ddp_scale.py shows a scale model (bytes / k)."""
+    return float(os.environ.get("TESTBED_SCALE", "1"))
+
+
+def say_scale(k: float) -> None:
+    if k != 1:
+        print(f"TESTBED_SCALE={k:g}: tensors are sent at their real size, so WAN transfers take up to {k:g}x as "
+              f"long as on the spec's WAN; times below are this emulated WAN's, not the real one's", flush=True)
 
 
 class Block(nn.Module):
@@ -110,6 +124,9 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr)
     params = list(model.parameters())
     rows: list[tuple[int, float, float]] = []
+    k = wan_scale()
+    if model.last and replica == 0:
+        say_scale(k)
     t_prev = time.perf_counter()
     for step in range(a.steps):
         x, y = batch(a, replica, step)
@@ -147,8 +164,8 @@ def main() -> None:
         path = os.path.join(a.out, "pipeline.csv")
         with open(path + ".tmp", "w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["step", "loss", "iteration_s"])
-            w.writerows((s, round(v, 6), round(t, 6)) for s, v, t in rows)
+            w.writerow(["step", "loss", "iteration_s", "scale"])
+            w.writerows((s, round(v, 6), round(t, 6), k) for s, v, t in rows)
         os.replace(path + ".tmp", path)
         print(f"loss {rows[0][1]:.3f} -> {rows[-1][1]:.3f} over {len(rows)} steps; wrote {path}", flush=True)
     dist.destroy_process_group()

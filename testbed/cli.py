@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from testbed.emu.health import DEFAULT_BUDGET
 from testbed.emu.sh import EmuError
 from testbed.errors import NotYetError, SpecError, one_line
 
@@ -96,6 +97,8 @@ def sim(
     = "process",
     address: Annotated[str | None, typer.Option(help="An existing Ray cluster, e.g. 10.0.0.5:6379 (--engine ray)")]
     = None,
+    calibration: Annotated[Path | None, typer.Option(help="Operator calibration (bench/gpu_profile.py writes one); "
+                                                          "the same as --set costs.calibration=FILE")] = None,
 ) -> None:
     """Simulate every scheduler of an experiment (and every sweep point); write summary/timeline/trace."""
     from testbed.progress import Progress
@@ -107,6 +110,8 @@ def sim(
         raise SpecError("--engine", f"unknown engine {engine!r}", f"use one of {', '.join(ENGINES)}")
     if address and engine != "ray":
         raise SpecError("--address", "only Ray connects to a cluster", "add --engine ray")
+    if calibration is not None:
+        set_ = [*(set_ or []), f"costs.calibration={calibration.resolve()}"]
     points = load_experiment(experiment, set_, sweep)
     exp0 = points[0][0]
     what = f"{escape(exp0.name)}: simulating {len(points)} point(s) x {len(exp0.schedulers)} scheduler(s)"
@@ -188,7 +193,7 @@ def report(
         raise SpecError("--figures", "one figures folder for several results folders", "give one FOLDER")
     for folder in folders:
         if not has_results(folder):
-            raise SpecError(str(folder), "no summary.csv, links.csv, plan.csv or backends.csv here",
+            raise SpecError(str(folder), "no summary.csv, links.csv, plan.csv, backends.csv or scale.csv here",
                             "give a folder a run wrote (--out)")
         notes: list[str] = []
         console.print(f"wrote {write_report(folder, figures, notes)}")
@@ -320,13 +325,15 @@ PrefixOpt = Annotated[str, typer.Option(help="Name prefix of everything this top
 
 
 def _run_check(emu, streams: int, seconds: float, out: Path) -> None:
-    from testbed.emu.check import LINKS_HEADER, check_links
+    from testbed.emu.check import LINKS_HEADER, below_model, check_links
     from testbed.results import write_csv
 
-    with console.status("measuring every WAN pair (ping, iperf3 with 1 and n streams)"):
+    with console.status("measuring every WAN pair (ping; iperf3 and the workers' transport, 1 and n streams)"):
         rows = check_links(emu, streams=streams, seconds=seconds)
     write_csv(out, LINKS_HEADER, ([r[c] for c in LINKS_HEADER] for r in rows))
     print_table(out, f"{emu.prefix}: configured vs measured")
+    for line in below_model(rows):
+        console.print(f"[yellow]warning:[/yellow] {escape(line)}")
     console.print(f"wrote {out}")
 
 
@@ -515,7 +522,12 @@ def clean_cmd(
     console.print("clean" if not removed else f"removed {len(removed)} item(s)")
 
 
-def _training_run(points: list, out: Path, check: bool, spec: dict, capture: bool = False) -> None:
+def _warn(text: str) -> None:
+    err_console.print(f"[yellow]warning:[/yellow] {escape(text)}", highlight=False, soft_wrap=True)
+
+
+def _training_run(points: list, out: Path, check: bool, spec: dict, capture: bool = False, strict: bool = False,
+                  timing_budget: float = DEFAULT_BUDGET) -> None:
     from testbed.progress import Progress
     from testbed.results import write_spec
     from testbed.runs.emulated import run_experiment, write_experiment
@@ -531,7 +543,7 @@ def _training_run(points: list, out: Path, check: bool, spec: dict, capture: boo
             where = f"point {p} ({point_text(points[p][1])}), {exp0.schedulers[sc]}"
             prog.step(f"{where}: iteration {it + 1}/{n_i} done")
 
-        run = run_experiment(points, check, capture, step, prog.line)
+        run = run_experiment(points, check, capture, step, prog.line, timing_budget)
     paths = [*write_experiment(out, run), write_spec(out, spec, sys.argv[1:])]
     print_summary(out, f"{escape(exp0.name)}: emulated and simulated")
     print_knees(out)
@@ -542,6 +554,12 @@ def _training_run(points: list, out: Path, check: bool, spec: dict, capture: boo
     for run_id, _sched, k, loss in run.losses:
         console.print(f"{run_id}: iteration {k} loss {loss:.4f}")
     console.print(f"wrote {', '.join(str(p) for p in paths)}")
+    degraded = [r.summary for r in run.results if r.summary.get("degraded")]
+    for r in degraded:
+        _warn(f"{r['run_id']} degraded: {r['degraded']}")
+    if strict and degraded:
+        raise EmuError(f"{len(degraded)} run(s) degraded (--strict), first {degraded[0]['run_id']}: "
+                       f"{degraded[0]['degraded']}")
 
 
 experiment_app = typer.Typer(no_args_is_help=True, help="Experiments on the emulated WAN (and the simulator).")
@@ -561,6 +579,13 @@ def experiment_run(
     sweep: SweepOpt = None,
     capture: Annotated[bool, typer.Option(help="Capture WAN packet headers for the whole run into flows.csv")]
     = False,
+    strict: Annotated[bool, typer.Option(help="Fail (exit 1) if a run is degraded, e.g. over its timing budget; "
+                                              "the CSVs are still written")] = False,
+    timing_budget: Annotated[float, typer.Option(help="The iteration-time error (share) a run's timing health may "
+                                                      "cause before it is marked degraded (docs/reliability.md)")]
+    = DEFAULT_BUDGET,
+    probe: Annotated[bool, typer.Option(help="Measure the machine's headroom first (about a second) and size k to "
+                                             "it (an explicit emulation.scale is kept)")] = True,
 ) -> None:
     """Bring the topology up, run the experiment on it, tear it down (also on error and Ctrl-C). The prefix
     is held for the whole run: no other run can take it, and `testbed clean` leaves it alone."""
@@ -575,11 +600,21 @@ def experiment_run(
     sets = list(set_ or []) + ([f"emulation.backend={backend}"] if backend else [])
     if prefix is not None:
         sets.append(f"emulation.prefix={check_prefix(prefix)}")
+    if not 0 <= timing_budget < 1:
+        raise SpecError("--timing-budget", f"{timing_budget:g} is not a share of the iteration time",
+                        "use e.g. 0.05 for 5 %")
     points = load_experiment(experiment, sets, sweep)  # every point validated before anything is built
     if points[0][0].multitcp is None:
-        from testbed.runs.emulated import preflight
+        from testbed.runs.emulated import preflight, size_to_machine
 
         preflight(points)  # every point planned and its scale checked, before anything is built
+        if probe:  # k and the workers sized to this machine's headroom (an explicit k is kept, with a warning)
+            auto = any(not exp.emulation.scale for exp, _ in points)
+            points, lines = size_to_machine(points, timing_budget)
+            for ln in lines:
+                (console.print if ln.startswith(("headroom", "k =")) else _warn)(ln)
+            if auto:
+                preflight(points)  # the k the probe chose, checked as a user's would be
     else:
         from testbed.emu.scale import auto_scale, check_scale
 
@@ -597,7 +632,7 @@ def experiment_run(
         spec = resolved_spec(experiment, sets, sweep)  # written next to the results, once they exist
         exp0 = points[0][0]
         if exp0.multitcp is None:
-            return _training_run(points, out, check, spec, capture)
+            return _training_run(points, out, check, spec, capture, strict, timing_budget)
         from testbed.progress import Progress
         from testbed.runs.multitcp import measurements, run_experiment, write_experiment
 
@@ -619,13 +654,16 @@ def launch_cmd(
     nproc_per_host: Annotated[int, typer.Option(help="Ranks per emulated host")] = 1,
     prefix: Annotated[str | None, typer.Option(help="Prefix of the WAN to use or build (default: spec's or gdtb0)")]
     = None,
-    scale: Annotated[float | None, typer.Option(help="Divide link rates and windows by K when building the WAN")]
+    scale: Annotated[str | None, typer.Option(help="auto (default: the smallest k this machine carries, probed) or K: "
+                                               "divide link rates and windows by K when building the WAN")]
     = None,
     master_port: Annotated[int, typer.Option(help="MASTER_PORT on the first host")] = 29500,
     sharing: Annotated[str, typer.Option(help="fair | temporal: replicas take turns on the WAN (fixed order)")]
     = "fair",
     capture: Annotated[bool, typer.Option(help="Capture WAN packet headers into flows.csv")] = False,
     capture_seconds: Annotated[float, typer.Option(help="Upper bound of the capture")] = 600.0,
+    check: Annotated[bool, typer.Option(help="Capture, and compare each WAN transfer with the simulator's model "
+                                             "(check.csv)")] = False,
     out: Annotated[Path, typer.Option(help="Folder for the job (TESTBED_OUT), ranks.csv, launch.log, flows.csv")]
     = Path("results/launch"),
     set_: SetOpt = None,
@@ -636,7 +674,7 @@ def launch_cmd(
     import signal
 
     from testbed.emu.kernel import require_root
-    from testbed.launch.wan import bring_up, connections, load_spec
+    from testbed.launch.wan import bring_up, connections, load_spec, parse_scale
 
     if not ctx.args:
         raise SpecError("command", "nothing to launch", "add the command after --, e.g. -- python train.py")
@@ -644,17 +682,18 @@ def launch_cmd(
         raise SpecError("--sharing", f"{sharing!r} is not a sharing mode", "use fair or temporal")
     if nproc_per_host < 1:
         raise SpecError("--nproc-per-host", f"{nproc_per_host} is not a process count", "use 1 or more")
-    sp = load_spec(spec, set_, backend, prefix, scale)
+    sp = load_spec(spec, set_, backend, prefix, parse_scale(scale))
     require_root()
     signal.signal(signal.SIGTERM, _raise_interrupt)
     cwd, out = os.getcwd(), out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     code = 0
     with console.status(f"bringing up {escape(sp.topology.name)} ({sp.backend}, prefix {sp.prefix})"):
-        emu, built = bring_up(sp, [cwd, str(out)])
+        emu, built = bring_up(sp, [cwd, str(out)], nproc_per_host, lambda m: console.print(m, highlight=False))
     try:
         code = _launch(emu, built, ctx.args, nproc_per_host, master_port, connections(emu, sp.max_connections), sharing,
-                       capture, capture_seconds, out, cwd)
+                       capture or check, capture_seconds, out, cwd, check,
+                       machine_k=emu.scale if built and not sp.scale else None)
     except KeyboardInterrupt:
         err_console.print("interrupted: every rank stopped", highlight=False)
         code = 130
@@ -666,23 +705,46 @@ def launch_cmd(
     raise typer.Exit(code)
 
 
+def _announce_scale(emu, conns: int, out: Path, machine_k: float | None) -> tuple[list, Path]:
+    """Print, before the job starts, what k does to each WAN link; write the link table (TESTBED_LINKS)."""
+    import json
+
+    from testbed.launch.dilation import SCALE_HEADER, emulation_lans, emulation_scales, floor_warnings, links_table
+    from testbed.launch.dilation import describe as describe_link
+    from testbed.results import write_csv
+
+    scales = emulation_scales(emu, conns)
+    console.print(f"WAN at k={emu.scale:,.6g}: rates and windows divided by k, latencies as the spec's. A job that "
+                  f"divides its message sizes by k (TESTBED_SCALE) gets real-world transfer times; one that sends "
+                  f"its real bytes gets them stretched:", highlight=False)
+    for ls in scales:
+        console.print("  " + describe_link(ls), highlight=False)
+    for line in floor_warnings(scales, machine_k):
+        err_console.print(f"[yellow]window floor:[/yellow] {line}", highlight=False, soft_wrap=True)
+    links_path = out / "links.json"
+    links_path.write_text(json.dumps(links_table(scales, emu.scale, emulation_lans(emu)), indent=1) + "\n")
+    write_csv(out / "scale.csv", SCALE_HEADER, [tuple(ls.row()[c] for c in SCALE_HEADER) for ls in scales])
+    return scales, links_path
+
+
 def _launch(emu, built: bool, argv: list[str], nproc: int, master_port: int, conns: int, sharing: str, capture: bool,
-            capture_s: float, out: Path, cwd: str) -> int:
-    from testbed.analysis.flows import FLOWS_HEADER
+            capture_s: float, out: Path, cwd: str, check: bool = False, machine_k: float | None = None) -> int:
     from testbed.launch import sharing as atlas
+    from testbed.launch import windows
     from testbed.launch.ranks import nccl_striping
     from testbed.launch.run import run_job
-    from testbed.results import write_csv
 
     nt, ns = nccl_striping(conns)
     console.print(f"{escape(emu.topo.name)} on {emu.backend.name} (prefix {emu.prefix}, k={emu.scale:g}"
                   f"{', built for this launch' if built else ', already up'}): {len(emu.addr.hosts) * nproc} ranks, "
                   f"{sharing} sharing; NCCL sockets {nt} x {ns} (plan: {conns} connection(s) per transfer)",
                   highlight=False)
+    scales, links_path = _announce_scale(emu, conns, out, machine_k)
     classes: dict = {}
     cap = None
     try:
         ranges = atlas.pin_ports(emu)
+        windows.apply(emu)
         if sharing == "temporal":
             classes = atlas.temporal_classes(emu, ranges)
         if capture:
@@ -693,21 +755,62 @@ def _launch(emu, built: bool, argv: list[str], nproc: int, master_port: int, con
         res = run_job(emu, argv, nproc=nproc, master_port=master_port, connections=conns, out_dir=out, cwd=cwd,
                       echo=lambda line: print(line, flush=True), capture=cap,
                       on_failure=lambda m: err_console.print(f"[red]launch:[/red] {m}", highlight=False,
-                                                             soft_wrap=True))
+                                                             soft_wrap=True), links_file=str(links_path))
         cap = None
     finally:
         if cap is not None:
             cap.stop()
         if classes:
             atlas.remove_classes(emu, classes)
-    write_csv(out / "ranks.csv", ("rank", "host", "dc", "replica", "exit_code", "wall_s", "stopped_by_launch"),
-              [(e.slot.rank, e.slot.host, e.slot.dc, e.slot.replica, e.code, round(e.wall_s, 3), int(e.stopped))
-               for e in res.exits])
-    paths = [out / "ranks.csv", out / "launch.log"]
-    if res.flows:
-        write_csv(out / "flows.csv", FLOWS_HEADER, res.flows)
-        paths.append(out / "flows.csv")
-        console.print(res.capture_summary, highlight=False)
+        if not built:
+            windows.restore(emu)
+    prio = atlas.turn_priorities(emu) if sharing == "temporal" else None
+    paths = [*_write_launch(res, scales, out, check, prio), links_path, out / "scale.csv"]
     verdict = "[green]every rank exited 0[/green]" if res.code == 0 else f"[red]exit status {res.code}[/red]"
     console.print(f"{verdict} after {time.monotonic() - t0:.1f} s; wrote {', '.join(str(p) for p in paths)}")
     return res.code
+
+
+def _write_launch(res, scales: list, out: Path, check: bool, prio: dict[str, int] | None = None) -> list[Path]:
+    """ranks.csv and flows.csv with k and each link's dilation; with `check`, check.csv and its table."""
+    from testbed.analysis.flows import FLOWS_HEADER
+    from testbed.launch.dilation import FLOWS_SCALE_COLUMNS
+    from testbed.launch.run import RANKS_HEADER
+    from testbed.results import write_csv
+
+    k = scales[0].scale if scales else 1.0
+    worst = max((ls.dilation_1 for ls in scales), default=1.0)
+    write_csv(out / "ranks.csv", RANKS_HEADER,
+              [(e.slot.rank, e.slot.host, e.slot.dc, e.slot.replica, e.code, round(e.wall_s, 3), int(e.stopped),
+                k, round(worst, 4)) for e in res.exits])
+    paths = [out / "ranks.csv", out / "launch.log"]
+    if not res.flows:
+        return paths
+    by_link = {ls.link: ls for ls in scales}
+    link_col = FLOWS_HEADER.index("link")
+    write_csv(out / "flows.csv", (*FLOWS_HEADER, *FLOWS_SCALE_COLUMNS),
+              [(*r, k, round(by_link[r[link_col]].dilation_1, 4), round(by_link[r[link_col]].window_distortion, 4))
+               for r in res.flows])
+    paths.append(out / "flows.csv")
+    console.print(res.capture_summary, highlight=False)
+    if check:
+        paths.append(_check_transfers(res.flows, scales, out, prio))
+    return paths
+
+
+def _check_transfers(flows: list[tuple], scales: list, out: Path, prio: dict[str, int] | None) -> Path:
+    from testbed.analysis.flows import FLOWS_HEADER
+    from testbed.launch.check import CHECK_HEADER, check
+    from testbed.results import write_csv
+
+    rows = [dict(zip(FLOWS_HEADER, r, strict=True)) for r in flows]
+    links = {ls.link: (ls.emulated_mbps * 1e6 / 8, ls.emulated_window_bytes, ls.rtt_s) for ls in scales}
+    per_link, _ = check(rows, links, prio=prio)
+    console.print("WAN transfers against the simulator's model (measured / modelled - 1):", highlight=False)
+    for c in per_link:
+        console.print(f"  {c.link} towards {c.towards}: {c.transfers} transfers, {c.mbytes:,.2f} MB, median "
+                      f"{c.median_error:+.1%}, worst {c.worst_error:+.1%}", highlight=False)
+    if not per_link:
+        console.print("  no WAN transfer of 256 KiB or more was captured", highlight=False)
+    write_csv(out / "check.csv", CHECK_HEADER, [c.row() for c in per_link])
+    return out / "check.csv"

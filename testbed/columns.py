@@ -53,6 +53,19 @@ SUMMARY = CsvFile("summary.csv", "`testbed sim`, `testbed experiment run`",
     ("iteration_s", "s", "time of one training iteration (mean over the steady iterations)"),
     ("tokens_per_s", "tokens/s", "training throughput: global batch x sequence length / iteration_s"),
     ("tokens_per_s_per_gpu", "tokens/s", "tokens_per_s / gpus"),
+    ("mfu", "share", "model FLOPs utilisation, derived: the iteration's model FLOPs (forward and backward, no "
+                     "recomputation: testbed/costs/operators.py model_flops_per_token) / iteration_s / gpus / the "
+                     "GPUs' mean dense bf16 peak; with a typed workload.mfu it is what that MFU gives after "
+                     "bubbles and communication"),
+    ("model_tflops_per_gpu", "TFLOP/s", "the iteration's model FLOPs / iteration_s / gpus"),
+    ("token_efficiency", "x", "tokens synchronous training needs for a loss / tokens this scheduler's family needs "
+                              "(1 for synchronous ones; `workload.token_efficiency`, else the family's published "
+                              "default: testbed/plan/efficiency.py, docs/families.md)"),
+    ("effective_tokens_per_s", "tokens/s", "tokens_per_s x token_efficiency: throughput in synchronous-training "
+                                           "tokens, the fair comparison across families"),
+    ("wan_bytes", "bytes", "real-world bytes that cross the WAN per iteration, averaged over a sync period: every "
+                           "group's Sends on WAN pipes plus the cross-DC exchanges of its all-reduces and outer syncs, "
+                           "from the lowered programs (testbed/analysis/wanbytes.py; the same in both engines)"),
     ("gpu_util", "share", "share of GPU time computing: training forward/backward plus BubbleTea prefill"),
     ("train_util", "share", "share of GPU time in training forward/backward only"),
     ("prefill_util", "share", "share of GPU time in BubbleTea prefill"),
@@ -115,6 +128,29 @@ SUMMARY = CsvFile("summary.csv", "`testbed sim`, `testbed experiment run`",
                                  "workers wait up to 5 s for them; docs/bubbletea.md)"),
     ("wan_stall_s", "s", "a WAN that changes (written only then, last): seconds during which some transfer waited "
                          "on a link that was down (docs/wan-change.md)"),
+    ("wait_late_ms", "ms", "emulated (the timing health, written only then, last; docs/reliability.md): how late the "
+                           "workers' timed waits (modeled compute) ended against what they asked, mean over every "
+                           "wait of the steady iterations (early ones count 0)"),
+    ("wait_late_host_ms", "ms", "emulated: the same mean on the emulated host whose waits ended latest"),
+    ("wait_late_max_ms", "ms", "emulated: the latest single wait"),
+    ("wake_late_ms", "ms", "emulated: how late the workers' threads resumed for a message, mean: a sender thread "
+                           "idle until the message was handed to it, a receiver waiting for its last chunk"),
+    ("delay_lag_ms", "ms", "emulated: mean (release - due time) of the packets the NFQUEUE delay line released during "
+                           "the run (early ones count against late ones), on the WAN link where it is furthest from "
+                           "0 (0 with netem)"),
+    ("delay_lag_max_ms", "ms", "emulated: the latest release since the delay lines started (the point's network)"),
+    ("cpu_steal", "share", "emulated: share of the machine's CPU time its hypervisor took during the run (/proc/stat)"),
+    ("cpu_pressure", "share", "emulated: share of the run during which some task waited for a CPU "
+                              "(/proc/pressure/cpu `some`; empty without PSI)"),
+    ("run_queue", "", "emulated: runnable tasks per CPU, mean of samples every 0.1 s (/proc/stat procs_running)"),
+    ("run_queue_max", "", "emulated: the most runnable tasks per CPU sampled"),
+    ("shaping_drops", "packets", "emulated: packets the WAN links' qdiscs dropped during the run (tc -s); the "
+                                 "simulator loses none, so any marks the run degraded"),
+    ("timing_error", "share", "emulated: the iteration-time error the timing above can cause: the critical path's "
+                              "waits x their lateness, its WAN crossings x the delay line's lag (or 2 lag / RTT), "
+                              "plus the CPU steal, over the iteration time (docs/reliability.md)"),
+    ("timing_budget", "share", "emulated: the timing error a run may carry (`--timing-budget`); above it the run is "
+                               "marked degraded, and `--strict` fails"),
 ))
 
 MULTITCP = CsvFile("summary.csv (multitcp)", "`testbed experiment run` with a `multitcp:` section",
@@ -146,9 +182,11 @@ TIMELINE = CsvFile("timeline.csv", "`testbed sim`, `testbed experiment run`",
     ("dc", "", "DC of the group"),
     ("stage", "", "pipeline stage"),
     ("replica", "", "data-parallel replica"),
-    ("kind", "", "`fwd`, `bwd`, `send`, `recv`, `allreduce`, `optimizer` (the AdamW step), `prefill` (BubbleTea) "
+    ("kind", "", "`fwd`, `bwd`, `send`, `recv`, `allreduce`, `optimizer` (the AdamW step), `outersync` (DiLoCo: "
+                 "a fragment's outer gradient averaged across DCs; not GPU time), `prefill` (BubbleTea) "
                  "or `idle` (a bubble)"),
-    ("microbatch", "", "microbatch of a fwd/bwd/send/recv (-1 otherwise)"),
+    ("microbatch", "", "microbatch of a fwd/bwd/send/recv (DiLoCo: inner step x microbatches + microbatch; the "
+                       "fragment of an outersync; -1 otherwise)"),
     ("start_s", "s", "start, on the run's clock (iteration k starts after iterations 0..k-1)"),
     ("end_s", "s", "end (a recv ends when the last byte has arrived)"),
     ("bytes", "bytes", "real-world bytes of a transfer (0 for compute)"),
@@ -274,6 +312,11 @@ CAPTURE = CsvFile("flows.csv (capture)", "`experiment run --capture`, `testbed l
     ("rank", "", "worker `s<stage>r<replica>` or torch ranks (`2|3` for a shared host)"),
     ("bytes", "bytes", "emulated bytes on the wire in the bin, each packet spread over its serialisation time"),
     ("packets", "", "packets whose timestamp falls in the bin"),
+    ("scale", "", "`testbed launch`: the WAN's scale k"),
+    ("dilation", "x", "`testbed launch`: how many times longer a bulk transfer of real bytes over one connection "
+     "takes on this emulated link than on the spec's"),
+    ("window_distortion", "x", "`testbed launch`: one emulated connection's rate over the scaled real-world one's "
+     "(1: faithful; above 1 where the 64 KiB window floor applies)"),
 ))
 
 RANKS = CsvFile("ranks.csv", "`testbed launch`", "one row per launched rank", _cols(
@@ -284,6 +327,37 @@ RANKS = CsvFile("ranks.csv", "`testbed launch`", "one row per launched rank", _c
     ("exit_code", "", "the rank's exit status"),
     ("wall_s", "s", "wall-clock time from start to exit"),
     ("stopped_by_launch", "", "1 if the launch stopped it because another rank failed"),
+    ("scale", "", "the WAN's scale k (the rank's TESTBED_SCALE)"),
+    ("wan_dilation_max", "x", "the largest factor by which a bulk transfer of real bytes over one connection takes "
+     "longer on the emulated WAN than on the spec's (scale.csv has each link's)"),
+))
+
+SCALE = CsvFile("scale.csv", "`testbed launch`", "one row per WAN link: the spec's and the emulated rate and window, "
+                "and what the scale k does to a job's transfers (docs/launch.md)", _cols(
+    ("link", "", "`<dc>-<dc>`"),
+    ("a", "", "its first DC"),
+    ("b", "", "its second DC"),
+    ("latency_ms", "ms", "one-way latency, the spec's and the emulated one"),
+    ("scale", "", "the WAN's scale k"),
+    ("spec_gbps", "Gbit/s", "the spec's capacity"),
+    ("emulated_mbps", "Mbit/s", "the emulated capacity: spec / k"),
+    ("spec_window_bytes", "bytes", "one connection's window in the spec"),
+    ("emulated_window_bytes", "bytes", "one emulated connection's: window / k in whole segments, 64 KiB at least"),
+    ("connections", "", "the launch's multi-TCP count (NCCL sockets; gloo uses 1)"),
+    ("dilation_1", "x", "a bulk transfer of real bytes over 1 connection: emulated time / the spec's"),
+    ("dilation_n", "x", "the same over `connections` connections"),
+    ("window_distortion", "x", "one emulated connection's rate / the scaled real-world one's (1: faithful)"),
+    ("k_faithful", "", "the largest k whose scaled window needs no 64 KiB floor"),
+))
+
+CHECK = CsvFile("check.csv", "`testbed launch --check`", "one row per WAN link direction: the job's captured "
+                "transfers against the simulator's model of them on the emulated link (docs/launch.md)", _cols(
+    ("link", "", "`<dc>-<dc>`"),
+    ("towards", "", "the direction: traffic towards this DC"),
+    ("transfers", "", "transfers of 256 KiB or more matched in the capture"),
+    ("mbytes", "MB", "their bytes on the wire"),
+    ("median_error", "share", "median of captured / modelled duration - 1: above 0 the emulated WAN was slower"),
+    ("worst_error", "share", "the largest error in magnitude, signed"),
 ))
 
 LINKS = CsvFile("links.csv", "`testbed topology check`, `topology up --check`, `experiment run --check`",
@@ -292,8 +366,11 @@ LINKS = CsvFile("links.csv", "`testbed topology check`, `topology up --check`, `
     ("configured_mbps", "Mbit/s", "emulated (scaled) capacity"),
     ("measured_mbps_1", "Mbit/s", "iperf3 throughput with one TCP connection"),
     ("measured_mbps_n", "Mbit/s", "iperf3 throughput with `streams` connections"),
+    ("workers_mbps_1", "Mbit/s", "the workers' transport (window-clamped, corked) with one connection"),
+    ("workers_mbps_n", "Mbit/s", "the workers' transport striped over `streams` connections"),
     ("streams", "", "connections of the n-stream measurement"),
     ("model_mbps_1", "Mbit/s", "the simulator's one-connection rate: min(capacity, window / RTT)"),
+    ("model_mbps_n", "Mbit/s", "the simulator's rate over `streams` connections: min(capacity, n window / RTT)"),
     ("configured_rtt_ms", "ms", "twice the configured one-way latency"),
     ("rtt_min_ms", "ms", "ping RTT, minimum"),
     ("rtt_avg_ms", "ms", "ping RTT, mean"),
@@ -416,11 +493,15 @@ FIDELITY = CsvFile("fidelity.csv", "`bench/fidelity.py`", "one row per random to
     ("error", "share", "(sim_s - emu_s) / emu_s: above 0 the simulator predicts a slower iteration"),
     ("steal_share", "share", "of the VM's CPU time its hypervisor took during the case's emulated runs (/proc/stat "
      "steal): a busy host slows an emulated run"),
+    ("load", "", "CPU-bound processes run beside the case (`--load`)"),
+    ("timing_error", "share", "the emulated run's timing error (summary.csv)"),
+    ("flagged", "", "1 if the emulated run was marked degraded (over its timing budget, drops, a lost sidecar)"),
+    ("degraded", "", "why, as in summary.csv"),
 ))
 
 FILES: tuple[CsvFile, ...] = (SUMMARY, MULTITCP, TIMELINE, REQUESTS, KNEE, BUBBLES, VALIDATION, LOSS, FLOWS,
-                              CAPTURE, CPU_PREFILL, LINKS, PLAN, RANKS, BACKENDS, CLAIMS, CLAIM_POINTS, ITERATIONS,
-                              LINKCHANGES, LINKRATES, FIDELITY)
+                              CAPTURE, CPU_PREFILL, LINKS, PLAN, RANKS, SCALE, CHECK, BACKENDS, CLAIMS, CLAIM_POINTS,
+                              ITERATIONS, LINKCHANGES, LINKRATES, FIDELITY)
 _BY_NAME = {c.name: c for f in FILES for c in f.columns}
 _BY_NAME.update({c.name: c for c in SUMMARY.columns})  # summary.csv's meaning wins for shared names
 

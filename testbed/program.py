@@ -23,12 +23,24 @@ Kind = Literal["a", "g"]  # an activation (towards the next stage) or its gradie
 class Forward:
     microbatch: int
     seconds: float  # the cost model's time (modeled compute)
+    chunk: int = 0  # which of the group's model chunks (virtual stages; 0 without interleaving)
 
 
 @dataclass(frozen=True)
 class Backward:
     microbatch: int
     seconds: float
+    chunk: int = 0
+
+
+@dataclass(frozen=True)
+class BackwardWeight:
+    """The weight-gradient half of a backward, which the zero-bubble schedule runs apart from (after) its
+    Backward (then the input-gradient half): nothing waits for it but the all-reduce."""
+
+    microbatch: int
+    seconds: float
+    chunk: int = 0
 
 
 @dataclass(frozen=True)
@@ -39,6 +51,7 @@ class Send:
     microbatch: int
     peer: str  # group name, s<stage>r<replica>
     bytes: float  # real-world bytes (an emulation divides them by its scale)
+    chunk: int = 0  # the receiving group's model chunk that consumes it (virtual stages)
 
 
 @dataclass(frozen=True)
@@ -49,6 +62,7 @@ class Recv:
     microbatch: int
     peer: str
     bytes: float
+    chunk: int = 0  # this group's model chunk that consumes it
 
 
 @dataclass(frozen=True)
@@ -94,8 +108,118 @@ def exchanges(ar: AllReduce, group: str) -> list[Exchange]:
     return inside + across + inside
 
 
-Step = Forward | Backward | Send | Recv | AllReduce
-STEPS: dict[str, type] = {t.__name__: t for t in (Forward, Backward, Send, Recv, AllReduce)}
+# --- Megatron-Core's distributed optimizer: bucketed collectives, each issued without waiting ---------------------
+@dataclass(frozen=True)
+class ReduceScatter:
+    """Issue the reduce-scatter of gradient bucket `bucket` `after_s` into the compute step that follows (when
+    that bucket's layers have finished the last microbatch's backward), and go on. A group's collectives run
+    one at a time in issue order (one NCCL stream). `rings` as AllReduce's: one ring, or hierarchical (a
+    reduce-scatter inside each DC, then a ring all-reduce of each shard across DCs over the WAN; the all-gather
+    inside each DC is the parameters', AllGather)."""
+
+    bucket: int
+    after_s: float
+    algorithm: Literal["ring", "hierarchical"]
+    bytes: float  # the bucket's gradient bytes per group
+    rings: tuple[tuple[str, ...], ...]
+    wan_connections: tuple[int, ...] = ()
+    wan_window_bytes: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class AllGather:
+    """Issue the all-gather of parameter bucket `bucket` (the optimizer's updated shards) among the groups of
+    the ring in `rings` that holds this group (its DC's, or one ring of all), and go on."""
+
+    bucket: int
+    bytes: float
+    rings: tuple[tuple[str, ...], ...]
+
+
+@dataclass(frozen=True)
+class Await:
+    """Wait for `collective` of bucket `bucket`, except that the next compute may start `lead_s` before it
+    ends (its first `lead_s` seconds do not need the bucket: earlier layers' parameters)."""
+
+    collective: Literal["ReduceScatter", "AllGather"]
+    bucket: int
+    lead_s: float = 0.0
+
+
+Bucketed = ReduceScatter | AllGather
+
+
+def collective_exchanges(st: AllReduce | Bucketed, group: str) -> list[Exchange]:
+    """`group`'s exchanges in an all-reduce (`exchanges`), in a bucket's reduce-scatter (the all-reduce's first
+    half inside the DC and its part across DCs) or in a bucket's all-gather (its second half inside the DC)."""
+    if isinstance(st, AllReduce):
+        return exchanges(st, group)
+    if isinstance(st, AllGather):
+        ring = next(r for r in st.rings if group in r)
+        n, me = len(ring), ring.index(group)
+        return [Exchange(ring[(me + 1) % n], ring[(me - 1) % n], st.bytes / n)] * (n - 1)
+    full = exchanges(AllReduce(st.algorithm, st.bytes, st.rings, st.wan_connections, st.wan_window_bytes), group)
+    local = next(r for r in st.rings if group in r) if st.algorithm == "hierarchical" else [g for r in st.rings
+                                                                                             for g in r]
+    return full[:len(full) - (len(local) - 1)]
+
+
+def await_slot(collective: str, bucket: int) -> int:
+    """A collective's index among a group's bucketed collectives (all-gathers even, reduce-scatters odd)."""
+    return 2 * bucket + (collective == "ReduceScatter")
+
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    """The inner optimizer step between two inner steps of low-communication training (testbed/plan/diloco.py);
+    a synchronous family's single optimizer step follows its program instead."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
+class OuterSync:
+    """Start averaging fragment `fragment`'s outer gradient across DCs (DiLoCo's sync) and go on: hierarchical as
+    AllReduce is (reduce-scatter inside the DC, a ring across DCs over the WAN, all-gather inside), `bytes` being
+    the fragment's quantised outer gradient. OuterWait(fragment) waits for it to end."""
+
+    fragment: int
+    bytes: float
+    rings: tuple[tuple[str, ...], ...]
+    wan_connections: tuple[int, ...] = ()
+    wan_window_bytes: tuple[float, ...] = ()
+
+    def as_allreduce(self) -> AllReduce:
+        """The exchanges it makes: those of a hierarchical all-reduce of its bytes (a ring with one DC)."""
+        algo = "hierarchical" if len(self.rings) > 1 and self.wan_connections else "ring"
+        return AllReduce(algo, self.bytes, self.rings, self.wan_connections, self.wan_window_bytes)
+
+
+@dataclass(frozen=True)
+class OuterWait:
+    """Wait until fragment `fragment`'s OuterSync has ended."""
+
+    fragment: int
+
+
+def collectives(steps) -> list[AllReduce]:
+    """The program's collectives as all-reduces (its AllReduce steps, and each OuterSync's exchanges), in order."""
+    return [st if isinstance(st, AllReduce) else st.as_allreduce() for st in steps
+            if isinstance(st, AllReduce | OuterSync)]
+
+
+def ring_collectives(steps) -> list[AllReduce | ReduceScatter | AllGather]:
+    """Every collective that runs over the ring connections, in order: the all-reduces (`collectives`) and the
+    bucketed reduce-scatters and all-gathers; `collective_exchanges` spells out a group's part of each."""
+    return [*collectives(steps), *(st for st in steps if isinstance(st, ReduceScatter | AllGather))]
+
+
+
+Step = (Forward | Backward | BackwardWeight | Send | Recv | AllReduce | ReduceScatter | AllGather | Await | Optimizer
+        | OuterSync | OuterWait)
+STEPS: dict[str, type] = {t.__name__: t for t in (Forward, Backward, BackwardWeight, Send, Recv, AllReduce,
+                                                   ReduceScatter, AllGather, Await, Optimizer, OuterSync, OuterWait)}
 
 
 @dataclass(frozen=True)
@@ -173,8 +297,9 @@ def program_from_dict(d: dict) -> Program:
             op = s.pop("op", None)
             if op not in STEPS:
                 raise ProgramError(f"steps[{i}]: unknown op {op!r}")
-            if op == "AllReduce":
+            if op in ("AllReduce", "ReduceScatter", "AllGather", "OuterSync"):
                 s["rings"] = tuple(tuple(str(g) for g in r) for r in s["rings"])
+            if op in ("AllReduce", "ReduceScatter", "OuterSync"):
                 s["wan_connections"] = tuple(int(c) for c in s["wan_connections"])
                 s["wan_window_bytes"] = tuple(float(w) for w in s["wan_window_bytes"])
             steps.append(_typed(STEPS[op], s, f"steps[{i}]"))

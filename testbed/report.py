@@ -30,7 +30,9 @@ figcaption{font-size:.85em;color:#555}pre{background:#f7f7f7;padding:.6em;overfl
 # Tables shown, in order: (file, title, html id)
 TABLES = (("summary.csv", "Summary", "summary"), ("validation.csv", "Simulator vs emulator", "validation"),
           ("links.csv", "The emulated WAN: configured vs measured", "links"),
-          ("backends.csv", "Backends compared", "backends"), ("plan.csv", "DC selection candidates", "plan"))
+          ("backends.csv", "Backends compared", "backends"), ("plan.csv", "DC selection candidates", "plan"),
+          ("scale.csv", "The WAN at scale k: what it does to a launched job's transfers", "scale"),
+          ("check.csv", "A launched job's WAN transfers against the simulator's model", "check"))
 
 
 def _png(path: Path) -> str:
@@ -86,6 +88,7 @@ def render(folder: Path, figures: list[Path], notes: list[str]) -> str:
             body += (f'<details><summary>every column of summary.csv</summary><div class="scroll">'
                      f"{tables.html_table(full, ident + '-all')}</div></details>")
         parts.append(_section(title, body))
+    parts += _health(folder)
     gantts = [p for p in figures if p.name.startswith("gantt_")]
     flows = [p for p in figures if p.name.startswith("wan_flows_")]
     rest = [p for p in figures if p not in gantts and p not in flows]
@@ -110,6 +113,29 @@ def render(folder: Path, figures: list[Path], notes: list[str]) -> str:
                           + "</p>"))
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(_title(folder))}</title>'
             f"<style>{CSS}</style></head><body>\n" + "\n".join(parts) + "\n</body></html>\n")
+
+
+def _health(folder: Path) -> list[str]:
+    """The emulated runs' timing health (summary.csv's health columns, testbed/emu/health.py), if it has them."""
+    from testbed.analysis.metrics import HEALTH_COLUMNS
+
+    f = folder / "summary.csv"
+    if not f.exists():
+        return []
+    df = pd.read_csv(f)
+    if "timing_error" not in df or "source" not in df:
+        return []
+    emu = df[df.source == "emu"]
+    if emu.empty:
+        return []
+    cols = ["run_id", "scheduler", *[c for c in HEALTH_COLUMNS if c in emu], "degraded"]
+    v = tables.view(emu, "Timing health", cols)
+    bad = int((emu.degraded.fillna("").astype(str) != "").sum())
+    say = (f"{bad} of {len(emu)} emulated runs degraded: their numbers should not be used"
+           if bad else f"every emulated run kept its timing budget ({len(emu)} runs)")
+    body = (f'<p class="{"note" if bad else ""}">{escape(say)} (docs/reliability.md).</p>'
+            f'<div class="scroll">{tables.html_table(v, "health")}</div>')
+    return [_section("Timing health", body)]
 
 
 def has_results(folder: Path) -> bool:

@@ -79,13 +79,13 @@ def group_gaps(intervals: list[Interval], iteration_s: list[float], busy_kinds: 
 
 
 def optimizer_steps(plan: Plan, raw: list[tuple], reps: list[int]) -> list[tuple]:
-    """Each group's optimizer step (`plan.optimizer_s`), right after its last compute or all-reduce.
+    """Each group's optimizer step (`plan.optimizer_s`), right after its last compute, all-reduce or reduce-scatter.
     Nothing else in the iteration waits on it, so adding it after the event loop is exact. Raw group
     indices are k * pp + stage for replica reps[k]."""
-    if not plan.optimizer_s:
+    if not plan.optimizer_s or plan.diloco is not None:  # a sync period's program has its optimizer steps
         return []
     last: dict[int, float] = {}
-    before = ("fwd", "bwd", "allreduce")
+    before = ("fwd", "bwd", "allreduce", "reduce_scatter")  # the optimizer steps on the reduced gradients
     for g, _kind, _mb, _t0, t1, _b in [x for x in raw if x[1] in before]:  # filtered first: 3x faster
         if t1 > last.get(g, -1.0):
             last[g] = t1

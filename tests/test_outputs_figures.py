@@ -106,6 +106,9 @@ def test_every_csv_column_is_documented_and_the_doc_is_current():
     from testbed.bubbletea.run import REQUESTS_HEADER
     from testbed.claims import CLAIMS_HEADER, POINTS_HEADER
     from testbed.emu.check import LINKS_HEADER
+    from testbed.launch.check import CHECK_HEADER
+    from testbed.launch.dilation import FLOWS_SCALE_COLUMNS, SCALE_HEADER
+    from testbed.launch.run import RANKS_HEADER
     from testbed.runs.emulated import CPU_PREFILL_HEADER, FLOWS_HEADER, LOSS_HEADER, VALIDATION_HEADER
     from testbed.runs.multitcp import HEADER as MULTITCP_HEADER
     from testbed.runs.simulated import ITERATIONS_HEADER, LINKCHANGES_HEADER, LINKRATES_HEADER
@@ -116,7 +119,9 @@ def test_every_csv_column_is_documented_and_the_doc_is_current():
                "loss.csv": LOSS_HEADER, "flows.csv": FLOWS_HEADER, "flows.csv (capture)": CAPTURE_HEADER,
                "links.csv": LINKS_HEADER, "claims.csv": CLAIMS_HEADER, "claims_points.csv": POINTS_HEADER,
                "iterations.csv": ITERATIONS_HEADER, "linkchanges.csv": LINKCHANGES_HEADER,
-               "linkrates.csv": LINKRATES_HEADER, "knee.csv": KNEE_HEADER, "cpu_prefill.csv": CPU_PREFILL_HEADER}
+               "linkrates.csv": LINKRATES_HEADER, "knee.csv": KNEE_HEADER, "cpu_prefill.csv": CPU_PREFILL_HEADER,
+               "ranks.csv": RANKS_HEADER, "scale.csv": SCALE_HEADER, "check.csv": CHECK_HEADER}
+    written["flows.csv (capture)"] = (*CAPTURE_HEADER, *FLOWS_SCALE_COLUMNS)  # a launch's capture adds these
     registry = {f.name: [c.name for c in f.columns] for f in columns.FILES}
     for name, header in written.items():
         missing = [c for c in header if c not in registry[name]]

@@ -117,7 +117,8 @@ def test_estimate_agrees_with_the_plan_and_is_exact_without_wan():
 
 
 def test_estimate_rejects_what_the_plan_rejects():
-    exp = experiment(topo([("a", "H100", 1024)]), model="gpt3-175b", tp=8, pp=2, global_batch=512)
+    exp = experiment(topo([("a", "H100", 1024)]), model="gpt3-175b", tp=8, pp=2, global_batch=512,
+                     sequence_parallel=False)  # 78 GB per GPU with it (on by default at tp > 1)
     mech = parse_scheduler("atlas")
     e = Estimator(exp, resolve_model("gpt3-175b"), mech)(Layout(("a",), (2,), 8, 2, 64, 1))
     assert e.problem.startswith("stage 0 needs") and "H100" in e.problem

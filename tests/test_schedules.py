@@ -9,7 +9,7 @@ def test_every_stage_runs_each_microbatch_forward_then_backward():
                     assert sorted(a.microbatch for a in acts if a.op == "F") == list(range(m))
                     assert sorted(a.microbatch for a in acts if a.op == "B") == list(range(m))
                     for i in range(m):
-                        assert acts.index(("F", i)) < acts.index(("B", i))
+                        assert acts.index(("F", i, 0)) < acts.index(("B", i, 0))
 
 
 def test_1f1b_warmup_and_in_flight_limit():

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from statistics import mean
 
+from testbed.analysis.wanbytes import wan_bytes
+from testbed.costs.gpus import GPUS
+from testbed.net.units import bytes_s_to_gbps, s_to_ms
 from testbed.plan.mechanisms import is_baseline
 from testbed.plan.plan import Plan
 from testbed.timeline import COMPUTE, Timeline
@@ -11,6 +14,8 @@ from testbed.timeline import COMPUTE, Timeline
 SUMMARY_HEADER = (
     "run_id", "source", "scheduler", "model", "dcs", "gpus", "tp", "pp", "dp", "microbatches",
     "wan_latency_ms", "wan_gbps", "tcp_connections", "iteration_s", "tokens_per_s", "tokens_per_s_per_gpu",
+    "mfu", "model_tflops_per_gpu",
+    "token_efficiency", "effective_tokens_per_s", "wan_bytes",
     "gpu_util", "train_util", "prefill_util", "prefill_work_util", "useful_util", "prefill_mfu", "bubble_frac",
     "lower_bound_s", "wan_min_s", "best_baseline", "speedup_vs_best",
     "train_slowdown", "train_slowdown_p25", "train_slowdown_p75", "ttft_p50_ms", "ttft_p99_ms", "ttft_bubble_p50_ms",
@@ -34,6 +39,11 @@ KV_EMU_COLUMNS = ("kv_not_arrived",)
 # an emulated BubbleTea run against the separate run of training alone (`train_slowdown` is measured inside the
 # run: testbed/bubbletea/without_prefill.py); written last, only when a row has it
 SLOWDOWN_EMU_COLUMNS = ("train_slowdown_vs_alone", "train_slowdown_vs_alone_p25", "train_slowdown_vs_alone_p75")
+# an emulated run's timing health and the iteration-time error it can cause (testbed/emu/health.py): written last,
+# only when a row has them
+HEALTH_COLUMNS = ("wait_late_ms", "wait_late_host_ms", "wait_late_max_ms", "wake_late_ms", "delay_lag_ms",
+                  "delay_lag_max_ms", "cpu_steal", "cpu_pressure", "run_queue", "run_queue_max", "shaping_drops",
+                  "timing_error", "timing_budget")
 
 
 def share(tl: Timeline, kinds: tuple[str, ...]) -> float:
@@ -63,16 +73,26 @@ def wan_min_s(plan: Plan) -> float:
     return plan.wan_busiest_s()
 
 
+def model_flops(plan: Plan, iteration_s: float) -> dict[str, object]:
+    """Derived MFU (model FLOPs of the iteration / its time / the peak of the GPUs that ran it) and model
+    TFLOP/s per GPU; empty where the plan has no FLOP count or no time."""
+    if not plan.model_flops_per_seq or iteration_s <= 0:
+        return {"mfu": "", "model_tflops_per_gpu": ""}
+    per_gpu = plan.global_batch * plan.model_flops_per_seq / iteration_s / plan.gpus
+    peaks = [GPUS[plan.gpu_types[d]].peak_tflops * 1e12 for row in plan.stage_dc for d in row]
+    return {"mfu": round(per_gpu / (sum(peaks) / len(peaks)), 6), "model_tflops_per_gpu": round(per_gpu / 1e12, 6)}
+
+
 def summary_row(plan: Plan, tl: Timeline, lower_bound_s: float, sweep: dict, bubbletea: dict[str, object] | None = None,
                 degraded: str = "", scale: float = 1.0) -> dict[str, object]:
     """One summary row; `scale`: the emulation's factor k for the rows of an emulated experiment (1 in the
     simulator; the plan itself is always in real-world units).
     `gpu_util` counts training and prefill time; `useful_util` counts training time plus
     prefill FLOPs at the training's MFU. BubbleTea columns are empty without it."""
-    it = mean(tl.iteration_s)
+    it = mean(tl.iteration_s) / plan.steps_per_program  # a sync period's program runs H iterations
     hops = wan_links_used(plan)
-    lat = mean(plan.links[h].latency_s for h in hops) * 1e3 if hops else 0.0
-    gbps = min(plan.links[h].capacity_bytes_s for h in hops) * 8 / 1e9 if hops else 0.0
+    lat = s_to_ms(mean(plan.links[h].latency_s for h in hops)) if hops else 0.0
+    gbps = bytes_s_to_gbps(min(plan.links[h].capacity_bytes_s for h in hops)) if hops else 0.0
     conns = max((plan.links[h].connections for h in hops), default=0)
     tokens = plan.global_batch * plan.seq_len / it if it > 0 else 0.0
     return {
@@ -92,6 +112,10 @@ def summary_row(plan: Plan, tl: Timeline, lower_bound_s: float, sweep: dict, bub
         "iteration_s": round(it, 6),
         "tokens_per_s": round(tokens, 3),
         "tokens_per_s_per_gpu": round(tokens / plan.gpus, 6),
+        **model_flops(plan, it),
+        "token_efficiency": plan.token_efficiency,
+        "effective_tokens_per_s": round(tokens * plan.token_efficiency, 3),
+        "wan_bytes": round(wan_bytes(plan), 3),
         "gpu_util": round(share(tl, (*COMPUTE, "prefill")), 6),
         "train_util": round(share(tl, COMPUTE), 6),
         "prefill_util": round(share(tl, ("prefill",)), 6),

@@ -343,11 +343,17 @@ def useful_work(plan: Plan, opts: BubbleTeaOptions, chunks: Iterable[tuple[str, 
             "prefill_mfu": round(flops / busy_peak, 6) if busy_peak else ""}
 
 
-def train_mfu(workload_mfu: float, tp: int) -> float:
+def train_mfu(workload_mfu: float | str, tp: int, plan: Plan | None = None) -> float:
     """The MFU of the training's compute ops: the cost model runs them at `workload.mfu` (its tensor-parallel
-    all-reduces are timed apart, testbed/costs/stage.py), whatever the TP."""
-    del tp
-    return workload_mfu
+    all-reduces are timed apart, testbed/costs/stage.py), whatever the TP. With `mfu: auto` it is derived
+    from the plan: one microbatch's model FLOPs over its compute time on every stage of the first replica."""
+    if workload_mfu != "auto":
+        return float(workload_mfu)
+    if plan is None or not plan.model_flops_per_seq:
+        raise ValueError("train_mfu: workload.mfu is auto but no plan with model_flops_per_seq was given")
+    busy = sum((f + b) * tp * GPUS[plan.gpu_types[d]].peak_tflops * 1e12
+               for f, b, d in zip(plan.fwd_s[0], plan.bwd_s[0], plan.stage_dc[0], strict=True))
+    return plan.model_flops_per_seq * plan.microbatch_size / busy
 
 
 def request_rows(run_id: str, source: str, pls: list[Placement], kv_per_token: float):

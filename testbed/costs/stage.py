@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from testbed.costs.gpus import GPU, GPUS
 from testbed.costs.models import ModelConfig
+from testbed.costs.operators import layer_times
 
 BF16 = 2
 WORKSPACE_GB = 2.0  # CUDA context, NCCL buffers, allocator fragmentation
@@ -128,23 +129,32 @@ def layer_costs(
     tp: int,
     dp: int,
     microbatch: int,
-    mfu: float,
+    mfu: float | str,
     recompute: str,
     distributed_optimizer: bool,
     sequence_parallel: bool = False,
 ) -> LayerCosts:
+    """`mfu`: a typed fraction of peak (every layer's FLOPs at it), or `auto`: each operator at its
+    shape on the GPU (`costs/operators.py`), MFU then an output."""
     gpu = GPUS[gpu_name]
     s, b, h, a = model.seq_len, microbatch, model.hidden, model.heads
     tokens = s * b
-    rate = gpu.peak_tflops * 1e12 * mfu * tp  # FLOP/s of one TP group
-    compute = model.layer_fwd_flops(tokens, s) / rate
-    # Megatron tensor parallelism: two all-reduces of the layer's b*s*h activation per forward (after
-    # attention and after the MLP), two per backward; full recomputation repeats the forward's two.
-    # Sequence parallelism turns each into a reduce-scatter plus an all-gather: the same bytes.
-    ar = tp_allreduce_s(tokens * h * BF16, tp, gpu)
-    fwd = compute + 2 * ar
-    bwd = 2 * compute + 2 * ar + (fwd if recompute == "full" else 0.0)
-    head_fwd = model.logits_fwd_flops(tokens) / rate
+    if mfu == "auto":
+        op = layer_times(model, gpu_name, tp=tp, microbatch=microbatch, recompute=recompute,
+                         sequence_parallel=sequence_parallel)
+        fwd, bwd, tp_comm, head_fwd, head_bwd = op.fwd_s, op.bwd_s, op.tp_comm_s, op.head_fwd_s, op.head_bwd_s
+    else:
+        rate = gpu.peak_tflops * 1e12 * float(mfu) * tp  # FLOP/s of one TP group
+        compute = model.layer_fwd_flops(tokens, s) / rate
+        # Megatron tensor parallelism: two all-reduces of the layer's b*s*h activation per forward (after
+        # attention and after the MLP), two per backward; full recomputation repeats the forward's two.
+        # Sequence parallelism turns each into a reduce-scatter plus an all-gather: the same bytes.
+        ar = tp_allreduce_s(tokens * h * BF16, tp, gpu)
+        fwd = compute + 2 * ar
+        bwd = 2 * compute + 2 * ar + (fwd if recompute == "full" else 0.0)
+        tp_comm = (4 + (2 if recompute == "full" else 0)) * ar
+        head_fwd = model.logits_fwd_flops(tokens) / rate
+        head_bwd = 2 * head_fwd
     # Korthikanti et al. 2022, activation bytes per layer per microbatch (per GPU of the TP group)
     if recompute == "full":
         act = 2 * s * b * h / (tp if sequence_parallel else 1)
@@ -155,16 +165,24 @@ def layer_costs(
     bytes_per_param = 2 + 4 + (12 / dp if distributed_optimizer else 12)
     return LayerCosts(
         model=model, gpu=gpu, tp=tp, dp=dp, microbatch=microbatch, distributed_optimizer=distributed_optimizer,
-        fwd_s=fwd, bwd_s=bwd, tp_comm_s=(4 + (2 if recompute == "full" else 0)) * ar,
-        head_fwd_s=head_fwd, head_bwd_s=2 * head_fwd,
+        fwd_s=fwd, bwd_s=bwd, tp_comm_s=tp_comm, head_fwd_s=head_fwd, head_bwd_s=head_bwd,
         act_bytes=act, weight_bytes=model.layer_params() / tp * bytes_per_param,
         embed_weight_bytes=model.embedding_params() / tp * bytes_per_param,
         logits_bytes=4 * s * b * model.vocab / tp,
     )
 
 
-def in_flight(stage: int, pp: int, microbatches: int, schedule: str) -> int:
-    """Microbatches whose activations a stage holds at its peak: 1F1B keeps pp - stage, GPipe all."""
+def in_flight(stage: int, pp: int, microbatches: int, schedule: str, virtual_stages: int = 1) -> float:
+    """Microbatches whose activations a stage holds at its peak, in whole-stage microbatches: 1F1B keeps
+    pp - stage, GPipe all, zero-bubble pp on every stage. Interleaved 1F1B holds its warm-up forwards plus one,
+    each on one of the stage's v chunks (a v-th of its layers on average): (warm-up + 1) / v."""
+    if virtual_stages > 1:
+        from testbed.plan.schedules import interleaved_warmup
+
+        total = microbatches * virtual_stages
+        return min(interleaved_warmup(stage, pp, microbatches, virtual_stages) + 1, total) / virtual_stages
+    if schedule == "zb":  # any stage may hold pp microbatches (1F1B's peak, on its first stage)
+        return min(pp, microbatches)
     return min(pp - stage, microbatches) if schedule == "1f1b" else microbatches
 
 
@@ -177,7 +195,7 @@ def stage_costs(
     dp: int,
     microbatch: int,
     microbatches: int,
-    mfu: float,
+    mfu: float | str,
     recompute: str,
     schedule: str,
     distributed_optimizer: bool,

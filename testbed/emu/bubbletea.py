@@ -208,7 +208,7 @@ def served_requests(plan: Plan, exp: Experiment, reqs: list[Request], homes: dic
     if not real_compute:
         from testbed.bubbletea.run import train_mfu
 
-        work = useful_work(plan, opts, chunks_ran, horizon, train_mfu(exp.workload.mfu, plan.tp))
+        work = useful_work(plan, opts, chunks_ran, horizon, train_mfu(exp.workload.mfu, plan.tp, plan))
         m.update(work)
     return sorted(rows, key=lambda r: r[0]), m
 

@@ -20,44 +20,27 @@ from testbed.emu.backends import Backend, Node, make_backend
 from testbed.emu.kernel import delay_method, require_root
 from testbed.emu.names import AddressPlan, address_plan, host_name
 from testbed.emu.rungroup import run_gid, secure_dir
+from testbed.emu.scale import (  # noqa: F401
+    FOREIGN_SHARE,
+    MAX_LAN_BPS,
+    MIN_WINDOW,
+    MSS,
+    MTU,
+    TCP_HEADERS,
+    check_scale,
+    emulated_window,
+    receive_buffer,
+)
 from testbed.emu.sh import EmuError
 from testbed.emu.shaping import htb_commands, lan_commands
 from testbed.runtime.htb import GSO_SEGMENTS, link_mtu
 from testbed.spec.experiment import warm_windows as default_warm_windows
 from testbed.spec.topology import Topology
 
-MTU = 9000
-TCP_HEADERS = 52  # IPv4 and TCP headers with the timestamp option
-MSS = MTU - TCP_HEADERS  # TCP payload per jumbo packet
-MIN_WINDOW = 64 * 1024  # below this one TCP connection no longer behaves like one (MSS is ~9 KB)
-# Linux advertises the share of a receive buffer that it measures per connection (scaling_ratio: a received
-# segment's length over its memory, since kernel 6.6; 1/2 before): 0.75 to 0.95 of the buffer here with MTU
-# 9000, varying with the buffer's size, between connections and with how promptly the reader reads
-# (docs/fidelity.md). Neither a buffer sized from one share nor a route's `window` metric (the kernel's window
-# clamp follows the buffer) gives a connection the spec's window. So the training workers give each WAN
-# connection a fixed buffer of twice its window and clamp its window to the plan's (runtime/worker.py); the
-# hosts' autotuned buffer, for processes that do not clamp (iperf3, testbed launch), is sized from a share of
-# 0.9, which gives them 0.83-1.05 of the window here.
-FOREIGN_SHARE = 0.9
-MAX_LAN_BPS = 2e9
-
-
-def receive_buffer(window: int) -> int:
-    """A host's largest autotuned TCP receive buffer for a window (what unclamped connections get)."""
-    return int(window / FOREIGN_SHARE)
-
 
 def link_mss(link_bps: float) -> int:
     """TCP payload per packet on an emulated WAN path whose link carries `link_bps` (bits/s)."""
     return link_mtu(link_bps) - TCP_HEADERS
-
-
-def emulated_window(window_bytes: float, scale: float, mss: int = MSS) -> int:
-    """A real-world window as one emulated connection carries it: divided by k, at least 64 KiB, and a whole
-    number of segments of `mss` (a receiver advertises, and a sender fills, a window in whole segments; bench
-    tcp_fidelity.py measured a 128 KiB clamp carrying 14 segments' worth)."""
-    w = max(window_bytes / scale, MIN_WINDOW)
-    return max(1, round(w / mss)) * mss
 
 
 @dataclass
@@ -153,8 +136,6 @@ def up(topo: Topology, *, backend: str = "netns", prefix: str | None = "gdtb0", 
     """Build the topology (prefix None: the first free gdtb<N>). On any failure (or Ctrl-C) everything
     built so far is removed. `mounts`: host folders the container backends bind-mount at the same path in
     every host container."""
-    from testbed.emu.scale import check_scale
-
     check_scale(topo, scale, lan_gpus_per_host=lan_gpus_per_host)  # before anything exists
     require_root()
     if prefix is None:

@@ -1,4 +1,6 @@
-"""`topology check`: measure every WAN pair (RTT by ping, TCP throughput by iperf3) against its spec."""
+"""`topology check`: measure every WAN pair against its spec: RTT by ping, TCP throughput by iperf3 and by the
+training workers' own transport (window-clamped connections, striped and corked sends: `bulk`), the latter
+against the window model min(C, n W / RTT)."""
 
 from __future__ import annotations
 
@@ -10,9 +12,11 @@ from testbed.costs.tcp import striped_rate
 from testbed.emu.build import Emulation
 from testbed.emu.measure import ping_stats
 from testbed.emu.sh import EmuError
+from testbed.net.units import bytes_s_to_mbps, bytes_to_kib, gbps_to_mbps, mbps_to_bytes_s, ms_to_s
 
-LINKS_HEADER = ("link", "configured_mbps", "measured_mbps_1", "measured_mbps_n", "streams", "model_mbps_1",
-                "configured_rtt_ms", "rtt_min_ms", "rtt_avg_ms", "rtt_p99_ms", "delay_method", "scale", "window_kib")
+LINKS_HEADER = ("link", "configured_mbps", "measured_mbps_1", "measured_mbps_n", "workers_mbps_1", "workers_mbps_n",
+                "streams", "model_mbps_1", "model_mbps_n", "configured_rtt_ms", "rtt_min_ms", "rtt_avg_ms",
+                "rtt_p99_ms", "delay_method", "scale", "window_kib")
 
 
 def ping(emu: Emulation, src: str, dst_ip: str, count: int) -> dict:
@@ -67,7 +71,12 @@ def bulk(emu: Emulation, src: str, dst: str, port: int, seconds: float, connecti
     return {**res, "tcp_rtt_ms": json.loads(sent.strip().splitlines()[-1])["tcp_rtt_ms"]}
 
 
+MODEL_SHARE = 0.9  # a link whose workers' throughput reads under this share of its model gets a warning
+WORKERS_WARMUP_S = 1.0  # left out of the workers' measurement: their connections' slow start
+
+
 def check_links(emu: Emulation, streams: int = 8, seconds: float = 3.0, pings: int = 40) -> list[dict]:
+    """One links.csv row per WAN link: ping, iperf3 and the workers' transport with 1 and `streams` connections."""
     rows = []
     for k, link in enumerate(emu.topo.links):
         a, b = link.between
@@ -75,15 +84,34 @@ def check_links(emu: Emulation, streams: int = 8, seconds: float = 3.0, pings: i
         rtt = ping(emu, src, emu.addr.host(dst).ip, pings)
         one = iperf(emu, src, dst, 5201 + k, seconds, 1)
         many = iperf(emu, src, dst, 5201 + k, seconds, streams)
-        cap = link.gbps * 1e3 / emu.scale
+        cap = gbps_to_mbps(link.gbps) / emu.scale
         win = emu.window_bytes(a, b)
-        rtt_s = 2 * link.latency_ms / 1e3
+        rtt_s = 2 * ms_to_s(link.latency_ms)
+        ours = {n: bulk(emu, src, dst, 5301 + k, seconds, n, win, WORKERS_WARMUP_S)["received_mbps"]
+                for n in (1, streams)}
+        model = {n: bytes_s_to_mbps(striped_rate(mbps_to_bytes_s(cap), n, win, rtt_s)) for n in (1, streams)}
         rows.append({
             "link": f"{a}-{b}", "configured_mbps": round(cap, 3),
             "measured_mbps_1": round(one["received_mbps"], 3), "measured_mbps_n": round(many["received_mbps"], 3),
-            "streams": streams, "model_mbps_1": round(striped_rate(cap * 1e6 / 8, 1, win, rtt_s) * 8 / 1e6, 3),
+            "workers_mbps_1": round(ours[1], 3), "workers_mbps_n": round(ours[streams], 3),
+            "streams": streams, "model_mbps_1": round(model[1], 3), "model_mbps_n": round(model[streams], 3),
             "configured_rtt_ms": 2 * link.latency_ms, **{k2: (round(v, 3) if v is not None else "") for k2, v in
                                                         rtt.items() if k2 != "samples"},
-            "delay_method": emu.delay, "scale": emu.scale, "window_kib": round(win / 1024, 1),
+            "delay_method": emu.delay, "scale": emu.scale, "window_kib": round(bytes_to_kib(win), 1),
         })
     return rows
+
+
+def below_model(rows: list[dict], share: float = MODEL_SHARE) -> list[str]:
+    """One line per link whose workers' throughput, on 1 or on n connections, is under `share` of its model."""
+    lines = []
+    for r in rows:
+        misses = []
+        for n, col in ((1, "1"), (r["streams"], "n")):
+            got, model = float(r[f"workers_mbps_{col}"]), float(r[f"model_mbps_{col}"])
+            if got < share * model:
+                misses.append(f"{got:.1f} Mbit/s on {n} connection(s), {got / model:.1%} of the model's {model:.1f}")
+        if misses:
+            lines.append(f"{r['link']}: the workers' transport gets {' and '.join(misses)}: this link is slower than "
+                         f"the simulator assumes (a loaded machine, or a delay line that cannot keep up)")
+    return lines

@@ -18,16 +18,8 @@ from pathlib import Path
 from testbed.emu import owner, state
 from testbed.emu.containers import remove_containers
 from testbed.emu.names import OURS_RE, PREFIX_RE
+from testbed.emu.owner import our_namespaces  # noqa: F401 (re-exported: listed with the prefixes it holds)
 from testbed.emu.sh import EmuError, run
-
-
-def _ours(name: str, prefix: str | None) -> bool:
-    return bool(OURS_RE.match(name)) and (prefix is None or name.startswith(prefix + "-"))
-
-
-def our_namespaces(prefix: str | None = None) -> list[str]:
-    out = run(["ip", "netns", "list"], check=False)
-    return [ln.split()[0] for ln in out.splitlines() if ln.strip() and _ours(ln.split()[0], prefix)]
 
 
 def our_root_links(prefix: str | None = None) -> list[str]:

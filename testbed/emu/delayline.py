@@ -68,7 +68,7 @@ class Queue:
         self.line, self.qnum, self.delay = line, qnum, delay_s
         self.pending: collections.deque[tuple[float, int]] = collections.deque()
         self.packets = 0
-        self.lag_sum = 0.0
+        self.lag_sum = 0.0  # release - due, summed: the run's timing health reads it (testbed/emu/health.py)
         self.lag_max = 0.0
         self.released = 0
         self.stamped = 0  # packets whose kernel arrival time came with them
@@ -200,7 +200,8 @@ class DelayLine:
                                     "changes": q.changes, "stamped": q.stamped,
                                     "inbound_avg_us": q.inbound_sum / max(q.stamped, 1) * 1e6,
                                     "lag_avg_us": q.lag_sum / max(q.released, 1) * 1e6, "early_us": q.early * 1e6,
-                                    "lag_max_us": q.lag_max * 1e6} for q in self.queues.values()},
+                                    "lag_max_us": q.lag_max * 1e6, "released": q.released,
+                                    "lag_sum_s": q.lag_sum} for q in self.queues.values()},
                 "holds": self.holds, "holding_since": self.hold_since}
 
     def control(self, data: bytes) -> None:

@@ -19,7 +19,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from testbed.emu import state
-from testbed.emu.sh import EmuError
+from testbed.emu.names import OURS_RE
+from testbed.emu.sh import EmuError, run
+
+
+def _ours(name: str, prefix: str | None) -> bool:
+    return bool(OURS_RE.match(name)) and (prefix is None or name.startswith(prefix + "-"))
+
+
+def our_namespaces(prefix: str | None = None) -> list[str]:
+    """The network namespaces this machine has that carry our prefix (`prefix`'s only, if given)."""
+    out = run(["ip", "netns", "list"], check=False)
+    return [ln.split()[0] for ln in out.splitlines() if ln.strip() and _ours(ln.split()[0], prefix)]
 
 
 def owner_path(prefix: str) -> Path:
@@ -145,8 +156,6 @@ def owned(prefix: str | None, namespaces: set[str] | None = None) -> Iterator[st
     """Hold a prefix (the given one, or a free one) for the duration of a run; give it back at the end."""
     if prefix is None:
         if namespaces is None:
-            from testbed.emu.clean import our_namespaces
-
             namespaces = set(our_namespaces())
         prefix = pick_free(namespaces)
         fresh = True

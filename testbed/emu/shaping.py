@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from testbed.net.units import bps_to_bytes_s, mib_to_bytes
 from testbed.runtime.htb import (
     ALLREDUCE_MINOR,
     ALLREDUCE_TOS,
@@ -28,12 +29,12 @@ from testbed.runtime.htb import (
 # window is k times fewer packets than in the real world, so a drop costs a 200 ms retransmission timeout where
 # the real connection would recover within a round trip (a BDP-sized queue made emulated runs 10-30 % slower,
 # with iterations varying 2x: docs/fidelity.md). Packets only queue when the windows overfill the link.
-MIN_QUEUE_BYTES = 32 * 2**20
+MIN_QUEUE_BYTES = mib_to_bytes(32)
 
 
 def queue_bytes(rate_bps: float, rtt_s: float) -> int:
     """A shaper's queue: four bandwidth-delay products, at least MIN_QUEUE_BYTES."""
-    return max(4 * int(rate_bps / 8 * max(rtt_s, 0.01)), MIN_QUEUE_BYTES)
+    return max(4 * int(bps_to_bytes_s(rate_bps) * max(rtt_s, 0.01)), MIN_QUEUE_BYTES)
 
 
 def rate_class(verb: str, dev: str, parent: str, classid: str, rate_bps: float, mtu: int) -> list[str]:

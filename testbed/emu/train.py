@@ -19,17 +19,18 @@ from dataclasses import dataclass, field
 from testbed.emu import state
 from testbed.emu.build import Emulation
 from testbed.emu.flowwatch import FlowSampler
+from testbed.emu.health import Health, Meter
 from testbed.emu.rungroup import run_gid, secure_dir, worker_uid
 from testbed.emu.sh import EmuError
 from testbed.emu.shaping import MIN_QUEUE_BYTES
 from testbed.plan.lower import dry_run, lower
 from testbed.plan.plan import Plan
-from testbed.program import AllReduce, exchanges
+from testbed.program import collective_exchanges, ring_collectives
 from testbed.runtime.access import grant, listen_unix, log, peer_cred
 from testbed.runtime.config import Endpoint, WorkerConfig
 from testbed.runtime.htb import IDLE_PRIO, JUMBO_MTU, class_args, kv_class, trickle_bps
 from testbed.runtime.prefill import KV_DRAIN_S
-from testbed.runtime.wire import ProtocolError, recv_ctrl, send_ctrl
+from testbed.runtime.wire import ProtocolError, recv_ctrl, recv_ctrl_skipping, send_ctrl
 from testbed.timeline import Interval, Timeline, group_gaps, group_name, sort_intervals
 
 START_TIMEOUT = 90.0  # torch workers import torch and build their stage first
@@ -56,8 +57,9 @@ def worker_configs(plan: Plan, emu: Emulation, compute: str = "modeled", torch_c
     where = {g: Endpoint(host[g].ip, p.port) for g, p in programs.items()}
     cfgs = {}
     for g, p in programs.items():
-        peers = {q.peer for q in p.pipes} | {x for st in p.steps if isinstance(st, AllReduce)
-                                              for ex in exchanges(st, g) for x in (ex.send_to, ex.recv_from)}
+        peers = {q.peer for q in p.pipes} | {x for st in dict.fromkeys(ring_collectives(p.steps))
+                                              for ex in collective_exchanges(st, g)
+                                              for x in (ex.send_to, ex.recv_from)}
         sidecars = {q.peer: sidecar_socket(emu, *q.wan) for q in p.pipes
                     if q.flow_class is not None and q.wan and plan.links[q.wan].temporal}
         cfgs[(p.stage, p.replica)] = WorkerConfig(
@@ -216,6 +218,8 @@ class Controller:
         self.srv = listen_unix(path, gid, backlog=max(n, 8))
         self.conns: dict[tuple[int, int], socket.socket] = {}
         self.refused: list[str] = []
+        self.rejected: list[str] = []  # malformed messages from our workers, skipped
+        self.watch = lambda: None  # raises EmuError when a part of the run the workers need has died
 
     def _refuse(self, c: socket.socket, why: str) -> None:
         pid, uid, gid = peer_cred(c)
@@ -266,12 +270,18 @@ class Controller:
         errors: list[str] = []
 
         def read(k, c) -> None:
+            deadline = time.monotonic() + timeout
             try:
-                c.settimeout(timeout)
-                msg = recv_ctrl(c)
-                if key not in msg:
-                    raise ProtocolError(f"expected {key!r}, got {sorted(msg)}")
-                out[k] = msg
+                while True:  # a malformed message is rejected (and logged); the worker's next one counts
+                    c.settimeout(max(0.01, deadline - time.monotonic()))
+                    msg = recv_ctrl_skipping(c, lambda why: self._reject(k, why))
+                    why = bad_message(key, msg)
+                    if not why:
+                        out[k] = msg
+                        return
+                    self._reject(k, why)
+            except TimeoutError:
+                errors.append(f"worker s{k[0]}r{k[1]}: no {key!r} within {timeout:g} s")
             except (OSError, ProtocolError) as e:
                 errors.append(f"worker s{k[0]}r{k[1]}: {e or type(e).__name__}")
 
@@ -281,11 +291,17 @@ class Controller:
         while alive := [t for t in threads if t.is_alive()]:  # a dead worker ends the run now, not at the timeout
             alive[0].join(0.25)
             _check(procs)
+            self.watch()
             if errors:
                 raise EmuError(f"waiting for {key}: {errors[0]}")
         if errors:
             raise EmuError(f"waiting for {key}: {errors[0]}")
         return out
+
+    def _reject(self, who: tuple[int, int], why: str) -> None:
+        line = f"control socket {self.path}: rejected a message from worker s{who[0]}r{who[1]}: {why}"
+        self.rejected.append(line)
+        log(line)
 
     def broadcast(self, msg: dict, procs: list[subprocess.Popen] | None = None) -> None:
         for (s, r), c in self.conns.items():
@@ -309,6 +325,42 @@ class Controller:
         self.srv.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
+
+
+def bad_message(key: str, msg: dict) -> str:
+    """Why a worker's message is not the `key` message the orchestrator waits for ("" if it is): the key, and for
+    `done` its log of [kind, microbatch, t0, t1, bytes] rows and its waits."""
+    if key not in msg:
+        return f"expected {key!r}, got {sorted(msg)[:5]}"
+    if key != "done":
+        return ""
+    log = msg.get("log")
+    num = (int, float)
+    if not isinstance(log, list) or not all(
+            isinstance(r, list) and len(r) == 5 and isinstance(r[0], str) and isinstance(r[1], int)
+            and all(isinstance(x, num) and not isinstance(x, bool) for x in r[2:]) for r in log):
+        return "its log is not a list of [kind, microbatch, t0, t1, bytes]"
+    for name in ("waits", "wakes"):
+        w = msg.get(name, [0, 0.0, 0.0, 0.0])
+        if not isinstance(w, list) or len(w) != 4 or not all(isinstance(x, num) for x in w):
+            return f"its {name} are not [count, late, worst, signed]"
+    if not isinstance(msg.get("degraded", ""), str):
+        return "its degraded is not text"
+    loss = msg.get("loss")
+    if loss is not None and (not isinstance(loss, num) or isinstance(loss, bool)):
+        return "its loss is not a number"
+    return ""
+
+
+def check_delaylines(emu: Emulation) -> None:
+    """A delay line that exited stopped its WAN link (it has no fail-open: emu/delayline.py): end the run with one
+    line naming it, not at the iteration timeout."""
+    for ns, p in emu.delaylines.items():
+        code = p.poll()
+        if code is not None:
+            how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+            raise EmuError(f"the delay line of WAN link {ns} died ({how}): the link stopped (its log: "
+                           f"{state.run_dir(emu.prefix) / (ns + '.delay.log')})")
 
 
 def _check(procs: list[subprocess.Popen]) -> None:
@@ -383,6 +435,7 @@ class TrainingRun:
     captured: list[tuple] = field(default_factory=list)  # flows.csv rows of a packet capture (run's timeline clock)
     capture_summary: str = ""
     starts: list[float] = field(default_factory=list)  # each iteration's monotonic start
+    health: Health = field(default_factory=Health)  # the run's timing health (testbed/emu/health.py)
 
 
 def capture_rows(plan: Plan, emu: Emulation, cfgs: dict, res, starts: list[float], durations: list[float]
@@ -417,6 +470,7 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
     cfgs = worker_configs(plan, emu, compute, torch_cfg, conns)
     rdir = state.run_dir(emu.prefix)
     ctl = Controller(str(rdir / "ctl.sock"), len(cfgs), run_gid(emu.backend), worker_uid(emu.backend))
+    ctl.watch = lambda: check_delaylines(emu)
     procs: list[subprocess.Popen] = []
     workers: dict[tuple[int, int], subprocess.Popen] = {}
     sidecars: list[subprocess.Popen] = []
@@ -427,6 +481,8 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
     bt_results: dict = {}
     degraded = ""
     cap = None
+    meter = Meter(emu)
+    health = None
     try:
         # a class per replica on every WAN hop: fair sharing, or turns where a sidecar ranks them
         if any(q.flow_class is not None for c in cfgs.values() for q in c.program.pipes):
@@ -482,6 +538,8 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
                 for dev, ms in devs.items():
                     have[dev] = tuple(sorted({*have.get(dev, ()), *ms.values()}))
             live.prepare()
+        host_of = {key: worker_ns(emu, c) for key, c in cfgs.items()}
+        meter.start()
         for it in range(iterations):
             t_start = time.monotonic() + 0.05
             starts.append(t_start)
@@ -500,6 +558,9 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
                 live.end()
             end = max((iv[3] for d in done.values() for iv in d["log"]), default=t_start)  # prefill included
             degraded = degraded or next((d["degraded"] for d in done.values() if d.get("degraded")), "")
+            if it >= min(1, iterations - 1):  # the steady iterations, as the summary's
+                for key, d in done.items():
+                    meter.add_waits(host_of[key], d.get("waits"), d.get("wakes"))
             it_losses = [d["loss"] for d in done.values() if d.get("loss") is not None]
             if it_losses:
                 losses.append(sum(it_losses) / len(it_losses))
@@ -511,6 +572,7 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
             durations.append(end - t_start)
             if progress:
                 progress()
+        health = meter.stop()
         if decoders:
             time.sleep(1.0)  # the last KV caches reach their decode processes before the workers exit
         ctl.broadcast({"stop": True})  # a worker waits up to KV_DRAIN_S for its KV caches still in flight
@@ -520,6 +582,8 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
             except subprocess.TimeoutExpired:
                 p.kill()
     finally:
+        if health is None:
+            meter.abort()  # its sampling thread ends with the run, whatever ended it
         cap_res = cap.stop() if cap is not None else None
         for p in procs:
             if p.poll() is None:
@@ -539,7 +603,7 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
             bt_results = json.load(f)
     ivs = intervals + group_gaps(intervals, durations)
     run = TrainingRun(Timeline(plan.run_id, "emu", sort_intervals(ivs), durations, plan.pp * plan.dp), degraded,
-                      losses, bt_results, starts=starts)
+                      losses, bt_results, starts=starts, health=health or Health())
     if cap_res is not None:
         run.captured, run.capture_summary = capture_rows(plan, emu, cfgs, cap_res, starts, durations), cap_res.summary()
     k = min(1, iterations - 1)

@@ -34,6 +34,7 @@ from testbed.emu import state
 from testbed.emu.build import Emulation, delay_control
 from testbed.emu.sh import EmuError
 from testbed.emu.shaping import ACK_MINOR, DEFAULT_MINOR, leaf_command, rate_change_commands
+from testbed.net.units import bps_to_gbps, bytes_s_to_bps, s_to_ms
 from testbed.runtime.wire import send_ctrl
 from testbed.sim.linkchange import Pair, WanSchedule, WanState
 
@@ -119,7 +120,7 @@ class LiveWan:
         """Put link `pair` in state `st` now; returns the seconds it took."""
         t0 = time.monotonic()
         w = self.emu.addr.wan(*pair)
-        rate = st.capacity_bytes_s * 8 / self.scale
+        rate = bytes_s_to_bps(st.capacity_bytes_s) / self.scale
         if not st.up and self.up.get(pair, True):
             self._delayline(w.ns, {"hold": True})
         fair, kv = self.fair_classes.get(frozenset(pair), {}), self.kv_classes.get(frozenset(pair), {})
@@ -132,7 +133,7 @@ class LiveWan:
             self._delayline(w.ns, {"hold": False})
         self.up[pair] = st.up
         if self.latency.get(pair) != st.latency_s:
-            ms = st.latency_s * 1e3
+            ms = s_to_ms(st.latency_s)
             if self.emu.delay == "nfqueue":
                 self._delayline(w.ns, {"delays_ms": {"0": ms, "1": ms}})
             elif self.emu.delay == "netem":
@@ -246,8 +247,8 @@ class LiveWan:
         for a in self.applied:
             at = clock(a.iteration, a.wall)
             changes.append((run_id, "emu", f"{a.pair[0]}-{a.pair[1]}", fmt(a.t_s, 9), fmt(at, 6),
-                            fmt(a.state.gbps, 9), fmt(a.state.latency_s * 1e3, 9), int(a.state.up),
-                            round(a.apply_s * 1e3, 3)))
+                            fmt(a.state.gbps, 9), fmt(s_to_ms(a.state.latency_s), 9), int(a.state.up),
+                            round(s_to_ms(a.apply_s), 3)))
         rates: list[tuple] = []
         last: dict[str, tuple[float, int]] = {}
         for it, wall, name, sent in self.samples:
@@ -256,7 +257,8 @@ class LiveWan:
             c = clock(it, wall)
             if name in last and c > last[name][0]:
                 t0, b0 = last[name]
-                rates.append((run_id, "emu", name, fmt(t0, 6), fmt((sent - b0) * 8 * self.scale / (c - t0) / 1e9, 6)))
+                real_gbps = bps_to_gbps(bytes_s_to_bps(sent - b0) * self.scale / (c - t0))  # k x the emulated rate
+                rates.append((run_id, "emu", name, fmt(t0, 6), fmt(real_gbps, 6)))
             last[name] = (c, sent)
 
         def clock_of(wall: float) -> float:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from testbed.figures.style import KIND_COLOURS, SERIES_COLOURS, colour, new, plt, save
+from testbed.net.units import s_to_ms
 
 
 def ttft_cdf(requests: pd.DataFrame, path: Path, slo_ms: float | None = None, title: str = "") -> Path:
@@ -16,7 +17,7 @@ def ttft_cdf(requests: pd.DataFrame, path: Path, slo_ms: float | None = None, ti
     fig, ax = new()
     for (run_id, d), c in zip(requests.groupby("run_id", sort=False), SERIES_COLOURS * 4, strict=False):
         for served, style, what in ((1, "-", "bubbles"), (0, "--", "pool")):
-            t = (d[d.in_bubble == served].ttft_s * 1e3).sort_values().to_numpy()
+            t = s_to_ms(d[d.in_bubble == served].ttft_s).sort_values().to_numpy()
             if len(t):
                 ax.plot(t, [(i + 1) / len(t) for i in range(len(t))], style, color=c,
                         label=f"{run_id}: {what} ({len(t) / len(d):.0%} of {len(d)})")

@@ -15,6 +15,7 @@ import pandas as pd
 from testbed import columns as reg
 from testbed.analysis.sweep import axes, short_names, with_sweep_columns
 from testbed.figures import bubbletea, gantt, sweep, training
+from testbed.net.units import gbps_to_mbps, s_to_ms
 
 LINE_METRICS = ("iteration_s", "tokens_per_s_per_gpu", "gpu_util", "speedup_vs_best")  # each drawn if present
 SERVING_METRICS = ("served_in_bubbles", "prefill_util", "ttft_p50_ms", "ttft_p99_ms", "slo_attainment")
@@ -70,6 +71,11 @@ def draw_all(folder: Path, out: Path, notes: list[str] | None = None) -> list[Pa
     paths += _serving(folder, df, keys, out, notes)
     paths += _flows(folder, out, notes)
     paths += _gantts(folder, df, keys, out, notes)
+    if "timing_error" in summary and (summary.source == "emu").any():  # an emulated run's timing health
+        from testbed.figures.health import timing_health
+
+        vfile = folder / "validation.csv"
+        paths.append(timing_health(summary, pd.read_csv(vfile) if vfile.exists() else None, out / "timing_health.png"))
     return paths
 
 
@@ -199,7 +205,7 @@ def _capacities_mbps(folder: Path) -> dict[str, float]:
     if "scale" not in emu or emu.empty or not isinstance(topo, dict):
         return {}
     k = float(emu.scale.iloc[0])
-    return {"-".join(lk["between"]): float(lk["gbps"]) * 1e3 / k for lk in topo.get("links", [])
+    return {"-".join(lk["between"]): gbps_to_mbps(float(lk["gbps"])) / k for lk in topo.get("links", [])
             if isinstance(lk, dict) and "between" in lk and "gbps" in lk}
 
 
@@ -217,7 +223,7 @@ def _flows(folder: Path, out: Path, notes: list[str]) -> list[Path]:
         n, gap = training.flow_sampling(flows, run_id)
         if n < training.FLOW_MIN_SAMPLES:
             notes.append(f"wan_flows_{run_id}.png skipped: only {n} samples per replica and direction in the sampled "
-                         f"iteration (one every {gap * 1e3:.0f} ms; the sampler aims at 20 ms), too few to show who "
+                         f"iteration (one every {s_to_ms(gap):.0f} ms; the sampler aims at 20 ms), too few to show who "
                          f"has the link; lines between them would invent a shape. A busy machine slows `tc -s`: "
                          f"rerun on a quieter one")
             continue

@@ -9,6 +9,7 @@ import pandas as pd
 from matplotlib.ticker import FuncFormatter
 
 from testbed.figures.style import KIND_COLOURS, SERIES_COLOURS, colour, labelled_bars, new, plt, save
+from testbed.net.units import bps_to_gbps, bytes_s_to_bps, s_to_ms
 
 
 def iteration_bars(summary: pd.DataFrame, path: Path, title: str = "") -> Path:
@@ -92,7 +93,7 @@ def ttft_cdfs(requests: pd.DataFrame, summary: pd.DataFrame, keys: list[str], pa
         cmap = colormaps["viridis"]
         for i, run_id in enumerate(runs):
             g = d[d.run_id == run_id]
-            t = (g.ttft_s * 1e3).sort_values().to_numpy()
+            t = s_to_ms(g.ttft_s).sort_values().to_numpy()
             row = where.loc[(run_id, src)] if isinstance(where.index, pd.MultiIndex) else where.loc[run_id]
             point = ", ".join(f"{short[k]}={row[k]:g}" if isinstance(row[k], float) else f"{short[k]}={row[k]}"
                               for k in keys if k in row and summary[k].nunique() > 1)
@@ -182,7 +183,7 @@ def wan_flows(flows: pd.DataFrame, run_id: str, path: Path, t0: float | None = N
         total = None
         for (r, g), c in zip(dd.groupby("replica"), SERIES_COLOURS * 4, strict=False):
             g = g.sort_values("t_s")
-            rate = (g.wire_bytes.diff() * 8 * g.scale / g.t_s.diff() / 1e9).to_numpy()
+            rate = bps_to_gbps(bytes_s_to_bps(g.wire_bytes.diff()) * g.scale / g.t_s.diff()).to_numpy()
             (h,) = ax.plot(g.t_s - start, rate, lw=1.2, color=c, drawstyle="steps-pre", label=f"replica {r}")
             handles.setdefault(f"replica {r}", h)
             s = pd.Series(rate, index=g.t_s.round(4).to_numpy())
@@ -205,7 +206,7 @@ def wan_flows(flows: pd.DataFrame, run_id: str, path: Path, t0: float | None = N
                ncol=len(handles))
     n, gap = flow_sampling(flows, run_id)
     fig.suptitle(f"{run_id}: who has the WAN in iteration {it} (real-world rates from HTB class counters, "
-                 f"one sample every {gap * 1e3:.0f} ms)", fontsize=9)
+                 f"one sample every {s_to_ms(gap):.0f} ms)", fontsize=9)
     save(fig, path, tight=False)
     return path
 

@@ -79,8 +79,11 @@ def device_env(slot: Slot, gpus: list[str], in_container: bool) -> dict[str, str
 
 
 def rank_env(slot: Slot, slots: list[Slot], *, master_port: int, connections: int, dcs: list[str],
-             gpus: list[str], in_container: bool, out_dir: str, threads: int) -> dict[str, str]:
-    """torchrun's environment for one rank, on the emulated network, plus the testbed's own."""
+             gpus: list[str], in_container: bool, out_dir: str, threads: int, scale: float = 1.0,
+             links_file: str = "") -> dict[str, str]:
+    """torchrun's environment for one rank, on the emulated network, plus the testbed's own: TESTBED_SCALE is
+    the WAN's k (a scale model divides its message sizes by it), TESTBED_LINKS the file with each WAN link
+    as the spec has it and as emulated (testbed.launch.dilation.links_table)."""
     master = slots[0]
     nproc = sum(1 for s in slots if s.group_rank == 0)
     nthreads, nsocks = nccl_striping(connections)
@@ -100,8 +103,10 @@ def rank_env(slot: Slot, slots: list[Slot], *, master_port: int, connections: in
         # P2P shortcut between hosts, no InfiniBand; only sockets, which the emulated WAN carries
         "NCCL_HOSTID": slot.ns, "NCCL_IB_DISABLE": "1",
         "TESTBED_DC": slot.dc, "TESTBED_HOST": slot.host, "TESTBED_REPLICA": str(slot.replica),
-        "TESTBED_DCS": ",".join(dcs), "TESTBED_OUT": out_dir,
+        "TESTBED_DCS": ",".join(dcs), "TESTBED_OUT": out_dir, "TESTBED_SCALE": f"{scale:g}",
     }
+    if links_file:
+        env["TESTBED_LINKS"] = links_file
     env.update(device_env(slot, gpus, in_container))
     return env
 

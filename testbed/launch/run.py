@@ -28,6 +28,8 @@ from testbed.emu.build import Emulation
 from testbed.launch.ranks import Slot, layout, omp_threads, rank_env
 
 GRACE_S = 3.0
+RANKS_HEADER = ("rank", "host", "dc", "replica", "exit_code", "wall_s", "stopped_by_launch", "scale",
+                "wan_dilation_max")
 PYTHONS = ("python", "python3")
 
 
@@ -123,7 +125,7 @@ def _pump(proc: RankProcess, say: Callable[[str], None]) -> None:
 
 def run_job(emu: Emulation, argv: list[str], *, nproc: int = 1, master_port: int = 29500, connections: int = 1,
             out_dir: Path, cwd: str, echo: Callable[[str], None] = print, capture=None,
-            on_failure: Callable[[str], None] | None = None) -> LaunchResult:
+            on_failure: Callable[[str], None] | None = None, links_file: str = "") -> LaunchResult:
     """Start every rank, stream their output, stop the rest when one fails; always leaves no rank behind.
     `capture` (a started testbed.emu.capture.Capture) is stopped once the ranks are done."""
     slots = layout(emu.addr, nproc)
@@ -152,7 +154,8 @@ def run_job(emu: Emulation, argv: list[str], *, nproc: int = 1, master_port: int
     try:
         for s in slots:
             env = rank_env(s, slots, master_port=master_port, connections=connections, dcs=dcs, gpus=gpus,
-                           in_container=in_container, out_dir=str(out_dir.resolve()), threads=threads)
+                           in_container=in_container, out_dir=str(out_dir.resolve()), threads=threads,
+                           scale=emu.scale, links_file=links_file)
             proc = RankProcess(emu, s, argv, env, cwd)
             procs.append(proc)
             pumps.append(threading.Thread(target=_pump, args=(proc, say), daemon=True))

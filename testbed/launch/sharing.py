@@ -49,6 +49,11 @@ def temporal_classes(emu: Emulation, ranges: dict[str, tuple[int, int]]) -> dict
     return made  # type: ignore[return-value]
 
 
+def turn_priorities(emu: Emulation) -> dict[str, int]:
+    """Each host's address -> the HTB priority of the flows heading to it under temporal sharing."""
+    return {h.ip: min(h.index, LAST_PRIO) for h in emu.addr.hosts}
+
+
 def remove_classes(emu: Emulation, made: dict) -> None:
     from testbed.emu.flowctl import FlowControl
 

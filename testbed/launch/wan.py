@@ -20,7 +20,7 @@ class LaunchSpec:
     topology: Topology
     backend: str
     prefix: str
-    scale: float  # 0: auto
+    scale: float  # 0: auto (the smallest k this machine carries, from a headroom probe)
     delay: str
     max_connections: int
 
@@ -48,15 +48,46 @@ def load_spec(path: Path, sets: list[str] | None, backend: str | None, prefix: s
                       scale if scale is not None else (em.scale if em else 0.0), em.delay if em else "auto", max_conns)
 
 
-def bring_up(spec: LaunchSpec, mounts: list[str]) -> tuple[Emulation, bool]:
+def parse_scale(text: str | None) -> float | None:
+    """`--scale auto` (0) or a positive number; None when not given."""
+    if text is None:
+        return None
+    if text.strip().lower() == "auto":
+        return 0.0
+    try:
+        k = float(text)
+    except ValueError:
+        raise SpecError("--scale", f"{text!r} is neither auto nor a number",
+                        "use --scale auto or e.g. --scale 50") from None
+    if not k > 0:
+        raise SpecError("--scale", f"{text} is not a positive scale factor", "use --scale auto or e.g. --scale 50")
+    return k
+
+
+def auto_scale(spec: LaunchSpec, nproc: int, say) -> float:
+    """The smallest k this machine carries for the topology and rank count, from a probe of its headroom. Without
+    GPUs the job's backend is gloo (one connection per rank pair); with them NCCL's sockets may stripe."""
+    from testbed.emu.containers import gpu_ids
+    from testbed.emu.scale import HEADROOM_SHARE, choose_scale
+    from testbed.emu.wan_headroom import probe
+
+    ranks = {d.name: d.hosts * nproc for d in spec.topology.dcs}
+    room = probe(spec.prefix, spec.delay)
+    nccl = bool(gpu_ids())
+    k = choose_scale(spec.topology, room.ceiling_bps, ranks, spec.max_connections if nccl else None)
+    say(f"--scale auto: {room.describe()}; k={k:g} keeps the WAN within {HEADROOM_SHARE:.0%} of it with "
+        f"{sum(ranks.values())} ranks all talking at once ({'NCCL sockets' if nccl else 'gloo'})")
+    return k
+
+
+def bring_up(spec: LaunchSpec, mounts: list[str], nproc: int = 1, say=print) -> tuple[Emulation, bool]:
     """(the WAN, whether this launch built it). A WAN already up under the prefix is used as it is, if it
     is the same topology on the same backend."""
     from testbed.emu.build import up
-    from testbed.emu.scale import auto_scale
 
     st = state.load(spec.prefix)
     if st is None:
-        k = spec.scale or auto_scale(spec.topology)
+        k = spec.scale or auto_scale(spec, nproc, say)
         return up(spec.topology, backend=spec.backend, prefix=spec.prefix, scale=k, delay=spec.delay,
                   mounts=mounts), True
     from testbed.emu.attach import attach

@@ -7,16 +7,20 @@ from dataclasses import replace
 
 from testbed.costs.gpus import GPUS
 from testbed.costs.models import ModelConfig, resolve_model
-from testbed.costs.stage import in_flight, layer_costs
+from testbed.costs.operators import model_flops_per_token
+from testbed.costs.stage import BF16, in_flight, layer_costs
 from testbed.costs.tcp import connections_for
-from testbed.errors import SpecError
+from testbed.errors import NotYetError, SpecError
+from testbed.net.wire import FRAME_BYTES
+from testbed.plan.buckets import bucket_bytes
 from testbed.plan.choose import choose_links, label, turn_order, warmup_pays
-from testbed.plan.layers import stage_layers
+from testbed.plan.diloco import resolve as resolve_diloco
+from testbed.plan.efficiency import token_efficiency
+from testbed.plan.layers import chunk_layers, empty_chunk, stage_layers
 from testbed.plan.mechanisms import Mechanisms, parse_scheduler
 from testbed.plan.placement import place
 from testbed.plan.plan import IntraDC, LinkPlan, Plan
-from testbed.plan.schedules import build_schedule
-from testbed.runtime.htb import FRAME_BYTES
+from testbed.plan.schedules import build_schedule, check_interleaving
 from testbed.spec.experiment import Experiment
 from testbed.spec.topology import Topology
 
@@ -80,7 +84,8 @@ def resolve_dp(exp: Experiment) -> int:
     if w.dp != "auto":
         seqs = w.global_batch // w.microbatch
         if seqs % w.dp:
-            raise SpecError("workload.dp", f"dp={w.dp} does not divide {seqs} microbatch-sized sequences per batch",
+            raise SpecError("workload.dp", f"dp={w.dp} does not divide {seqs} microbatch-sized sequences per batch "
+                            "(every replica takes an equal share; a split by each site's speed is not supported yet)",
                             "pick a dp dividing global_batch/microbatch, or dp: auto")
         return int(w.dp)
     pins = [(m, pinned_chain(exp, m)) for m in (parse_scheduler(s) for s in exp.schedulers)]
@@ -240,26 +245,26 @@ def build_plan(
     stage_dc = place(mech.placement, topo, w.pp, w.tp, dp, order, counts)
     gpu_of = {d: topo.dc(d).gpu for row in stage_dc for d in row}
     check_nodes(topo, w.tp, set(gpu_of))
+    V = w.virtual_stages
+    if why := check_interleaving(w.pp, m, V):
+        raise SpecError("workload.virtual_stages", why,
+                        "make global_batch / (microbatch x dp) a multiple of pp, or set virtual_stages: 1")
+    if mech.overlap and dp > 1 and (V > 1 or w.schedule == "zb"):
+        raise NotYetError(f"{scheduler}: the overlap mechanism's bucketed collectives with "
+                          f"{'virtual_stages > 1' if V > 1 else 'the zero-bubble schedule'} are not supported yet; "
+                          f"use {scheduler}-overlap, or virtual_stages: 1 and schedule: 1f1b")
     per_gpu = {g: layer_costs(model, g, tp=w.tp, dp=dp, microbatch=w.microbatch, mfu=w.mfu, recompute=w.recompute,
-                              distributed_optimizer=w.distributed_optimizer, sequence_parallel=w.sequence_parallel)
+                              distributed_optimizer=w.distributed_optimizer, sequence_parallel=w.sequence_parallel_at())
                for g in sorted(set(gpu_of.values()))}
     stage_gpus = [sorted({gpu_of[row[s]] for row in stage_dc}) for s in range(w.pp)]
     # dp-wan keeps the even split: its iteration is bound by each stage's gradient all-reduce over the WAN,
     # which balancing compute would make larger on the embedding's stage
     split = "even" if mech.placement == "dp-wan" else w.layer_split
-    layers, _ = stage_layers(model.layers, [[per_gpu[g] for g in gs] for gs in stage_gpus], m, w.schedule, split)
-    by_gpu = {g: [c.stage(n, s == 0, s == w.pp - 1, in_flight(s, w.pp, m, w.schedule)) for s, n in enumerate(layers)]
-              for g, c in per_gpu.items()}
-    for r_row in stage_dc:
-        for s, d in enumerate(r_row):
-            g = topo.dc(d).gpu
-            need = by_gpu[g][s].mem_gb
-            if need > GPUS[g].memory_gb:
-                raise SpecError(
-                    "workload",
-                    f"stage {s} needs {need:.0f} GB per {g} GPU (it has {GPUS[g].memory_gb:.0f} GB)",
-                    "raise tp or pp, set sequence_parallel: true or recompute: full, or lower microbatch",
-                )
+    layers, _ = stage_layers(model.layers, [[per_gpu[g] for g in gs] for gs in stage_gpus], m, w.schedule, split, V)
+    by_gpu = {g: [c.stage(n, s == 0, s == w.pp - 1, in_flight(s, w.pp, m, w.schedule, V))
+                  for s, n in enumerate(layers)] for g, c in per_gpu.items()}
+    chunks = model_chunks(layers, V)
+    check_memory(stage_dc, topo, by_gpu)
     costs = [[by_gpu[topo.dc(d).gpu][s] for s, d in enumerate(row)] for row in stage_dc]
     ref = costs[0]
     links = link_plans(exp, mech)
@@ -271,7 +276,7 @@ def build_plan(
         choice = choose_links(mech, stage_dc, [c.act_bytes for c in ref], m, compute_s, links,
                               boundary_connections(mech, w.tp, exp.network), order if auto_turns else None)
         mech, links, turn_load, busy_rtt = choice.mech, choice.links, choice.turn_load, choice.busy_over_rtt
-    if mech.warmup:
+    if mech.warmup and V == 1:  # interleaving keeps Megatron's warm-up: no WAN extras
         free = [GPUS[topo.dc(d).gpu].memory_gb - c.mem_gb for d, c in zip(stage_dc[0], ref, strict=True)]
         trips, busy = wan_round_trips(stage_dc[0], [c.act_bytes for c in ref], links, dp)
         extra = latency_warmup([c.fwd_s + c.bwd_s for c in ref], trips, free, [c.act_gb_per_microbatch for c in ref],
@@ -307,7 +312,7 @@ def build_plan(
         act_bytes=[c.act_bytes for c in ref],
         grad_bytes=[c.grad_bytes for c in ref],
         mem_gb=mem,
-        actions=build_schedule(w.schedule, w.pp, m, extra),
+        actions=build_schedule(w.schedule, w.pp, m, extra if w.schedule == "1f1b" else None, V),
         links=links,
         # one NIC per GPU; a TP group's transfers and all-reduces are split across its tp NICs
         intra={d.name: IntraDC(w.tp * d.intra_gbps * 1e9 / 8, d.intra_latency_us / 1e6) for d in topo.dcs},
@@ -317,7 +322,22 @@ def build_plan(
         hosts={d.name: d.hosts for d in topo.dcs},
         layers=layers,
         optimizer_s=[[c.optimizer_s for c in row] for row in costs],
+        model_flops_per_seq=model.seq_len * model_flops_per_token(model, model.seq_len),
+        virtual_stages=V,
+        chunk_layers=chunks,
+        edge_grad_bytes=[(float(model.embedding_params() * BF16) if s == 0 else 0.0,
+                          float(model.embedding_params() * BF16) if s == w.pp - 1 else 0.0) for s in range(w.pp)],
+        bucket_bytes=bucket_bytes(w.ddp_bucket_params, dp, w.tp),
     )
+    split_times(plan, w, per_gpu, gpu_of)
+    if mech.outer:
+        if V > 1 or w.schedule == "zb":
+            raise NotYetError(f"{scheduler}: low-communication training with "
+                              f"{'virtual_stages > 1' if V > 1 else 'the zero-bubble schedule'} is not supported "
+                              "yet; use virtual_stages: 1 and schedule: 1f1b or gpipe")
+        plan.diloco = resolve_diloco(mech.outer, w.diloco)
+        check_period(plan)
+    plan.token_efficiency = token_efficiency(mech.outer, len(plan.dcs_used()), plan.diloco, w.token_efficiency)
     plan.turn_policy = turn_policy(exp.network.turn_order, plan)
     plan.sidecar = plan_sidecar(exp.network.sidecar, mech)
     if auto_turns:
@@ -335,6 +355,78 @@ def plan_sidecar(option: str, mech: Mechanisms) -> str:
     if option == "auto":
         return "reactive" if mech.bubbletea else "predictive"
     return option
+
+
+def check_memory(stage_dc: list[list[str]], topo: Topology, by_gpu: dict) -> None:
+    """Every group's stage fits its GPU's memory, else the one-line error naming the fixes."""
+    kinds = {topo.dc(d).gpu for row in stage_dc for d in row}
+    for r_row in stage_dc:
+        for s, d in enumerate(r_row):
+            g = topo.dc(d).gpu
+            need = by_gpu[g][s].mem_gb
+            if need > GPUS[g].memory_gb:
+                same = " (every DC runs the same tp and pp; a layout per site is not supported yet)" \
+                    if len(kinds) > 1 else ""
+                raise SpecError(
+                    "workload",
+                    f"stage {s} needs {need:.0f} GB per {g} GPU in {d} (it has {GPUS[g].memory_gb:.0f} GB){same}",
+                    "raise tp or pp, set sequence_parallel: true or recompute: full, or lower microbatch",
+                )
+
+
+def model_chunks(layers: list[int], v: int) -> list[list[int]]:
+    """[stage][chunk] layers with v virtual stages ([] with one), refused where a chunk would hold none."""
+    if v == 1:
+        return []
+    chunks = chunk_layers(layers, v)
+    if bad := empty_chunk(chunks):
+        raise SpecError("workload.virtual_stages", f"stage {bad[0]}'s {layers[bad[0]]} layers leave chunk {bad[1]} "
+                        f"of {v} empty", "lower virtual_stages or pp")
+    return chunks
+
+
+def split_times(plan: Plan, w, per_gpu: dict, gpu_of: dict[str, str]) -> None:
+    """The plan's per-chunk times (virtual stages) and W times (zero-bubble), from each group's GPU costs."""
+    if plan.virtual_stages > 1:
+        plan.chunk_fwd_s, plan.chunk_bwd_s = chunk_times(plan.stage_dc, per_gpu, plan.chunk_layers, gpu_of)
+    if w.schedule == "zb":
+        plan.wgrad_s = [[weight_grad_s(per_gpu[gpu_of[d]], plan.layers[s], s == plan.pp - 1, w.recompute)
+                         for s, d in enumerate(row)] for row in plan.stage_dc]
+
+
+def chunk_times(stage_dc: list[list[str]], per_gpu: dict, chunks: list[list[int]], gpu_of: dict[str, str]
+                ) -> tuple[list[list[list[float]]], list[list[list[float]]]]:
+    """[replica][stage][chunk] forward and backward times of one microbatch through each model chunk on its
+    group's GPU: its layers, plus the output head on the last stage's last chunk."""
+    pp, fwd, bwd = len(chunks), [], []
+    for row in stage_dc:
+        f_row, b_row = [], []
+        for s, d in enumerate(row):
+            c = per_gpu[gpu_of[d]]
+            v = len(chunks[s])
+            costs = [c.stage(n, s == 0 and k == 0, s == pp - 1 and k == v - 1, 1) for k, n in enumerate(chunks[s])]
+            f_row.append([x.fwd_s for x in costs])
+            b_row.append([x.bwd_s for x in costs])
+        fwd.append(f_row)
+        bwd.append(b_row)
+    return fwd, bwd
+
+
+def weight_grad_s(c, layers: int, last: bool, recompute: str) -> float:
+    """The weight-gradient part of a stage's backward (zero-bubble's W): per layer one GEMM pass as long as the
+    forward's compute (the forward less its two tensor-parallel all-reduces), and the output head's forward on
+    the last stage. The rest of the backward (the input gradient, its all-reduces, any recomputation) is B."""
+    ar = c.tp_comm_s / (6 if recompute == "full" else 4)  # costs/stage.py: 4 all-reduces, 6 with full recompute
+    return layers * (c.fwd_s - 2 * ar) + (c.head_fwd_s if last else 0.0)
+
+
+def check_period(plan: Plan) -> None:
+    """A sync period's stage microbatches, as the simulator runs them (one replica per DC), within its bound."""
+    n = len(plan.dcs_used()) * plan.microbatches * plan.pp * plan.steps_per_program
+    if n > MAX_STAGE_MICROBATCHES * 4:
+        raise SpecError("workload.diloco.inner_steps", f"a sync period of {plan.steps_per_program} inner steps is "
+                        f"{n:,} stage microbatches to simulate, more than {MAX_STAGE_MICROBATCHES * 4:,}",
+                        "lower inner_steps or global_batch")
 
 
 def turn_policy(order: str, plan: Plan) -> str:

@@ -16,6 +16,7 @@ import numpy as np
 
 from testbed.costs.models import ModelConfig
 from testbed.costs.stage import ADAMW_BYTES_PER_PARAM, BF16, WORKSPACE_GB, LayerCosts, layer_costs
+from testbed.errors import NotYetError
 from testbed.plan.build import link_plans
 from testbed.plan.layers import choose_layers
 from testbed.plan.mechanisms import Mechanisms
@@ -73,6 +74,9 @@ class Estimator:
     costs by the GPUs along the pipeline."""
 
     def __init__(self, exp: Experiment, model: ModelConfig, mech: Mechanisms):
+        if exp.workload.virtual_stages > 1 or exp.workload.schedule == "zb":
+            raise NotYetError("the planner's estimate models plain 1F1B and GPipe only; virtual_stages > 1 and the "
+                              "zero-bubble schedule are not yet searched (simulate the layout with testbed sim)")
         self.exp, self.model, self.mech = exp, model, mech
         self.dc = {d.name: d for d in exp.topology.dcs}
         self._costs: dict[tuple, LayerCosts] = {}
@@ -92,7 +96,7 @@ class Estimator:
             w = self.exp.workload
             self._costs[key] = layer_costs(self.model, gpu, tp=tp, dp=dp, microbatch=microbatch, mfu=w.mfu,
                                            recompute=w.recompute, distributed_optimizer=w.distributed_optimizer,
-                                           sequence_parallel=w.sequence_parallel)
+                                           sequence_parallel=w.sequence_parallel_at(tp))
         return self._costs[key]
 
     def stages(self, segments: tuple[tuple[str, int], ...], tp: int, dp: int, microbatch: int) -> _Stages:

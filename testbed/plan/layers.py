@@ -40,7 +40,7 @@ def slowest(layers: Sequence[int], layer_s: Sequence[float], fixed_s: Sequence[f
 
 
 def stage_layers(total: int, stage_costs: Sequence[Sequence[LayerCosts]], microbatches: int, schedule: str,
-                 mode: str = "auto") -> tuple[list[int], bool]:
+                 mode: str = "auto", virtual_stages: int = 1) -> tuple[list[int], bool]:
     """Layers per stage and whether they fit in memory. `stage_costs[s]` are the layer costs of every
     GPU type that runs stage s (one, unless replicas of a stage sit in DCs of different GPUs: then the
     slowest and the smallest count)."""
@@ -48,7 +48,8 @@ def stage_layers(total: int, stage_costs: Sequence[Sequence[LayerCosts]], microb
     layer_s = [max(c.layer_s for c in cs) for cs in stage_costs]
     fixed_s = [max(c.head_fwd_s + c.head_bwd_s for c in cs) if s == pp - 1 else 0.0
                for s, cs in enumerate(stage_costs)]
-    room = [min(c.max_layers(s == 0, s == pp - 1, in_flight(s, pp, microbatches, schedule)) for c in cs)
+    room = [min(c.max_layers(s == 0, s == pp - 1, in_flight(s, pp, microbatches, schedule, virtual_stages))
+                for c in cs)
             for s, cs in enumerate(stage_costs)]
     return choose_layers(total, layer_s, fixed_s, room, mode)
 
@@ -66,3 +67,26 @@ def choose_layers(total: int, layer_s: Sequence[float], fixed_s: Sequence[float]
     if even_fits and slowest(even, layer_s, fixed_s) <= slowest(best, layer_s, fixed_s) * (1 + 1e-9):
         return even, True
     return best, True
+
+
+def chunk_layers(layers: Sequence[int], v: int) -> list[list[int]]:
+    """[stage][chunk] -> layers of each of a stage's v model chunks (virtual stages), as even as possible. The
+    first stage's short chunks come first and the last stage's last, so that with one layer fewer on each end
+    stage (split_layers) its first chunk holds only the embedding and its last only the output head, as the
+    Llama 3 paper describes its layout (Llama Team 2024, section 3.3.2); elsewhere the longer chunks go first."""
+    pp, out = len(layers), []
+    for s, n in enumerate(layers):
+        base, extra = divmod(n, v)
+        counts = [base + (1 if c < extra else 0) for c in range(v)]
+        out.append(counts[::-1] if s == 0 and pp > 1 else counts)
+    return out
+
+
+def empty_chunk(chunks: Sequence[Sequence[int]]) -> tuple[int, int] | None:
+    """The first (stage, chunk) with no layer other than the ends' (the embedding's chunk, the head's), or None."""
+    pp = len(chunks)
+    for s, row in enumerate(chunks):
+        for c, n in enumerate(row):
+            if n == 0 and not (s == 0 and c == 0) and not (s == pp - 1 and c == len(row) - 1):
+                return s, c
+    return None

@@ -12,6 +12,7 @@ from typing import Literal
 
 Placement = Literal["dp-wan", "pp-even", "atlas"]
 Transport = Literal["nccl", "one"]
+Outer = Literal["", "diloco", "streaming"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,14 @@ class Mechanisms:
     # connections a stage boundary opens before multi-TCP: NCCL's sockets per TP rank ("nccl", as Megatron-LM
     # deploys it) or a single TCP connection for the whole boundary ("one")
     transport: Transport = "nccl"
+    # Megatron-Core's distributed optimizer with overlap: gradients reduce-scattered in buckets while the backward
+    # goes on, parameters all-gathered while the next forward starts (plan/buckets.py); off: one all-reduce after
+    # the last backward
+    overlap: bool = False
+    # low-communication training: each DC trains its own replicas for H inner steps, then the DCs average the
+    # outer gradient over the WAN ("diloco": the whole model at once; "streaming": fragments in turn, each sync
+    # overlapping the next inner steps); "" = synchronous training
+    outer: Outer = ""
     # mechanisms the plan decides per link and regime (plan/choose.py): the atlas base leaves it every one of
     # AUTO_ALL; a +/- modifier pins its own. The fields above are then the defaults the rules override.
     auto: frozenset[str] = frozenset()
@@ -34,17 +43,24 @@ AUTO_ALL = frozenset({"greedy", "mtcp", "temporal", "stagger", "warmup"})
 
 
 BASES: dict[str, Mechanisms] = {
-    "dp-wan": Mechanisms("dp-wan", multi_tcp=False, temporal=False, stagger=False),
+    "dp-wan": Mechanisms("dp-wan", multi_tcp=False, temporal=False, stagger=False, overlap=True),
     "pp-wan": Mechanisms("pp-even", multi_tcp=False, temporal=False, stagger=False),
     "pp-1tcp": Mechanisms("pp-even", multi_tcp=False, temporal=False, stagger=False, transport="one"),
     "atlas": Mechanisms("atlas", multi_tcp=True, temporal=True, stagger=True, warmup=True, auto=AUTO_ALL),
+    "diloco": Mechanisms("dp-wan", multi_tcp=False, temporal=False, stagger=False, outer="diloco"),
+    "streaming-diloco": Mechanisms("dp-wan", multi_tcp=False, temporal=False, stagger=False, outer="streaming"),
 }
 BASE_HELP = {
-    "dp-wan": "whole pipelines inside each DC, gradients all-reduced across DCs over the WAN",
+    "dp-wan": "whole pipelines inside each DC, Megatron-Core's distributed optimizer across DCs: bucketed gradient "
+              "reduce-scatter overlapped with the backward, hierarchical over the WAN",
     "pp-wan": "Megatron-LM's pipeline across DCs over NCCL sockets (tp streams per boundary, NCCL's sockets each)",
     "pp-1tcp": "a pipeline across DCs over one TCP connection per stage boundary",
     "atlas": "Atlas: greedy placement, multi-TCP, temporal sharing with stagger, latency-aware warm-up, each used "
              "where the plan says it pays (plan/choose.py)",
+    "diloco": "DiLoCo: whole pipelines inside each DC train H inner steps, then the outer gradient is averaged "
+              "across DCs over the WAN",
+    "streaming-diloco": "Streaming DiLoCo: DiLoCo whose model fragments sync in turn, overlapping inner steps, with "
+                        "quantised outer gradients",
 }
 # (field values when switched on, field values when switched off)
 MODIFIERS: dict[str, tuple[dict[str, object], dict[str, object]]] = {
@@ -54,11 +70,13 @@ MODIFIERS: dict[str, tuple[dict[str, object], dict[str, object]]] = {
     "greedy": ({"placement": "atlas"}, {"placement": "pp-even"}),
     "warmup": ({"warmup": True}, {"warmup": False}),
     "bubbletea": ({"bubbletea": True}, {"bubbletea": False}),
+    "overlap": ({"overlap": True}, {"overlap": False}),
 }
 # the mechanisms each modifier pins (takes away from the plan's choice)
 PINS: dict[str, frozenset[str]] = {"mtcp": frozenset({"mtcp"}), "temporal": frozenset({"temporal", "stagger"}),
                                    "stagger": frozenset({"stagger"}), "greedy": frozenset({"greedy"}),
-                                   "warmup": frozenset({"warmup"}), "bubbletea": frozenset()}
+                                   "warmup": frozenset({"warmup"}), "bubbletea": frozenset(),
+                                   "overlap": frozenset()}
 _NAME = re.compile(r"^(?P<base>" + "|".join(map(re.escape, sorted(BASES, key=len, reverse=True)))
                    + r")(?P<mods>(?:[+-][a-z0-9]+)*)$")
 
@@ -83,9 +101,18 @@ def parse_scheduler(name: str) -> Mechanisms:
             raise ValueError(f"unknown mechanism {m!r} in {name!r}; use {mods_help}")
         on, off = MODIFIERS[m]
         if mech.placement == "dp-wan" and m in ("greedy", "stagger"):
-            raise ValueError(f"{name!r}: dp-wan keeps whole pipelines inside a DC; {sign}{m} applies to pipeline "
-                             "bases (pp-wan, pp-1tcp, atlas)")
+            raise ValueError(f"{name!r}: {match['base']} keeps whole pipelines inside a DC; {sign}{m} applies to "
+                             "pipeline bases (pp-wan, pp-1tcp, atlas)")
+        if mech.outer and m in ("temporal", "warmup", "bubbletea"):
+            raise ValueError(f"{name!r}: {sign}{m} is not built for {match['base']} (its WAN carries outer "
+                             "gradients only); use +mtcp or no mechanism")
         mech = replace(mech, **(on if sign == "+" else off), auto=mech.auto - PINS[m])  # type: ignore[arg-type]
     if mech.stagger and not mech.temporal:
         raise ValueError(f"{name!r}: +stagger interleaves turns; it needs +temporal")
+    if mech.outer and mech.overlap:
+        raise ValueError(f"{name!r}: the overlap mechanism's bucketed collectives inside a sync period are not "
+                         "supported yet; drop +overlap")
+    if mech.bubbletea and mech.overlap:
+        raise ValueError(f"{name!r}: BubbleTea with the overlap mechanism's bucketed collectives is not supported "
+                         "yet; add -overlap (e.g. dp-wan-overlap+bubbletea)")
     return mech

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from testbed.net.wire import FRAME_BYTES
 from testbed.plan.mechanisms import Mechanisms
+from testbed.plan.period import DiLoCoPlan
 from testbed.plan.schedules import Action
-from testbed.runtime.htb import FRAME_BYTES
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,26 @@ class Plan:
     meta: dict[str, object] = field(default_factory=dict)
     layers: list[int] = field(default_factory=list)  # [stage] -> transformer layers it holds
     optimizer_s: list[list[float]] = field(default_factory=list)  # [replica][stage] AdamW step after the all-reduce
+    model_flops_per_seq: float = 0.0  # model FLOPs of training one sequence (no recomputation): MFU's numerator
+    # virtual pipeline stages (Megatron's interleaved 1F1B): model chunks per stage, their layers and per
+    # microbatch times ([stage][chunk], [replica][stage][chunk]); empty with one chunk per stage
+    virtual_stages: int = 1
+    chunk_layers: list[list[int]] = field(default_factory=list)
+    chunk_fwd_s: list[list[list[float]]] = field(default_factory=list)
+    chunk_bwd_s: list[list[list[float]]] = field(default_factory=list)
+    # zero-bubble schedule: [replica][stage] the weight-gradient part of bwd_s, run apart as W (empty otherwise)
+    wgrad_s: list[list[float]] = field(default_factory=list)
+    # [stage] -> (input embedding, output head) gradient bytes it holds: the backward produces the head's first and
+    # the embedding's last, with little compute (plan/buckets.py)
+    edge_grad_bytes: list[tuple[float, float]] = field(default_factory=list)
+    bucket_bytes: float = 0.0  # gradient bytes per group in one overlapped reduce-scatter's bucket (plan/buckets.py)
+    diloco: DiLoCoPlan | None = None  # low-communication training: a program is one sync period
+    token_efficiency: float = 1.0  # tokens synchronous training needs / tokens this plan needs, for one loss
+
+    @property
+    def steps_per_program(self) -> int:
+        """Training iterations (optimizer steps) one program runs: H for low-communication training, else 1."""
+        return self.diloco.inner_steps if self.diloco is not None else 1
 
     @property
     def gpus(self) -> int:
@@ -114,6 +135,8 @@ class Plan:
             if D > 1:
                 for h in zip(ring, ring[1:] + ring[:1], strict=True):
                     load[h] = sum(2 * (D - 1) / D * g for g in self.grad_bytes)
+                    if self.diloco is not None:  # the whole model's quantised outer gradient once per H steps
+                        load[h] *= self.diloco.outer_bits / 16 / self.diloco.inner_steps
         else:
             for r in range(self.dp):
                 row = self.stage_dc[r]

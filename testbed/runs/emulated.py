@@ -7,8 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from testbed.analysis.metrics import add_speedups, summary_row
+from testbed.analysis.metrics import add_speedups, summary_row, wan_links_used
 from testbed.emu.build import down, emulated_window, link_mss, up
+from testbed.emu.health import DEFAULT_BUDGET, PathLink, budget, critical_steps, summary_fields, verdict
 from testbed.emu.scale import auto_scale, check_scale, check_transfer_bytes
 from testbed.emu.train import run_training
 from testbed.errors import NotYetError, SpecError
@@ -120,6 +121,20 @@ def emulated_experiment(exp: Experiment, scale: float) -> Experiment:
     return exp.model_copy(update={"topology": as_emulated(exp.topology, scale), "network": net})
 
 
+def assess(plan, run, iteration_s: float, limit: float) -> tuple[dict[str, object], str]:
+    """The run's timing-health columns (testbed/emu/health.py) and why it is degraded ("" if it is not): the
+    other causes the run reported, then its timing error over `limit` or the WAN's drops."""
+    hops = sum(1 for a, b in zip(plan.stage_dc[0], plan.stage_dc[0][1:], strict=False) if a != b)
+    waits, crossings = critical_steps(plan.pp, plan.microbatches, hops)
+    biggest = max(plan.act_bytes, default=0.0)
+    used = {f"{a}-{b}": PathLink(biggest / lp.transfer_rate_bytes_s if lp.transfer_rate_bytes_s > 0 else 0.0,
+                                 lp.transfer_cap_bytes_s < lp.capacity_bytes_s)
+            for a, b in wan_links_used(plan) for lp in (plan.links[(a, b)],)}
+    b = budget(run.health, iteration_s, waits, crossings, used)
+    why = "; ".join(x for x in (run.degraded, verdict(run.health, b, limit)) if x)
+    return {**summary_fields(run.health, b), "timing_budget": limit}, why
+
+
 def check_emulable(exp: Experiment) -> None:
     if exp.emulation.backend == "mininet":
         raise NotYetError("emulated training runs on the mininet backend: use netns, docker or containernet")
@@ -129,17 +144,68 @@ def check_programs(plan, compute: str) -> None:
     """The plan's programs fit together (every send has its receive, no deadlock), and the workers can
     run their all-reduce (torch compute does the flat ring only)."""
     from testbed.plan.lower import dry_run, lower
-    from testbed.program import AllReduce
+    from testbed.program import AllReduce, ReduceScatter
 
     programs = lower(plan)
     problems = dry_run(programs)
     if problems:
         raise SpecError("schedulers", f"{plan.scheduler}: the lowered programs do not fit together: {problems[0]}",
                         "report it: a plan should always lower")
+    if compute == "torch" and plan.diloco is not None:
+        raise NotYetError(f"{plan.scheduler}: torch compute of a sync period (real outer gradients in the workers); "
+                          "use modeled compute, or examples/diloco.py under testbed launch")
     if compute == "torch" and any(isinstance(st, AllReduce) and st.algorithm == "hierarchical"
                                   for p in programs.values() for st in p.steps):
         raise NotYetError(f"{plan.scheduler}: torch compute with a stage's replicas in several DCs (a hierarchical "
                           "all-reduce); use modeled compute, or a placement that keeps each stage in one DC")
+    if plan.mech.bubbletea and (plan.virtual_stages > 1 or plan.wgrad_s):
+        raise NotYetError(f"{plan.scheduler}: emulated BubbleTea with virtual_stages={plan.virtual_stages} or the "
+                          "zero-bubble schedule (its replay without prefill matches a worker's intervals by "
+                          "microbatch, not yet by chunk or split backward); simulate it, or use plain 1F1B")
+    if compute == "torch" and plan.wgrad_s:
+        raise NotYetError(f"{plan.scheduler}: torch compute with the zero-bubble schedule (a worker's backward is one "
+                          "autograd call); use modeled compute, or schedule: 1f1b")
+    if compute == "torch" and plan.virtual_stages > 1:
+        raise NotYetError(f"{plan.scheduler}: torch compute with virtual_stages={plan.virtual_stages} (a worker "
+                          "builds one model chunk); use modeled compute, or virtual_stages: 1")
+    bucketed = any(isinstance(st, ReduceScatter) for p in programs.values() for st in p.steps)
+    if bucketed and (compute == "torch" or plan.mech.bubbletea):
+        raise NotYetError(f"{plan.scheduler}: {'torch compute' if compute == 'torch' else 'BubbleTea'} with the "
+                          f"overlap mechanism's bucketed collectives; use modeled compute, or {plan.scheduler}-overlap")
+
+
+def size_to_machine(points: list[tuple[Experiment, dict]], timing_budget: float, probe_s: float = 1.0
+                    ) -> tuple[list[tuple[Experiment, dict]], list[str]]:
+    """Every point with the k this machine's headroom allows (testbed/emu/headroom.py: measured once, in a probe
+    of `probe_s`), and what the user should know: the probe, a chosen k that will not hold, workers whose
+    timing the machine will not keep (first point, every scheduler)."""
+    from testbed.emu.headroom import probe, size, worker_warning
+
+    h = probe(probe_s)
+    lines = [f"headroom: {h.free_cpus:.1f} of {h.cpus} CPUs free, timers {h.wake_late_mean_s * 1e3:.2f} ms late "
+             f"(a {h.probe_s:.1f} s probe)"]
+    out = []
+    for exp, point in points:
+        sz = size(exp.topology, h, exp.emulation.scale or None)
+        if not exp.emulation.scale:
+            lines.append(f"k = {sz.scale:g}: the fastest link at {sz.target_mbps:.0f} Mbit/s")
+        lines += [w for w in sz.warnings if w not in lines]
+        out.append((exp.model_copy(update={"emulation": exp.emulation.model_copy(update={"scale": sz.scale})}),
+                    point))
+    exp = out[0][0]
+    try:
+        same = emulated_experiment(exp, exp.emulation.scale)
+        dp = resolve_dp(same)
+        for sched in exp.schedulers:
+            plan = build_plan(same, sched, dp=dp)
+            hops = sum(1 for a, b in zip(plan.stage_dc[0], plan.stage_dc[0][1:], strict=False) if a != b)
+            w = worker_warning(h, plan.pp, plan.dp, plan.microbatches, hops, simulate(plan)[0].iteration_s[0],
+                               timing_budget)
+            if w and w not in lines:
+                lines.append(w)
+    except SpecError:
+        pass  # preflight says what is wrong with the point, in its words
+    return out, lines
 
 
 def preflight(points: list[tuple[Experiment, dict]]) -> None:
@@ -160,13 +226,15 @@ def preflight(points: list[tuple[Experiment, dict]]) -> None:
             raise SpecError(e.field, f"{e.problem} (at sweep point {where})" if where else e.problem, e.fix) from None
 
 
-def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: bool = False, on_up=None
+def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: bool = False, on_up=None,
+              timing_budget: float = DEFAULT_BUDGET
               ) -> tuple[list[RunResult], list[tuple], list[tuple], list[tuple], list[tuple]]:
     """Emulated runs (and, for modeled compute, the simulator's rows and the validation) of one point.
     The fifth list: with BubbleTea and real compute, the prefill model fitted to this CPU, pass by pass.
     The flows are HTB class counters (FLOWS_HEADER), or with `capture` a packet capture's flows.csv rows
     (testbed.analysis.flows.FLOWS_HEADER). `on_up(emu)` runs once the network is up, before any training
-    (e.g. to measure the links)."""
+    (e.g. to measure the links). A run whose timing error (testbed/emu/health.py) exceeds
+    `timing_budget` is marked degraded."""
     em = exp.emulation
     scale = em.scale or auto_scale(exp.topology)
     same = emulated_experiment(exp, scale)
@@ -188,7 +256,7 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
             if wan is not None:
                 plan = build_plan(same, sched, run_id=f"p{index:02d}-{sched}", dp=dp)
                 results += _changing_point(same, plan, sched, dp, emu, scale, progress, capture, wan, sweep,
-                                           validation, flows)
+                                           validation, flows, timing_budget)
                 continue
             plan = build_plan(same, sched, run_id=f"p{index:02d}-{sched}", dp=dp)
             torch_cfg = None
@@ -218,14 +286,14 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
             for it, t, link, dev, r, sent in run.flows:
                 gbps = next((lk.gbps for lk in exp.topology.links if "-".join(lk.between) == link), "")
                 flows.append((plan.run_id, sched, link, dev, r, it, fmt(t, 6), sent, scale, gbps))
-            note = run.degraded
             tl_emu = run.timeline.steady()
+            health, note = assess(plan, run, sum(tl_emu.iteration_s) / len(tl_emu.iteration_s), timing_budget)
             lb = lower_bound_s(plan)
             bt_metrics, req_rows = None, []
             if svc is not None:
                 bt_metrics, req_rows = _emulated_requests(plan, exp, svc, reqs, run, em.compute == "torch")
                 bt_metrics.update(_slowdown_in_run(plan, run.timeline))
-            row_emu = summary_row(plan, tl_emu, lb, sweep, bt_metrics, degraded=note, scale=scale)
+            row_emu = summary_row(plan, tl_emu, lb, sweep, bt_metrics, degraded=note, scale=scale) | health
             results.append(RunResult(row_emu, tl_emu, 0, req_rows))
             if em.compute != "modeled":
                 continue  # real compute on this CPU: the cost model's GPU times do not apply
@@ -237,7 +305,7 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
                 from testbed.costs.prefill import inference_model, kv_bytes_per_token
 
                 res = run_bubbletea(plan, tl_sim.repeated(steady), exp.bubbletea, exp.seed,
-                                    train_mfu(exp.workload.mfu, plan.tp))
+                                    train_mfu(exp.workload.mfu, plan.tp, plan))
                 row_sim = summary_row(plan, res.timeline, lb, sweep, {**res.metrics, "train_slowdown": 0.0},
                                       scale=scale)
                 tl_pred = res.timeline
@@ -310,7 +378,8 @@ def _emulated_requests(plan, exp: Experiment, svc: dict, reqs: list, run, real_c
 
 
 def _changing_point(exp: Experiment, plan, sched: str, dp: int, emu, scale: float, progress, capture: bool,
-                    wan: WanSchedule, sweep: dict, validation: list, flows: list) -> list[RunResult]:
+                    wan: WanSchedule, sweep: dict, validation: list, flows: list,
+                    timing_budget: float = DEFAULT_BUDGET) -> list[RunResult]:
     """The emulated and simulated rows of one scheduler on a changing WAN, and the validation of each
     iteration's time (the first, with TCP's slow start, is left out of the summary as usual)."""
     if exp.emulation.compute != "modeled":
@@ -323,7 +392,8 @@ def _changing_point(exp: Experiment, plan, sched: str, dp: int, emu, scale: floa
     tl_emu, tl_s = run.timeline.steady(), tl_sim.steady()
     skip = sum(run.timeline.iteration_s) - sum(tl_emu.iteration_s)  # the steady rows start after iteration 0
     skip_sim = sum(tl_sim.iteration_s) - sum(tl_s.iteration_s)
-    row_emu = summary_row(plan, tl_emu, lb, sweep, degraded=run.degraded, scale=scale)
+    health, run.degraded = assess(plan, run, sum(tl_emu.iteration_s) / len(tl_emu.iteration_s), timing_budget)
+    row_emu = summary_row(plan, tl_emu, lb, sweep, degraded=run.degraded, scale=scale) | health
     row_emu["wan_stall_s"] = round(union_length(emu_rec.stalls, skip), 6)
     row_sim = summary_row(plan, tl_s, lb, sweep, scale=scale)
     row_sim["wan_stall_s"] = round(union_length(sim_rec.stalls, skip_sim), 9)
@@ -354,7 +424,8 @@ class EmulatedExperiment:
 
 
 def run_experiment(points: list[tuple[Experiment, dict]], check: bool, capture: bool,
-                   step: Callable[[], None], line: Callable[[str], None]) -> EmulatedExperiment:
+                   step: Callable[[], None], line: Callable[[str], None],
+                   timing_budget: float = DEFAULT_BUDGET) -> EmulatedExperiment:
     """Every sweep point on the emulated WAN, one after the other; with `check`, every WAN pair of the
     first point's network is measured before training (links.csv). `step` is called after each emulated
     iteration, `line` with a message worth showing."""
@@ -371,7 +442,7 @@ def run_experiment(points: list[tuple[Experiment, dict]], check: bool, capture: 
         if check and i == 0:
             line("measuring every WAN pair (links.csv)")
         res, val, loss, flow, cpu = run_point(exp, i, point, step, capture,
-                                              on_up=measure if check and i == 0 else None)
+                                              on_up=measure if check and i == 0 else None, timing_budget=timing_budget)
         run.results += res
         run.validation += val
         run.losses += loss

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from testbed.analysis.metrics import (
+    HEALTH_COLUMNS,
     KV_EMU_COLUMNS,
     KV_WAN_COLUMNS,
     SLOWDOWN_EMU_COLUMNS,
@@ -117,8 +118,19 @@ def lower_bound_s(plan) -> float:
     return tl.iteration_s[0]
 
 
+def apply_costs(exp: Experiment) -> None:
+    """Register the experiment's own GPUs and calibration in this process (idempotent)."""
+    from testbed.costs.calibration import load_calibration, register_gpus
+
+    if exp.costs.calibration:
+        load_calibration(exp.costs.calibration)
+    if exp.costs.gpus:
+        register_gpus(exp.costs.gpus, "costs.gpus")
+
+
 def run_point(exp: Experiment, index: int, sweep: dict, keep_timeline: bool) -> list[RunResult]:
     """Every scheduler at one sweep point; one that cannot run here gets an infeasible row, not an exception."""
+    apply_costs(exp)  # a worker process of a pool has not seen the spec's GPUs and calibration
     try:
         dp = resolve_dp(exp)
     except SpecError as e:
@@ -150,7 +162,8 @@ def _run_scheduler(exp: Experiment, index: int, sweep: dict, keep_timeline: bool
     # everything the bound depends on but the network: placement, schedule, and the costs (the layer split differs
     # between schedulers that place alike)
     rows = (plan.stage_dc, plan.actions, plan.fwd_s, plan.bwd_s, plan.optimizer_s)
-    key = tuple(tuple(map(tuple, x)) for x in rows) + (tuple(plan.grad_bytes),)
+    key = tuple(tuple(map(tuple, x)) for x in rows) + (tuple(plan.grad_bytes), str(plan.chunk_fwd_s),
+                                                       str(plan.chunk_bwd_s), str(plan.wgrad_s))
     if key not in bounds:
         bounds[key] = lower_bound_s(plan)
     lb = bounds[key]
@@ -158,7 +171,7 @@ def _run_scheduler(exp: Experiment, index: int, sweep: dict, keep_timeline: bool
         tl = tl.repeated(exp.iterations)
     bt, reqs, bubbles = None, [], None
     if plan.mech.bubbletea:
-        res = run_bubbletea(plan, tl, exp.bubbletea, exp.seed, train_mfu(exp.workload.mfu, plan.tp))
+        res = run_bubbletea(plan, tl, exp.bubbletea, exp.seed, train_mfu(exp.workload.mfu, plan.tp, plan))
         train_end = max(iv.end_s for iv in res.timeline.intervals if iv.kind in COMPUTE)
         base_end = max(iv.end_s for iv in tl.intervals if iv.kind in COMPUTE)
         bt = {"train_slowdown": round(train_end / base_end - 1, 9), **res.metrics}  # realised runs measure theirs
@@ -225,7 +238,8 @@ def write_outputs(out: Path, results: list[RunResult]) -> list[Path]:
               + (KV_EMU_COLUMNS if any("kv_not_arrived" in r.summary for r in results) else ())
               + (("wan_stall_s",) if any("wan_stall_s" in r.summary for r in results) else ())
               + (("mechanisms",) if any("mechanisms" in r.summary for r in results) else ())
-              + (SLOWDOWN_EMU_COLUMNS if any("train_slowdown_vs_alone" in r.summary for r in results) else ()))
+              + (SLOWDOWN_EMU_COLUMNS if any("train_slowdown_vs_alone" in r.summary for r in results) else ())
+              + (HEALTH_COLUMNS if any("timing_error" in r.summary for r in results) else ()))
     write_csv(paths[0], header, ([r.summary.get(k, "") for k in header] for r in results))
     tls = [r.timeline for r in results if r.timeline is not None]
     if tls:

@@ -6,7 +6,6 @@ that is not one of the run's users is refused before it can send anything (acces
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import selectors
 import signal
@@ -15,7 +14,7 @@ import sys
 from collections.abc import Callable
 
 from testbed.runtime.access import listen_unix, log, refusal
-from testbed.runtime.wire import CTRL_LEN, MAX_CTRL, ProtocolError, send_ctrl
+from testbed.runtime.wire import CTRL_LEN, MAX_CTRL, ProtocolError, parse_ctrl, send_ctrl
 
 
 class Client:
@@ -33,13 +32,7 @@ class Client:
                 return
             body = bytes(self.buf[CTRL_LEN.size:CTRL_LEN.size + n])
             del self.buf[:CTRL_LEN.size + n]
-            try:
-                msg = json.loads(body)
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise ProtocolError(f"not JSON: {e}") from None
-            if not isinstance(msg, dict):
-                raise ProtocolError("not a JSON object")
-            yield msg
+            yield parse_ctrl(body)
 
 
 def serve_frames(path: str, handle: Callable[[dict], dict | None], name: str, *, gid: int | None = None,

@@ -2,7 +2,7 @@
 
 Each replica's flows on a WAN egress have their own HTB class (small guaranteed rate, ceiling = the
 link). Workers tell the sidecar when a transfer starts and ends. In temporal mode the sidecar ranks
-the replicas with a transfer in flight by the plan's turn key (testbed/plan/turns.py, the one the
+the replicas with a transfer in flight by the plan's turn key (testbed/net/turns.py, the one the
 simulator uses: a replica ranks by its smallest key) and gives the first HTB priority 0, the next 1,
 and so on (IDLE_PRIO at most; the last, KV_PRIO, is BubbleTea's KV caches'). HTB lends
 spare capacity to the lowest priority number first, so one replica at a time gets the link at full
@@ -60,7 +60,7 @@ import threading
 import time
 from collections import defaultdict
 
-from testbed.plan.turns import TURN_KEYS
+from testbed.net.turns import TURN_KEYS
 from testbed.runtime.ctlserver import serve_frames
 from testbed.runtime.htb import IDLE_PRIO, MIN_RATE_BPS, ClassChanger, trickle_bps
 from testbed.runtime.wire import ProtocolError

@@ -1,7 +1,8 @@
 """Wire formats. Data: a fixed header per chunk, then the payload. Control: length-prefixed JSON.
 
 Data header (network order): kind (1 byte: b'a' activation, b'g' gradient, b'r' ring all-reduce),
-iteration (u32), microbatch (u32), chunk (u16), chunks (u16), payload bytes (u64), the whole
+iteration (u32), microbatch (u32; with virtual stages the receiver's model chunk above bit 20,
+runtime/worker.py wire_mb), chunk (u16), chunks (u16), payload bytes (u64), the whole
 message's bytes (u64), sender's monotonic send time (f64). Chunk i of a message of T bytes striped
 over n connections starts at offset i*(T//n) + min(i, T%n). Every host shares CLOCK_MONOTONIC
 (one kernel), so times compare directly.
@@ -49,14 +50,41 @@ def send_ctrl(sock: socket.socket, obj: dict) -> None:
     sock.sendall(CTRL_LEN.pack(len(body)) + body)
 
 
-def recv_ctrl(sock: socket.socket) -> dict:
+def recv_ctrl(sock: socket.socket, limit: int = MAX_CTRL) -> dict:
     (n,) = CTRL_LEN.unpack(recv_exact(sock, CTRL_LEN.size))
-    if n > MAX_CTRL:
-        raise ProtocolError(f"control frame of {n} bytes exceeds {MAX_CTRL}")
+    if n > limit:
+        raise ProtocolError(f"control frame of {n} bytes exceeds {limit}")
+    return parse_ctrl(bytes(recv_exact(sock, n)))
+
+
+def parse_ctrl(body: bytes) -> dict:
+    """A control frame's body as its JSON object; ProtocolError if it is none."""
     try:
-        obj = json.loads(bytes(recv_exact(sock, n)))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        obj = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise ProtocolError(f"control frame is not JSON: {e}") from None
     if not isinstance(obj, dict):
         raise ProtocolError("control frame is not a JSON object")
     return obj
+
+
+DRAIN_BYTES = 64 * 1024
+
+
+def recv_ctrl_skipping(sock: socket.socket, reject, limit: int = MAX_CTRL) -> dict:
+    """The next well-formed control frame from `sock`. A frame that is not a JSON object, or longer than `limit`
+    (its bytes read and dropped DRAIN_BYTES at a time, never held), is rejected, `reject(why)` is called, and
+    reading goes on: a peer's bad message costs the message, not the connection (the frame boundaries hold)."""
+    while True:
+        (n,) = CTRL_LEN.unpack(recv_exact(sock, CTRL_LEN.size))
+        if n > limit:
+            buf = bytearray(DRAIN_BYTES)
+            left = n
+            while left:
+                left -= len(recv_exact(sock, min(left, DRAIN_BYTES), buf))
+            reject(f"control frame of {n} bytes exceeds {limit}")
+            continue
+        try:
+            return parse_ctrl(bytes(recv_exact(sock, n)))
+        except ProtocolError as e:
+            reject(str(e))

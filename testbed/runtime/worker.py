@@ -4,9 +4,10 @@ It executes its lowered program (testbed/program.py), the one the simulator exec
 for its message, Forward and Backward compute (`modeled`: the cost model's time; `torch`: a real
 stage), a Send stripes its message (bytes divided by the scale factor) over the pipe's n TCP
 connections, one sender thread per connection, while the program goes on; the AllReduce runs its
-exchanges over TCP. Between iterations it waits at the orchestrator's barrier (Megatron's global
-gradient-norm all-reduce has the same effect). Intervals are recorded with time.monotonic().
-Nothing polls: waits are on sockets and condition variables.
+exchanges over TCP, and bucketed ReduceScatter and AllGather steps run theirs on a thread of their own
+(`Buckets`) while the program goes on, until an Await needs them. Between iterations it waits at the
+orchestrator's barrier (Megatron's global gradient-norm all-reduce has the same effect). Intervals are
+recorded with time.monotonic(). Nothing polls: waits are on sockets and condition variables.
 
 Usage: python -m testbed.runtime.worker CONFIG.json CONTROL.sock
 """
@@ -14,6 +15,7 @@ Usage: python -m testbed.runtime.worker CONFIG.json CONTROL.sock
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import queue
 import selectors
 import socket
@@ -21,7 +23,25 @@ import sys
 import threading
 import time
 
-from testbed.program import AllReduce, Backward, Exchange, Forward, Recv, Send, exchanges, program_from_dict
+from testbed.program import (
+    AllGather,
+    AllReduce,
+    Await,
+    Backward,
+    BackwardWeight,
+    Exchange,
+    Forward,
+    Optimizer,
+    OuterSync,
+    Recv,
+    ReduceScatter,
+    Send,
+    await_slot,
+    collective_exchanges,
+    exchanges,
+    program_from_dict,
+    ring_collectives,
+)
 from testbed.runtime.config import WorkerConfig
 from testbed.runtime.htb import ALLREDUCE_TOS
 from testbed.runtime.prefill import KV_DRAIN_S, PrefillClient
@@ -184,6 +204,17 @@ def _read(sock: socket.socket, st: _Incoming, inbox: Inbox, buf: memoryview, win
             return
 
 
+CHUNK_SHIFT = 20  # a message's wire microbatch: its model chunk above this many bits, its microbatch below
+
+
+def wire_mb(microbatch: int, chunk: int) -> int:
+    """The data header's microbatch field for a message to model chunk `chunk` (virtual stages); the microbatch
+    itself without them."""
+    if not 0 <= microbatch < 1 << CHUNK_SHIFT or not 0 <= chunk < 1 << (32 - CHUNK_SHIFT):
+        raise ValueError(f"microbatch {microbatch} chunk {chunk} does not fit the wire's 32-bit microbatch field")
+    return chunk << CHUNK_SHIFT | microbatch
+
+
 def transfer_id(replica: int, kind: bytes, it: int, mb: int) -> str:
     """How the sender's start notice and the receiver's end notice name one transfer to the sidecar."""
     return f"{replica}{kind.decode()}{it}.{mb}"
@@ -196,30 +227,36 @@ class Striped:
     less than a thread per connection and a header segment each, which cost milliseconds per message on
     70 connections (docs/fidelity.md)."""
 
-    def __init__(self, socks: list[socket.socket]) -> None:
+    def __init__(self, socks: list[socket.socket], wakes: WaitStats | None = None) -> None:
         self.socks = socks
         self.queue: queue.Queue = queue.Queue()
+        self.wakes = wakes  # how late the sender thread starts a message it was idle for (timing health)
         threading.Thread(target=self._sender, daemon=True).start()
 
     def _sender(self) -> None:
         sel = selectors.DefaultSelector()
+        free_since = 0.0
         try:
             while True:
                 job = self.queue.get()
                 if job is None:
                     return
-                parts, done = job
+                parts, done, t_put = job
+                if self.wakes is not None:
+                    self.wakes.add(0.0, time.monotonic() - max(t_put, free_since))
                 try:
                     _send_all(sel, parts)
                 finally:
                     done()
+                    free_since = time.monotonic()
         finally:
             sel.close()
 
     def send(self, kind: bytes, it: int, mb: int, nbytes: int, on_done, sidecar: SidecarClient | None = None,
-             replica: int = 0, payload: memoryview | None = None, stripes: int | None = None) -> None:
+             replica: int = 0, payload: memoryview | None = None, stripes: int | None = None, chunk: int = 0) -> None:
         """Stripe one message over the first `stripes` connections (all by default); `payload` (real bytes) or
-        `nbytes` of zeros (modeled compute)."""
+        `nbytes` of zeros (modeled compute). `chunk`: the receiver's model chunk (virtual stages)."""
+        wmb = wire_mb(mb, chunk)
         n = min(stripes or len(self.socks), len(self.socks))
         if payload is not None:
             nbytes = len(payload)
@@ -227,13 +264,13 @@ class Striped:
         t0 = time.monotonic()
         if sidecar:  # the receiver ends it (transfer_id): bytes in our socket buffer have not left yet
             sidecar.notice({"op": "start", "replica": replica, "mb": mb, "kind": kind.decode(),
-                            "id": transfer_id(replica, kind, it, mb)})
+                            "id": transfer_id(replica, kind, it, wmb)})
         parts = []
         for i, (sock, size) in enumerate(zip(self.socks[:n], sizes, strict=True)):
             off = chunk_offset(nbytes, n, i)
             body = [payload[off:off + size]] if payload is not None else _zeros(size)
-            parts.append((sock, [memoryview(DATA.pack(kind, it, mb, i, n, size, nbytes, t0)), *body]))
-        self.queue.put((parts, lambda: on_done(t0, time.monotonic())))
+            parts.append((sock, [memoryview(DATA.pack(kind, it, wmb, i, n, size, nbytes, t0)), *body]))
+        self.queue.put((parts, lambda: on_done(t0, time.monotonic()), time.monotonic()))
 
 
 def _zeros(n: int) -> list[memoryview]:
@@ -348,6 +385,35 @@ class SidecarClient:
                 return
 
 
+class WaitStats:
+    """How late a worker's timed waits end against what they asked (a step's time taken minus the cost model's,
+    after the compensation for late wake-ups): the timing health an emulated run reports (docs/reliability.md)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # sender threads add to one worker's wake-ups
+        self.reset()
+
+    def reset(self) -> None:
+        self.n = 0
+        self.late_sum_s = 0.0  # the late parts only: what can lengthen a critical path
+        self.late_max_s = 0.0
+        self.err_sum_s = 0.0  # signed: early waits count against late ones
+
+    def add(self, asked_s: float, took_s: float) -> None:
+        err = took_s - asked_s
+        with self.lock:
+            self.n += 1
+            self.err_sum_s += err
+            if err > 0:
+                self.late_sum_s += err
+                self.late_max_s = max(self.late_max_s, err)
+
+    def as_list(self) -> list[float]:
+        """[waits, sum of lateness, worst lateness, signed sum] (seconds), as the done message carries them."""
+        with self.lock:
+            return [self.n, self.late_sum_s, self.late_max_s, self.err_sum_s]
+
+
 class Modeled:
     """Compute that waits the cost model's time and moves zeros of the plan's (scaled) sizes."""
 
@@ -355,14 +421,19 @@ class Modeled:
         self.cfg = cfg
         self.losses: list[float] = []
         self.late = 0.0  # how much later than asked a sleep ends on this machine, on average
+        self.waits = WaitStats()
 
     def wait(self, seconds: float) -> None:
         """Take `seconds`, on average: sleep that much less than asked by how late sleeps end here (0.2 ms each on
-        a busy 2-core machine, 1-2 % of a modeled forward: docs/fidelity.md)."""
+        a busy 2-core machine, 1-2 % of a modeled forward: docs/fidelity.md). Each wait's time against `seconds`
+        goes to `waits` (a wait for nothing is not one)."""
         ask = max(0.0, seconds - self.late)
         t0 = time.monotonic()
         time.sleep(ask)
-        self.late = max(0.0, min(MAX_LATE_S, self.late + 0.1 * (time.monotonic() - t0 - ask - self.late)))
+        took = time.monotonic() - t0
+        if seconds > 0:
+            self.waits.add(seconds, took)
+        self.late = max(0.0, min(MAX_LATE_S, self.late + 0.1 * (took - ask - self.late)))
 
     def forward(self, it: int, st: Forward, inp: bytearray | None) -> memoryview | None:
         self.wait(st.seconds)
@@ -372,10 +443,13 @@ class Modeled:
         self.wait(st.seconds)
         return None
 
-    def allreduce(self, steps: list[Exchange], peers: dict[str, Striped], inbox: Inbox, it: int) -> None:
+    def allreduce(self, steps: list[Exchange], peers: dict[str, Striped], inbox: Inbox, it: int, kind: bytes = b"r",
+                  base: int = 0) -> None:
+        """The exchanges in order; messages are keyed (kind, iteration, base + exchange), `base` telling apart the
+        collectives of one program (a sync period's inner all-reduces, b"o" its OuterSyncs)."""
         for k, ex in enumerate(steps):
-            peers[ex.send_to].send(b"r", it, k, max(1, round(ex.bytes / self.cfg.scale)), lambda a, b: None)
-            inbox.wait((b"r", it, k))
+            peers[ex.send_to].send(kind, it, base + k, max(1, round(ex.bytes / self.cfg.scale)), lambda a, b: None)
+            inbox.wait((kind, it, base + k))
 
     def step(self) -> None:
         self.wait(self.cfg.optimizer_s)
@@ -433,7 +507,8 @@ class TorchCompute(Modeled):
             y.backward(from_bytes(grad, self.shape).to(self.device))
         return None if self.first else to_bytes(x.grad)
 
-    def allreduce(self, steps: list[Exchange], peers: dict[str, Striped], inbox: Inbox, it: int) -> None:
+    def allreduce(self, steps: list[Exchange], peers: dict[str, Striped], inbox: Inbox, it: int, kind: bytes = b"r",
+                  base: int = 0) -> None:
         """Ring all-reduce (reduce-scatter, then all-gather) of the flattened gradients, averaged, around
         the program's ring (the emulator refuses a hierarchical one with torch compute)."""
         from testbed.runtime.torch_stage import to_bytes
@@ -469,6 +544,93 @@ class TorchCompute(Modeled):
     def step(self) -> None:
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
+
+
+BUCKET_KIND = {"ReduceScatter": "reduce_scatter", "AllGather": "all_gather"}  # as the simulator's intervals
+EXCHANGES_PER_SLOT = 4096  # a bucketed collective's exchange k travels as message slot * this + k
+
+
+class Buckets:
+    """The group's bucketed collectives (ReduceScatter, AllGather), on a thread of their own, one at a time in
+    the order they were issued (as on one NCCL stream): each starts at its issue time or when the one before
+    ends, runs its exchanges over the ring connections and marks its slot done for the Awaits."""
+
+    def __init__(self, group: str, ring: dict[str, Striped], inbox: Inbox, scale: float, rec) -> None:
+        self.group, self.ring, self.inbox, self.scale, self.rec = group, ring, inbox, scale, rec
+        self.q: queue.Queue = queue.Queue()
+        self.cond = threading.Condition()
+        self.done: dict[tuple[int, int], float] = {}  # (iteration, slot) -> when it ended
+        self.error: BaseException | None = None
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def issue(self, st: ReduceScatter | AllGather, it: int) -> None:
+        """Queue the collective; a reduce-scatter starts `after_s` from now (into the backward that follows)."""
+        self.q.put((st, time.monotonic() + (st.after_s if isinstance(st, ReduceScatter) else 0.0), it))
+
+    def _run(self) -> None:
+        while True:
+            st, at, it = self.q.get()
+            time.sleep(max(0.0, at - time.monotonic()))  # issued into the compute that follows it
+            slot = await_slot(type(st).__name__, st.bucket)
+            t0 = time.monotonic()
+            try:
+                for k, ex in enumerate(collective_exchanges(st, self.group)):
+                    mb = slot * EXCHANGES_PER_SLOT + k
+                    self.ring[ex.send_to].send(b"b", it, mb, max(1, round(ex.bytes / self.scale)), lambda a, b: None)
+                    self.inbox.wait((b"b", it, mb))
+            except (OSError, RuntimeError, TimeoutError) as e:
+                with self.cond:
+                    self.error = e
+                    self.cond.notify_all()
+                return
+            t1 = time.monotonic()
+            self.rec(BUCKET_KIND[type(st).__name__], st.bucket, t0, t1, st.bytes)
+            with self.cond:
+                self.done[(it, slot)] = t1
+                self.cond.notify_all()
+
+    def await_step(self, st: Await, it: int, ahead: float) -> float:
+        """Run an Await reached `ahead` seconds after the next compute may have started: wait for its collective,
+        record the time it was exposed, and return how long ago the next compute may have started now."""
+        reached = time.monotonic() - ahead
+        start = max(reached, self.wait(st, it) - st.lead_s)
+        if start > reached:
+            self.rec("allreduce", -1, reached, start)  # the collective's exposed time
+        return max(0.0, time.monotonic() - start)
+
+    def wait(self, st: Await, it: int) -> float:
+        """When collective (op, bucket) of iteration `it` ended, once it has."""
+        key = (it, await_slot(st.collective, st.bucket))
+        with self.cond:
+            ok = self.cond.wait_for(lambda: key in self.done or self.error is not None, WAIT_TIMEOUT)
+            if self.error is not None:
+                raise RuntimeError(f"a bucketed collective failed: {self.error}")
+            if not ok:
+                raise TimeoutError(f"waited {WAIT_TIMEOUT:g} s for {st.collective} of bucket {st.bucket}")
+            return self.done.pop(key)
+class OuterSyncThread:
+    """A fragment's OuterSync running beside the inner steps it overlaps (messages keyed b"o"); `join` waits for
+    it and raises what it raised."""
+
+    def __init__(self, comp: Modeled, steps: list[Exchange], peers: dict[str, Striped], inbox: Inbox, it: int,
+                 st: OuterSync, rec) -> None:
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(comp, steps, peers, inbox, it, st, rec), daemon=True)
+        self.thread.start()
+
+    def _run(self, comp: Modeled, steps, peers, inbox, it: int, st: OuterSync, rec) -> None:
+        t0 = time.monotonic()
+        try:
+            comp.allreduce(steps, peers, inbox, it, b"o", st.fragment << 12)
+        except BaseException as e:  # handed to join, in the worker's main thread
+            self.error = e
+            return
+        rec("outersync", st.fragment, t0, time.monotonic(), st.bytes)
+
+    def join(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            raise RuntimeError(f"outer sync failed: {self.error}") from self.error
 
 
 # The IP TOS of a worker's connections by purpose: the all-reduce's get a class of their own on a host's NIC
@@ -522,8 +684,8 @@ def window_of(cfg: WorkerConfig, peer: str, purpose: str) -> int:
     if purpose == "pipe":
         w = next((p.window_bytes for p in prog.pipes if p.peer == peer), 0.0)
     else:
-        ar = next((st for st in prog.steps if isinstance(st, AllReduce)), None)
-        if ar is None or not ar.wan_window_bytes:
+        ar = next((c for c in ring_steps(prog) if getattr(c, "wan_window_bytes", ())), None)
+        if ar is None:
             return 0
         me = next(k for k, ring in enumerate(ar.rings) if prog.group in ring)
         them = next(k for k, ring in enumerate(ar.rings) if peer in ring)
@@ -537,10 +699,16 @@ def listen_window(cfg: WorkerConfig) -> int:
     """The largest window of the WAN connections this worker may accept (its pipes' and its ring peers')."""
     prog = cfg.program
     wins = [window_of(cfg, p.peer, "pipe") for p in prog.pipes]
-    for st in prog.steps:
-        if isinstance(st, AllReduce):
-            wins += [window_of(cfg, ex.recv_from, "ring") for ex in exchanges(st, prog.group)]
+    for st in ring_steps(prog):
+        wins += [window_of(cfg, ex.recv_from, "ring") for ex in collective_exchanges(st, prog.group)]
     return max(wins, default=0)
+
+
+def ring_steps(prog) -> list:
+    """The program's collectives over the ring connections, each distinct one once (a sync period repeats its
+    inner all-reduce H times): all-reduces, OuterSyncs as all-reduces, and bucketed reduce-scatters and
+    all-gathers."""
+    return list(dict.fromkeys(ring_collectives(prog.steps)))
 
 
 def connections_to_open(cfg: WorkerConfig) -> dict[str, tuple[int, str]]:
@@ -548,13 +716,13 @@ def connections_to_open(cfg: WorkerConfig) -> dict[str, tuple[int, str]]:
     only), and one to each peer it sends all-reduce exchanges to (the WAN ring's share of the NCCL connections)."""
     prog = cfg.program
     out: dict[str, tuple[int, str]] = {p.peer: (p.connections, "pipe") for p in prog.pipes}
-    for st in prog.steps:
-        if isinstance(st, AllReduce):
-            local = next(r for r in st.rings if prog.group in r)
-            k = st.rings.index(local)
-            wan = max(1, st.wan_connections[k] // len(local)) if st.wan_connections else 1
-            for ex in exchanges(st, prog.group):
-                out.setdefault(ex.send_to, (1 if ex.send_to in local else wan, "ring"))
+    for st in ring_steps(prog):
+        local = next(r for r in st.rings if prog.group in r)
+        k = st.rings.index(local)
+        conns = getattr(st, "wan_connections", ())
+        wan = max(1, conns[k] // len(local)) if conns else 1
+        for ex in collective_exchanges(st, prog.group):
+            out.setdefault(ex.send_to, (1 if ex.send_to in local else wan, "ring"))
     return out
 
 
@@ -564,14 +732,15 @@ def connections_to_accept(cfg: WorkerConfig, peers: dict[str, WorkerConfig] | No
     (or the WAN ring's share) from each peer it receives all-reduce exchanges from."""
     prog = cfg.program
     n = sum(p.connections for p in prog.pipes)
-    for st in prog.steps:
-        if isinstance(st, AllReduce):
-            local = next(r for r in st.rings if prog.group in r)
-            for peer in dict.fromkeys(ex.recv_from for ex in exchanges(st, prog.group)):
-                ring = next(r for r in st.rings if peer in r)
-                k = st.rings.index(ring)
-                n += 1 if peer in local else max(1, st.wan_connections[k] // len(ring)) if st.wan_connections else 1
-    return n
+    peers: dict[str, int] = {}  # each peer opens one set of ring connections, whatever collectives use it
+    for st in ring_steps(prog):
+        local = next(r for r in st.rings if prog.group in r)
+        conns = getattr(st, "wan_connections", ())
+        for peer in dict.fromkeys(ex.recv_from for ex in collective_exchanges(st, prog.group)):
+            ring = next(r for r in st.rings if peer in r)
+            k = st.rings.index(ring)
+            peers.setdefault(peer, 1 if peer in local else max(1, conns[k] // len(ring)) if conns else 1)
+    return n + sum(peers.values())
 
 
 def main(cfg_path: str, ctl_path: str) -> None:
@@ -596,13 +765,14 @@ def main(cfg_path: str, ctl_path: str) -> None:
     acc = threading.Thread(target=acceptor, daemon=True)
     acc.start()
     deadline = time.monotonic() + CONNECT_TIMEOUT
+    wakes = WaitStats()  # how late threads resume for a message: sent (sender idle) or in (receiver waiting)
     out: dict[tuple[str, str], Striped] = {}  # (peer, purpose) -> connections to it
     for peer, (n, purpose) in connections_to_open(cfg).items():
         ep = cfg.peers[peer]
         window = window_of(cfg, peer, purpose)
         socks = [connect(ep.ip, ep.port, {"group": prog.group, "purpose": purpose}, deadline, window,
                          PURPOSE_TOS.get(purpose, 0)) for _ in range(n)]
-        out[(peer, purpose)] = Striped(socks)
+        out[(peer, purpose)] = Striped(socks, wakes)
     acc.join(CONNECT_TIMEOUT)
     if acc.is_alive():
         raise TimeoutError("peers did not connect in time")
@@ -644,14 +814,19 @@ def main(cfg_path: str, ctl_path: str) -> None:
         return done
 
     def receive(st: Recv, it: int):
-        """Wait for the step's message, serving prefill meanwhile."""
-        key = (st.kind.encode(), it, st.microbatch)
+        """Wait for the step's message, serving prefill meanwhile. Without prefill to serve, how late this thread
+        resumes after the message's last chunk came in is a wake-up the timing health counts."""
+        key = (st.kind.encode(), it, wire_mb(st.microbatch, st.chunk))
+        t_wait = time.monotonic()
         bt.wait_for(inbox, key, rec)
         t_send, t_in = inbox.wait(key)
+        if cfg.bubbletea is None and t_in > t_wait:  # it came while this thread waited for it
+            wakes.add(0.0, time.monotonic() - t_in)
         rec("recv", st.microbatch, t_send, t_in, st.bytes)
         return inbox.payload(key) if torch_mode else None
 
     comp = TorchCompute(cfg) if torch_mode else Modeled(cfg)
+    buckets = Buckets(prog.group, ring, inbox, cfg.scale, rec)
     bt = PrefillClient(prog.group, cfg.bubbletea, cfg.compute, cfg.prefill, prog.dc)
     send_ctrl(ctl, {"ready": [s, r]})
     while True:
@@ -665,32 +840,57 @@ def main(cfg_path: str, ctl_path: str) -> None:
         p_it = program_from_dict(msg["program"]) if "program" in msg else prog
         log.clear()
         comp.losses.clear()
+        comp.waits.reset()
+        wakes.reset()
         pending = threading.Semaphore(0)
         sends = 0
         bt.begin(it, t_start)
         bt.wait_until(t_start + p_it.offset_s, rec)  # the replica's stagger, serving prefill meanwhile
         data = out_data = None  # the last message in (for the next compute), the last compute's output
+        ahead = 0.0  # how long ago the next compute may have started (an Await's lead): it takes that much less
+        n_ar = 0  # all-reduces so far (their messages' keys)
+        syncs: dict[int, OuterSyncThread] = {}  # fragment -> its OuterSync in flight
         for st in p_it.steps:
             t = type(st)
             if t is Recv:
                 data = receive(st, it)
-            elif t is Forward or t is Backward:
-                t0 = time.monotonic()
-                out_data = (comp.forward if t is Forward else comp.backward)(it, st, data)
-                rec("fwd" if t is Forward else "bwd", st.microbatch, t0, time.monotonic())
-                data = None
+                ahead = 0.0
+            elif t is Forward or t is Backward or t is BackwardWeight:  # W: modeled only (torch refuses "zb")
+                now = time.monotonic()
+                run = dataclasses.replace(st, seconds=max(0.0, st.seconds - ahead)) if ahead else st
+                out_data = (comp.forward if t is Forward else comp.backward)(it, run, data)
+                rec("fwd" if t is Forward else "bwd", st.microbatch, now - ahead, time.monotonic())
+                data, ahead = None, 0.0
+            elif t is ReduceScatter or t is AllGather:
+                buckets.issue(st, it)
+            elif t is Await:
+                ahead = buckets.await_step(st, it, ahead)
             elif t is Send:
                 nbytes = max(1, round(st.bytes / cfg.scale))
                 pipes[st.peer].send(st.kind.encode(), it, st.microbatch, nbytes, sent(st.bytes, st.microbatch, pending),
-                                    sidecars.get(st.peer), r, out_data, p_it.pipe(st.peer).connections)
+                                    sidecars.get(st.peer), r, out_data, p_it.pipe(st.peer).connections, st.chunk)
                 sends += 1
-            else:  # AllReduce
+            elif t is AllReduce:
                 t0 = time.monotonic()
-                comp.allreduce(exchanges(st, prog.group), ring, inbox, it)
+                comp.allreduce(exchanges(st, prog.group), ring, inbox, it, b"r", n_ar << 12)
+                n_ar += 1
                 rec("allreduce", -1, t0, time.monotonic(), st.bytes)
-        t0 = time.monotonic()
-        comp.step()
-        rec("optimizer", -1, t0, time.monotonic())
+            elif t is Optimizer:  # an inner step's (a sync period's program)
+                t0 = time.monotonic()
+                if torch_mode:
+                    comp.step()
+                else:
+                    comp.wait(st.seconds)
+                rec("optimizer", -1, t0, time.monotonic())
+            elif t is OuterSync:
+                syncs[st.fragment] = OuterSyncThread(comp, exchanges(st.as_allreduce(), prog.group), ring, inbox, it,
+                                                     st, rec)
+            else:  # OuterWait
+                syncs.pop(st.fragment).join()
+        if not any(type(st) is Optimizer for st in p_it.steps):
+            t0 = time.monotonic()
+            comp.step()
+            rec("optimizer", -1, t0, time.monotonic())
         for _ in range(sends):
             pending.acquire()
         bt.drain(rec)  # jobs planned after this worker's last training op (the drain bubble)
@@ -698,6 +898,7 @@ def main(cfg_path: str, ctl_path: str) -> None:
         degraded = [c.degraded for c in sidecars.values() if c.degraded] + ([bt.degraded] if bt.degraded else [])
         with log_lock:
             send_ctrl(ctl, {"done": it, "log": log, "degraded": degraded[0] if degraded else "",
+                            "waits": comp.waits.as_list(), "wakes": wakes.as_list(),
                             "loss": sum(comp.losses) / len(comp.losses) if comp.losses else None})
 
 

@@ -18,7 +18,10 @@ window's time on the link, not q round trips (bench/tcp_fidelity.py measured it 
 A transfer that follows soon after another gets only what the one before left free, and the rest as the
 one before's bytes come back, as a TCP window slides. After a stage's last
 backward on every replica its gradients are all-reduced (ring inside the DC; hierarchical with a
-ring across DCs for dp-wan). The iteration ends when every all-reduce is done.
+ring across DCs for dp-wan-overlap). With the `overlap` mechanism the programs issue bucketed
+reduce-scatters and all-gathers instead and wait for them where they need them (sim/collectives.py). A sync
+period's program (DiLoCo, testbed/plan/diloco.py) instead JOINs each of its collectives and waits for its end
+where the program says (testbed/sim/sync.py). The iteration ends when every all-reduce or collective is done.
 
 Replicas that are provably symmetric (the same placement, costs and start time) would run identical
 timelines, but where their transfers meet on a fair-shared WAN link the round robin serves them one turn of
@@ -51,13 +54,29 @@ from contextlib import contextmanager
 from testbed.plan.lower import allreduce, lower_group, program_shape
 from testbed.plan.plan import Plan
 from testbed.plan.turns import TURN_KEYS
-from testbed.program import AllReduce, Backward, Forward, Recv, Send
+from testbed.program import (
+    AllGather,
+    AllReduce,
+    Await,
+    Backward,
+    BackwardWeight,
+    Forward,
+    Optimizer,
+    OuterSync,
+    OuterWait,
+    Recv,
+    ReduceScatter,
+    Send,
+    await_slot,
+)
+from testbed.sim.collectives import Collectives
 from testbed.sim.linkchange import LiveLinks, WanSchedule
-from testbed.sim.network import Flow, LinkState
+from testbed.sim.network import Flow, LinkState, SlidingWindow  # noqa: F401 (SlidingWindow: re-exported)
+from testbed.sim.sync import SyncCollectives
 from testbed.timeline import Timeline, group_name
 
 # compiled step opcodes (the first item of a step tuple)
-RECV, SEND, COMPUTE, ALLREDUCE = range(4)
+RECV, SEND, COMPUTE, ALLREDUCE, ISSUE, AWAIT, JOIN = range(7)
 # event codes (the first item of an event tuple)
 EV_FLOW, EV_SEND, EV_CALL = range(3)
 INF = float("inf")
@@ -75,56 +94,6 @@ def _order(ev: tuple) -> tuple:
 # docs/fidelity.md). Until then the transfer still ranks its replica.
 SIDECAR_REACTION_S = 0.5e-3
 IDLE_RANK = (float("inf"),)  # a replica with no transfer the sidecar knows of: after every other
-
-
-class SlidingWindow:
-    """The window of one WAN pipe (its n connections together): at most `window` bytes unacknowledged. Each
-    piece a pipe puts on the link is held from when it starts to leave until one round trip later, when the
-    acknowledgement of its first byte returns; from then the sender may send it again at the rate it went
-    (freeing the piece at once stands for that: exact when the link's share has not changed). A piece that
-    took longer than a round trip to send (the link's share, not the window, was the limit) is free as it
-    ends. A round-based model (the whole window free again one round trip after a round began) let a
-    transfer issued late in a round send a second window at that round's end: up to 9 % fast on pipelines
-    whose window-bound transfers follow one another (docs/fidelity.md, "The window slides")."""
-
-    __slots__ = ("window", "rtt_s", "pieces", "held", "last_end")
-
-    def __init__(self, window: float, rtt_s: float) -> None:
-        self.window, self.rtt_s = window, rtt_s
-        self.pieces: deque[tuple[float, float]] = deque()  # (when it started to leave, bytes), oldest first
-        self.held = 0.0
-        self.last_end = -INF  # when the pipe's last piece finished leaving
-
-    def budget(self, now: float) -> float:
-        """Bytes the pipe may send now without waiting: the window less the pieces not yet acknowledged."""
-        pieces, rtt = self.pieces, self.rtt_s
-        while pieces and pieces[0][0] + rtt <= now:
-            self.held -= pieces.popleft()[1]
-        if not pieces:
-            self.held = 0.0  # no rounding left over
-        return self.window - self.held
-
-    def sent(self, now: float, nbytes: float) -> None:
-        """A piece of `nbytes` starts to leave now. One that follows the last piece without a gap joins it: the
-        bytes of one stream come back at the rate they went, which freeing the joined piece at once stands for
-        as it does for one piece, and a pipe that sends each freed piece again as its own would split its
-        window into ever more pieces (one per transfer: 31 k events became 966 k on a GPipe job with 512
-        microbatches, the iteration time unchanged)."""
-        pieces = self.pieces
-        if pieces and now == self.last_end:
-            t, b = pieces[-1]
-            pieces[-1] = (t, b + nbytes)
-        else:
-            pieces.append((now, nbytes))
-        self.held += nbytes
-
-    def ended(self, now: float) -> None:
-        """The piece on the link has finished leaving."""
-        self.last_end = now
-
-    def next_free_s(self) -> float:
-        """When the oldest unacknowledged piece comes free."""
-        return self.pieces[0][0] + self.rtt_s
 
 
 def first_wan_pipe(plan: Plan, r: int) -> tuple[int, tuple[str, str]] | None:
@@ -195,32 +164,65 @@ def replica_classes(plan: Plan) -> dict[int, list[int]]:
     return dict(sorted(out.items()))
 
 
-def compile_steps(steps: tuple, s: int, r: int, m: int) -> tuple[tuple, ...]:
+def message_index(kind: str, microbatch: int, chunk: int, m: int) -> int:
+    """A message's place in its receiver's arrival flags: per model chunk, m activations then m gradients."""
+    return 2 * m * chunk + (microbatch if kind == "a" else m + microbatch)
+
+
+def peer_offsets(s: int, r: int, pp: int, wrap: bool) -> dict[str, tuple[int, int]]:
+    """Group (s, r)'s pipeline peers as (group offset, direction: 0 towards the next stage, 1 the previous),
+    written relative to the group so that groups of one shape share the compiled steps. With virtual stages
+    (`wrap`) the last stage's next is the first; one peer on both sides (two stages) is one pipe, direction 0."""
+    if not wrap:
+        return {group_name(s + 1, r): (1, 0), group_name(s - 1, r): (-1, 1)}
+    prv, nxt = (s - 1) % pp, (s + 1) % pp
+    return {group_name(prv, r): (prv - s, 1), group_name(nxt, r): (nxt - s, 0)}
+
+
+def compile_steps(steps: tuple, s: int, r: int, m: int, pp: int = 0, wrap: bool = False,
+                  blocking: bool = False) -> tuple[tuple, ...]:
     """Group (s, r)'s steps as tuples the event loop reads without attribute lookups; a message's index
-    in the receiver's arrival flags is its microbatch (activations) or m + its microbatch (gradients).
-    Peers are the neighbouring stages of the same replica, written as +1 or -1 so that groups of one
-    shape share the compiled steps."""
-    peers = {group_name(s + 1, r): 1, group_name(s - 1, r): -1}
+    in the receiver's arrival flags is `message_index`. Peers are the neighbouring stages of the same replica
+    (`peer_offsets`). With `blocking` (a sync period's program: testbed/plan/diloco.py) each collective is a
+    JOIN and the end it waits for is a flag after the messages': the h-th AllReduce's at 2m + h (a RECV right
+    after it), fragment f's OuterSync's at 2m + (AllReduces) + f (its OuterWait's RECV)."""
+    peers = peer_offsets(s, r, pp, wrap)
     out: list[tuple] = []
+    n_ar = sum(1 for st in steps if type(st) is AllReduce) if blocking else 0
+    h = 0
     for st in steps:
         t = type(st)
         if t is Recv:
-            out.append((RECV, st.microbatch if st.kind == "a" else m + st.microbatch))
+            out.append((RECV, message_index(st.kind, st.microbatch, st.chunk, m)))
         elif t is Send:
             if st.peer not in peers:
                 raise ValueError(f"{group_name(s, r)} sends to {st.peer}, not a neighbouring stage of its replica")
-            idx = st.microbatch if st.kind == "a" else m + st.microbatch
-            out.append((SEND, peers[st.peer], st.kind, st.microbatch, st.bytes, idx))
-        elif t is Forward or t is Backward:
+            off, d = peers[st.peer]
+            idx = message_index(st.kind, st.microbatch, st.chunk, m)
+            out.append((SEND, off, st.kind, st.microbatch, st.bytes, idx, d))
+        elif t is Forward or t is Backward or t is BackwardWeight:  # W is backward work on the timeline
             out.append((COMPUTE, st.seconds, "fwd" if t is Forward else "bwd", st.microbatch))
+        elif t is AllReduce and blocking:
+            out += [(JOIN, st, 2 * m + h, ("ar", h)), (RECV, 2 * m + h)]
+            h += 1
         elif t is AllReduce:
             out.append((ALLREDUCE, st))
+        elif t is ReduceScatter or t is AllGather:
+            out.append((ISSUE, st, st.after_s if t is ReduceScatter else 0.0))
+        elif t is Await:
+            out.append((AWAIT, 2 * m + await_slot(st.collective, st.bucket), st.lead_s))
+        elif t is Optimizer:
+            out.append((COMPUTE, st.seconds, "optimizer", -1))
+        elif t is OuterSync:
+            out.append((JOIN, st, 2 * m + n_ar + st.fragment, ("os", st.fragment)))
+        elif t is OuterWait:
+            out.append((RECV, 2 * m + n_ar + st.fragment))
         else:
             raise TypeError(f"{group_name(s, r)}: the simulator does not execute {t.__name__} steps")
     return tuple(out)
 
 
-class Simulation:
+class Simulation(SyncCollectives):
     event_order = staticmethod(_order)  # the order of events at one time (None: push order)
 
     def __init__(self, plan: Plan, wan: WanSchedule | None = None, t0: float = 0.0) -> None:
@@ -231,7 +233,8 @@ class Simulation:
         self.copies = self._classes()
         self.reps = list(self.copies)  # simulated replicas; group g = k * pp + s for replica reps[k]
         self.weight = [len(self.copies[r]) for r in self.reps]
-        P, m = plan.pp, plan.microbatches
+        P, m = plan.pp, plan.microbatches * plan.steps_per_program  # messages per program
+        self.msgs = m
         n = P * len(self.reps)
         self.steps = self._compile()  # index g = k * pp + s
         self.ptr = [0] * n  # each group's next step
@@ -239,7 +242,12 @@ class Simulation:
         self.waits = [-1] * n  # the message a blocked group waits for (-1: none)
         # when each message reaches its group (INF: not sent yet): [g][microbatch] activations, [g][m + microbatch]
         # gradients
-        self.arrival = [[INF] * (2 * m) for _ in range(n)]
+        # then [g][2m + await_slot] when each of its bucketed collectives ends, or a sync period's collectives'
+        # ends after the messages' flags (compile_steps)
+        slots = max((x[1] + 1 for steps in self.steps for x in steps if x[0] == AWAIT), default=0)
+        extra = plan.steps_per_program + plan.diloco.fragments if plan.diloco is not None else 0
+        self.arrival = [[INF] * max(slots, 2 * m * plan.virtual_stages + extra) for _ in range(n)]
+        self.collectives = Collectives(self)
         self.stage_done = [0] * P
         self.out: list[tuple] = []  # (group, kind, microbatch, start, end, bytes)
         self.links = {
@@ -261,6 +269,8 @@ class Simulation:
             for s in range(P):
                 a = row[s]
                 for d, q in ((0, s + 1), (1, s - 1)):
+                    if plan.virtual_stages > 1:  # the chunks wrap from the last stage to the first
+                        q %= P
                     j = 2 * (k * P + s) + d
                     intra = plan.intra[a]
                     self.pipe_bw[j], self.pipe_lat[j] = intra.bandwidth_bytes_s, intra.latency_s
@@ -283,6 +293,7 @@ class Simulation:
         # (an ordered set: the sidecar re-ranks just these, not every flow on the link)
         self.on_link: dict[tuple, dict[Flow, None]] = defaultdict(dict)
         self.wan_ar: dict[int, dict] = {}  # stage -> pending cross-DC all-reduce state
+        self.init_collectives()
         self.events = 0
         self.wan = LiveLinks(self, wan, t0) if wan is not None else None  # the schedule's clock is t0 + now
 
@@ -304,7 +315,8 @@ class Simulation:
             for s in range(p.pp):
                 key = program_shape(p, s, r)
                 if key not in shared:
-                    shared[key] = compile_steps(lower_group(p, s, r, reduces[s]).steps, s, r, p.microbatches)
+                    shared[key] = compile_steps(lower_group(p, s, r, reduces[s]).steps, s, r, self.msgs, p.pp,
+                                                p.virtual_stages > 1, p.diloco is not None)
                 out.append(shared[key])
         return out
 
@@ -359,7 +371,7 @@ class Simulation:
                         self._flow_done(flow)
                 elif code == EV_SEND:
                     g, st = ev[2], ev[3]
-                    self._send_wan(g, g + st[1], st[2], st[3], st[4], self.pipe_link[2 * g + (st[1] < 0)])
+                    self._send_wan(g, g + st[1], st[2], st[3], st[4], self.pipe_link[2 * g + st[6]], st[5])
                 else:
                     ev[2](*ev[3])
         self.events += events
@@ -396,7 +408,7 @@ class Simulation:
                             break
                         t = ta
                 elif op == SEND:
-                    j = 2 * g + (st[1] < 0)
+                    j = 2 * g + st[6]
                     if pipe_link[j] is None:  # inside a DC: FIFO on the fabric, no contention
                         dst, idx, nbytes = g + st[1], st[5], st[4]
                         free = pipe_free[j]
@@ -411,11 +423,28 @@ class Simulation:
                             ready.append(dst)
                     else:
                         push_event(t, (EV_SEND, t0, g, st))
-                else:  # ALLREDUCE
+                elif op == ALLREDUCE:
                     push_event(t, (EV_CALL, t0, self.stage_finished, (g % P, g, st[1])))
+                elif op == ISSUE:  # a bucketed collective, issued st[2] into the compute that follows
+                    push_event(t + st[2], (EV_CALL, t0, self.collectives.issue, (g, st[1])))
+                elif op == AWAIT:  # the next compute may start st[2] before the collective ends
+                    ta = a[st[1]]
+                    if ta == INF:
+                        waits[g] = st[1]
+                        break
+                    if ta - st[2] > t:
+                        out_append((g, "allreduce", -1, t, ta - st[2], 0.0))  # the collective's exposed time
+                        t = ta - st[2]
+                else:  # JOIN: a sync period's collective (testbed/sim/sync.py)
+                    push_event(t, (EV_CALL, t0, self.join, (g, st[1], st[2], st[3])))
                 k += 1
             ptr[g] = k
             clock[g] = t
+
+    def wake(self, groups: list[int]) -> None:
+        """Groups whose awaited collective has ended go on."""
+        if groups:
+            self._drain(groups)
 
     def _deliver(self, g: int, idx: int, arrive: float) -> None:
         """A message for g arrives at `arrive`; g goes on if it was waiting for it."""
@@ -425,13 +454,15 @@ class Simulation:
             self._drain([g])
 
     # --- transfers ------------------------------------------------------------------------
-    def _send_wan(self, src: int, dst: int, kind: str, i: int, nbytes: float, link: tuple[str, str]) -> None:
+    def _send_wan(self, src: int, dst: int, kind: str, i: int, nbytes: float, link: tuple[str, str],
+                  idx: int) -> None:
         """Queue a transfer on the (src, dst) pipe across the WAN; it leaves after the transfers queued before it.
-        Under temporal sharing the sidecar hears of it SIDECAR_REACTION_S later."""
+        Under temporal sharing the sidecar hears of it SIDECAR_REACTION_S later. `idx`: its place in the
+        receiver's arrival flags."""
         pipe = self.pipes[(src, dst)]
         k = src // self.p.pp
         key = self.turn_key(i, self.turn_rank[k], kind, self.now)
-        pipe.append([kind, i, nbytes, self.now, nbytes, key])  # [4]: bytes not yet sent
+        pipe.append([kind, i, nbytes, self.now, nbytes, key, idx])  # [4]: bytes not yet sent
         if self.links[link].temporal:
             self._notice(link, self.reps[k], key, True, self.now)
         lag = self.lag.pop((src, dst), 0.0) if self.lag else 0.0
@@ -470,7 +501,7 @@ class Simulation:
     def _send_head(self, src: int, dst: int, link: tuple[str, str]) -> None:
         """Put as much of the pipe's head transfer on the link as its window allows now, or wait until the oldest
         piece in flight comes free."""
-        kind, i, _nbytes, t_issue, left, _key = self.pipes[(src, dst)][0]
+        kind, i, _nbytes, t_issue, left, _key, _idx = self.pipes[(src, dst)][0]
         lp = self.lp[link]  # as the link is now (a changing WAN's latency changes the round trip)
         win = self.windows.get((src, dst))
         if win is None:
@@ -497,6 +528,12 @@ class Simulation:
         if kind == "ar":
             self._wan_allreduce_part_done(src)
             return
+        if kind == "rs":  # a bucket's reduce-scatter across DCs (sim/collectives.py)
+            src[0](*src[1:])
+            return
+        if kind == "os":  # an outer sync's hop across DCs (sim/sync.py)
+            self.outer_part_done(src, i, lp, t_issue)
+            return
         key = (lp.src, lp.dst)
         if link.temporal:
             del self.on_link[(key, self.replica(src))][flow]
@@ -510,7 +547,7 @@ class Simulation:
         arrive = now + self.lp[key].latency_s * self._delay(src, dst, kind, i)
         self.out.append((src, "send", i, t_issue, now, head[2]))
         self.out.append((dst, "recv", i, t_issue, arrive, head[2]))
-        self._deliver(dst, i if kind == "a" else self.p.microbatches + i, arrive)
+        self._deliver(dst, head[6], arrive)
         if link.temporal:  # the receiver's end notice (predicted: as the last byte leaves)
             self._notice(key, self.replica(src), head[5], False, arrive)
         pipe.popleft()

@@ -15,11 +15,12 @@ plan new transfers are capped by. Transfers in flight keep their connections; th
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from testbed.sim.executor import Simulation
+    from testbed.plan.plan import LinkPlan
     from testbed.sim.network import LinkState
     from testbed.spec.topology import Topology, WanLink
 
@@ -105,11 +106,23 @@ class WanSchedule:
         return out
 
 
+class Running(Protocol):
+    """What LiveLinks reads and calls of a running simulation (sim/executor.py's Simulation), named here so
+    that this module needs nothing of the executor."""
+    links: dict[Pair, LinkState]
+    lp: dict[Pair, LinkPlan]
+    now: float
+
+    def push(self, t: float, fn: Callable[..., None], *args: object) -> None: ...
+
+    def pending(self) -> bool: ...
+
+
 class LiveLinks:
     """Replays a WanSchedule inside one simulated iteration that began at `t0` on the schedule's clock (the
     simulation's own clock starts at 0)."""
 
-    def __init__(self, sim: Simulation, schedule: WanSchedule, t0: float) -> None:
+    def __init__(self, sim: Running, schedule: WanSchedule, t0: float) -> None:
         self.sim, self.sched, self.t0 = sim, schedule, t0
         self.next = schedule.after(t0)
         self.rates: dict[Pair, list[tuple[float, float]]] = {k: [] for k in sim.links}  # directed: (t, bytes/s)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -212,3 +213,56 @@ class LinkState:
                     f.rate = 0.0
                     f.version += 1
         self.running = running
+
+
+INF = float("inf")
+
+
+class SlidingWindow:
+    """The window of one WAN pipe (its n connections together): at most `window` bytes unacknowledged. Each
+    piece a pipe puts on the link is held from when it starts to leave until one round trip later, when the
+    acknowledgement of its first byte returns; from then the sender may send it again at the rate it went
+    (freeing the piece at once stands for that: exact when the link's share has not changed). A piece that
+    took longer than a round trip to send (the link's share, not the window, was the limit) is free as it
+    ends. A round-based model (the whole window free again one round trip after a round began) let a
+    transfer issued late in a round send a second window at that round's end: up to 9 % fast on pipelines
+    whose window-bound transfers follow one another (docs/fidelity.md, "The window slides")."""
+
+    __slots__ = ("window", "rtt_s", "pieces", "held", "last_end")
+
+    def __init__(self, window: float, rtt_s: float) -> None:
+        self.window, self.rtt_s = window, rtt_s
+        self.pieces: deque[tuple[float, float]] = deque()  # (when it started to leave, bytes), oldest first
+        self.held = 0.0
+        self.last_end = -INF  # when the pipe's last piece finished leaving
+
+    def budget(self, now: float) -> float:
+        """Bytes the pipe may send now without waiting: the window less the pieces not yet acknowledged."""
+        pieces, rtt = self.pieces, self.rtt_s
+        while pieces and pieces[0][0] + rtt <= now:
+            self.held -= pieces.popleft()[1]
+        if not pieces:
+            self.held = 0.0  # no rounding left over
+        return self.window - self.held
+
+    def sent(self, now: float, nbytes: float) -> None:
+        """A piece of `nbytes` starts to leave now. One that follows the last piece without a gap joins it: the
+        bytes of one stream come back at the rate they went, which freeing the joined piece at once stands for
+        as it does for one piece, and a pipe that sends each freed piece again as its own would split its
+        window into ever more pieces (one per transfer: 31 k events became 966 k on a GPipe job with 512
+        microbatches, the iteration time unchanged)."""
+        pieces = self.pieces
+        if pieces and now == self.last_end:
+            t, b = pieces[-1]
+            pieces[-1] = (t, b + nbytes)
+        else:
+            pieces.append((now, nbytes))
+        self.held += nbytes
+
+    def ended(self, now: float) -> None:
+        """The piece on the link has finished leaving."""
+        self.last_end = now
+
+    def next_free_s(self) -> float:
+        """When the oldest unacknowledged piece comes free."""
+        return self.pieces[0][0] + self.rtt_s

@@ -30,6 +30,7 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
+from testbed.errors import NotYetError
 from testbed.plan.plan import Plan
 from testbed.sim.executor import ALLREDUCE, INF, RECV, SEND, Simulation, paused_gc
 from testbed.sim.network import Flow
@@ -104,6 +105,9 @@ class Realisation(Simulation):
         self.rng = jitter is not None
         self.realised = jitter is not None or bool(prefill)  # else the plan's timing: symmetric replicas still are
         super().__init__(plan)
+        if plan.dp > 1 and plan.mech.overlap:
+            raise NotYetError(f"{plan.scheduler}: timing noise or BubbleTea's prefill with the overlap mechanism "
+                              f"(bucketed collectives); use {plan.scheduler}-overlap")
         n = len(self.steps)
         self.busy = [False] * n
         self.offset = [plan.replica_offset_s[r] for r in self.reps for _ in range(plan.pp)]
@@ -158,11 +162,11 @@ class Realisation(Simulation):
                 if self.arrival[g][st[1]] == INF:
                     break
             elif op == SEND:
-                j = 2 * g + (st[1] < 0)
+                j = 2 * g + st[6]
                 if self.pipe_link[j] is None:
                     self._send_local(g, g + st[1], j, st)
                 else:
-                    self._send_wan(g, g + st[1], st[2], st[3], st[4], self.pipe_link[j])
+                    self._send_wan(g, g + st[1], st[2], st[3], st[4], self.pipe_link[j], st[5])
             elif op == ALLREDUCE:
                 self.ptr[g] = k + 1
                 self.stage_finished(g % self.p.pp, g, st[1])
@@ -186,7 +190,7 @@ class Realisation(Simulation):
 
     def _send_local(self, src: int, dst: int, j: int, st: tuple) -> None:
         """A transfer inside a DC: it leaves when its pipe is free, at the fabric's rate times the noise."""
-        _, _, kind, i, nbytes, idx = st
+        _, _, kind, i, nbytes, idx, _d = st
         start = max(self.now, self.pipe_free[j])
         end = start + nbytes / self.pipe_bw[j] * self._delay(src, dst, kind, i)
         self.pipe_free[j] = end

@@ -122,8 +122,18 @@ class EmulationOptions(Strict):
         return v
 
 
+class CostOptions(Strict):
+    """The compute model's inputs beyond the zoo: a calibration file (bench/gpu_profile.py writes one) and
+    users' own GPUs (`NAME: {peak_tflops, memory_gb, hbm_gbps, nvlink_gbps, like, ...}`, see
+    testbed/costs/gpu_specs.py). Both are registered before the topology is read, so DCs may name them."""
+
+    calibration: str | None = None
+    gpus: dict[str, dict[str, float | int | str]] = {}
+
+
 class Experiment(Strict):
     name: LABEL = "experiment"
+    costs: CostOptions = CostOptions()
     topology: Topology
     workload: Workload = Workload()
     schedulers: Annotated[list[str], Field(min_length=1)] = ["pp-wan", "atlas"]
@@ -137,6 +147,24 @@ class Experiment(Strict):
     timeline_replicas: REPLICAS | None = None
     emulation: EmulationOptions = EmulationOptions()
     multitcp: MultiTcpOptions | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _register_gpus(cls, data: object) -> object:
+        """Register `costs.gpus` and `costs.calibration` first: the topology's DCs may name those GPUs."""
+        from testbed.costs.calibration import load_calibration, register_gpus
+        from testbed.errors import SpecError
+
+        costs = data.get("costs") if isinstance(data, dict) else None
+        if isinstance(costs, dict):
+            try:
+                if costs.get("calibration"):
+                    load_calibration(str(costs["calibration"]))
+                if costs.get("gpus"):
+                    register_gpus(costs["gpus"], "costs.gpus")
+            except SpecError as e:
+                raise ValueError(str(e)) from None
+        return data
 
     @field_validator("schedulers")
     @classmethod

@@ -26,7 +26,6 @@ SAFE_NAME = re.compile(r"^[a-z][a-z0-9]{0,11}$")
 # Interfaces a fresh network namespace may already hold (loopback and the kernel's fallback tunnel
 # devices, when their modules are loaded): the emulator names a WAN node's interfaces after its DCs.
 RESERVED_NAMES = ("lo", "tunl0", "sit0", "gre0", "gretap0", "erspan0", "ip6tnl0", "ip6gre0")
-GPU_TYPES = ("A100", "H100", "H200")
 # net.ipv4.tcp_rmem max on stock Linux kernels (6 MiB): what one untuned TCP connection can keep in flight.
 DEFAULT_WINDOW_MB = 6.0
 # A changing link (testbed/sim/linkchange.py): a schedule of at most 100,000 points; rates and latencies have the
@@ -63,9 +62,11 @@ class DC(Strict):
     @field_validator("gpu")
     @classmethod
     def _gpu(cls, v: str) -> str:
+        from testbed.costs.gpus import GPUS  # the zoo plus any GPU registered from costs.gpus
+
         up = v.upper()
-        if up not in GPU_TYPES:
-            raise ValueError(f"unknown GPU {v!r}; use one of {', '.join(GPU_TYPES)}")
+        if up not in GPUS:
+            raise ValueError(f"unknown GPU {v!r}; use one of {', '.join(GPUS)}, or describe it under costs.gpus")
         return up
 
 

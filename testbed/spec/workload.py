@@ -6,7 +6,26 @@ from typing import Literal
 
 from pydantic import model_validator
 
-from testbed.spec.bounds import DP, HEADS, LABEL, LAYERS, MFU, PP, SEQ_LEN, SEQUENCES, TP, VOCAB, WIDTH
+from testbed.spec.bounds import (
+    DDP_BUCKET_PARAMS,
+    DP,
+    EFFICIENCY,
+    FRAGMENTS,
+    HEADS,
+    INNER_STEPS,
+    LABEL,
+    LAYERS,
+    MFU,
+    OUTER_BITS,
+    OVERLAP_STEPS,
+    PP,
+    SEQ_LEN,
+    SEQUENCES,
+    TP,
+    VIRTUAL_STAGES,
+    VOCAB,
+    WIDTH,
+)
 from testbed.spec.topology import Strict
 
 
@@ -28,6 +47,16 @@ class CustomModel(Strict):
         return self
 
 
+class DiLoCo(Strict):
+    """Low-communication training (schedulers `diloco`, `streaming-diloco`); a field left out takes the
+    scheduler's published default (testbed/plan/diloco.py, docs/families.md)."""
+
+    inner_steps: INNER_STEPS | None = None  # H: inner steps between two syncs of a fragment
+    fragments: FRAGMENTS | None = None  # F: fragments synced in turn (DiLoCo: 1, the whole model)
+    outer_bits: OUTER_BITS | None = None  # bits per outer-gradient value on the WAN
+    overlap_steps: OVERLAP_STEPS | None = None  # tau: inner steps a fragment's sync overlaps (DiLoCo: 0)
+
+
 class Workload(Strict):
     model: str | CustomModel = "gpt3-175b"
     seq_len: SEQ_LEN | None = None  # overrides the model's default context
@@ -36,19 +65,38 @@ class Workload(Strict):
     tp: TP = 8
     pp: PP = 12
     dp: DP | Literal["auto"] = "auto"
-    schedule: Literal["1f1b", "gpipe"] = "1f1b"
-    mfu: MFU = 0.5
+    # zb: zero-bubble (the backward's weight gradient deferred into the bubbles; docs/schedules.md)
+    schedule: Literal["1f1b", "gpipe", "zb"] = "1f1b"
+    # Megatron's virtual pipeline stages: model chunks per stage, run in its interleaved 1F1B (1: plain 1F1B)
+    virtual_stages: VIRTUAL_STAGES = 1
+    # a typed fraction of peak for every layer, or `auto`: compute from operators at their shapes on the GPU
+    # (testbed/costs/operators.py), the MFU then derived and reported. Flipping the default is this one line.
+    mfu: MFU | Literal["auto"] = 0.5
     recompute: Literal["none", "selective", "full"] = "selective"
     distributed_optimizer: bool = True
+    # parameters per gradient bucket of the overlapped reduce-scatter (the `overlap` mechanism); unset:
+    # Megatron-Core's default, max(40M, 1M x dp) (DistributedDataParallelConfig.bucket_size)
+    ddp_bucket_params: DDP_BUCKET_PARAMS | None = None
     # Megatron sequence parallelism: the norms and dropouts outside the TP-sharded matmuls are split
-    # along the sequence too, so their activations shrink by tp (same communication bytes)
-    sequence_parallel: bool = False
+    # along the sequence too, so their activations shrink by tp (same communication bytes); unset: on
+    # whenever tp > 1, as Megatron-LM recommends
+    sequence_parallel: bool | None = None
     # layers per stage: `auto` balances them by each stage's GPU speed and free memory (kept even when
     # that is as fast), `even` splits them as evenly as possible whatever the GPUs
     layer_split: Literal["auto", "even"] = "auto"
     # pins the pipeline's DCs, in order, with their number of stages (as `testbed plan` prints them);
     # pipeline placements only: dp-wan keeps whole pipelines inside each DC
     stages_per_dc: dict[str, PP] | None = None
+    diloco: DiLoCo = DiLoCo()
+    # tokens to a loss under synchronous training / tokens under this scheduler's (1: as good); None: the
+    # family's default from published results (testbed/plan/efficiency.py)
+    token_efficiency: EFFICIENCY | None = None
+
+    def sequence_parallel_at(self, tp: int | None = None) -> bool:
+        """Whether sequence parallelism is on at this tp (default: the workload's): as set, else when tp > 1."""
+        if self.sequence_parallel is not None:
+            return self.sequence_parallel
+        return (self.tp if tp is None else tp) > 1
 
     @model_validator(mode="after")
     def _batch(self) -> Workload:
@@ -60,4 +108,10 @@ class Workload(Strict):
         if self.dp != "auto" and seqs % self.dp:
             raise ValueError(f"dp: dp={self.dp} does not divide the {seqs} microbatches per iteration "
                              f"(global_batch/microbatch); pick a dp dividing {seqs}, or dp: auto")
+        if self.virtual_stages > 1 and self.schedule != "1f1b":
+            raise ValueError(f"virtual_stages: {self.virtual_stages} model chunks per stage need schedule: 1f1b "
+                             f"(Megatron's interleaved 1F1B); set schedule: 1f1b or virtual_stages: 1")
+        if self.virtual_stages > 1 and self.pp < 2:
+            raise ValueError(f"virtual_stages: {self.virtual_stages} model chunks per stage need pp >= 2; "
+                             f"raise pp or set virtual_stages: 1")
         return self

@@ -28,7 +28,7 @@ from testbed.analysis.flows import leader_shares, pending_bins
 from testbed.emu.build import down, up
 from testbed.emu.train import run_training
 from testbed.plan.build import build_plan, resolve_dp
-from testbed.runs.emulated import as_emulated
+from testbed.runs.emulated import emulated_experiment
 from testbed.spec.load import load_experiment
 from tests.conftest import ROOT
 
@@ -59,7 +59,7 @@ def shares(run, plan, emu) -> list[float]:
 
 def test_sidecar_makes_replicas_take_turns_and_fair_sharing_does_not():
     exp = load_experiment(ROOT / "experiments" / "emu-3dc.yaml", ["iterations=5"])[0][0]
-    same = exp.model_copy(update={"topology": as_emulated(exp.topology, K)})
+    same = emulated_experiment(exp, K)
     emu = up(exp.topology, prefix="gdtbl4", scale=K)
     got = {}
     try:

@@ -89,4 +89,7 @@ def test_check_writes_links_csv(tmp_path):
     vals = dict(zip(rows[0].split(","), rows[1].split(","), strict=True))
     assert float(vals["rtt_min_ms"]) >= 20
     assert float(vals["measured_mbps_n"]) > 1.5 * float(vals["measured_mbps_1"])  # window-bound: streams add up
+    # the workers' own transport, window-clamped: streams add up to the model's n windows per round trip
+    assert float(vals["workers_mbps_n"]) > 1.5 * float(vals["workers_mbps_1"])
+    assert float(vals["model_mbps_n"]) > 1.5 * float(vals["model_mbps_1"])
     assert json.loads(json.dumps(vals))["delay_method"] in ("netem", "nfqueue")

@@ -14,6 +14,13 @@ from tests.conftest import ROOT
 from tests.integration.conftest import cli, snapshot
 
 EXP = str(ROOT / "experiments" / "emu-3dc.yaml")
+# Bounds on validation.csv's rel_error, (sim - emu) / emu, of the iteration time. An emulated run cannot beat
+# the network the simulator models, so one faster than predicted by more than FASTER_MAX is a model error:
+# bench/fidelity.py's 180 runs never read more than 6.3 % faster (README, "Can the simulator be trusted?").
+# CPU contention only slows an emulated run: SLOWER_MAX is the fidelity runs' worst (-7.5 %) plus what a
+# shared VM adds (this test read -6.8 % pp-wan and -5.2 % Atlas at load average 15 on 2 vCPUs).
+FASTER_MAX = 0.08
+SLOWER_MAX = 0.15
 
 
 def rows(path) -> list[dict]:
@@ -30,8 +37,8 @@ def test_emulated_run_matches_the_simulator_and_atlas_beats_pp_wan(tmp_path):
     assert set(it) == {("pp-wan", "sim"), ("pp-wan", "emu"), ("atlas", "sim"), ("atlas", "emu")}
     assert it[("atlas", "emu")] < it[("pp-wan", "emu")]
     for v in rows(tmp_path / "validation.csv"):
-        if v["metric"] == "iteration_s":  # 15 % in the README's runs; wide here, CI VMs are noisy
-            assert abs(float(v["rel_error"])) < 0.35, v
+        if v["metric"] == "iteration_s":
+            assert -SLOWER_MAX < float(v["rel_error"]) < FASTER_MAX, v
     tl = rows(tmp_path / "timeline.csv")
     emu = [x for x in tl if x["source"] == "emu"]
     assert {x["kind"] for x in emu} >= {"fwd", "bwd", "send", "recv", "allreduce", "idle"}
@@ -103,7 +110,8 @@ def test_atlas_sidecar_enforces_turns_and_survives_bad_messages(tmp_path):
     assert not (state.STATE_DIR / "gdtbs").exists(), "the run's state outlived its teardown"
     summary = rows(tmp_path / "summary.csv")
     emu = next(x for x in summary if x["source"] == "emu")
-    assert emu["degraded"] == ""  # every worker kept its sidecar connection: the junk did not kill it
+    assert "sidecar" not in emu["degraded"], emu["degraded"]  # every worker kept its sidecar connection: the junk
+    # did not kill it (a busy machine may still mark the run degraded for its timing: docs/reliability.md)
 
 
 def test_a_killed_sidecar_degrades_to_fair_sharing_without_hanging(tmp_path):

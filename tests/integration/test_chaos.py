@@ -1,0 +1,123 @@
+"""Chaos with nothing lost: parts of an emulated run killed (SIGKILL) at a random point. Each case ends with a
+one-line error or a degraded row naming what failed, results/ holds whole CSVs or none, and nothing of the
+prefix is left once the run (or `testbed clean --prefix`, after a killed orchestrator) is over. A killed worker
+and a killed Atlas sidecar are tested in test_training_emulation.py."""
+
+from __future__ import annotations
+
+import csv
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from testbed.emu import state
+from tests.conftest import ROOT
+from tests.integration.conftest import cli, snapshot_of
+
+EMPTY = {"netns": set(), "links": set(), "iptables": set(), "procs": set()}
+
+
+def _pids(module: str, prefix: str) -> list[int]:
+    """Processes running `module` for `prefix` (their arguments name the prefix's state folder)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if module in cmd and str(state.STATE_DIR / prefix) in cmd:
+            out.append(int(d.name))
+    return out
+
+
+def _start(tmp_path: Path, prefix: str, exp: str, *sets: str) -> subprocess.Popen:
+    args = [sys.executable, "-m", "testbed", "experiment", "run", str(ROOT / "experiments" / exp), "--out",
+            str(tmp_path), "--prefix", prefix, "--no-probe", *(x for s in sets for x in ("--set", s))]
+    return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _kill_when_running(prefix: str, module: str, rng: random.Random, timeout_s: float = 60) -> None:
+    """SIGKILL `module`'s first process of `prefix` at a random point once the workers have started."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if list((state.STATE_DIR / prefix).glob("worker-*.json")) and (pids := _pids(module, prefix)):
+            time.sleep(rng.uniform(0.3, 1.5))
+            os.kill(pids[0], signal.SIGKILL)
+            return
+        time.sleep(0.05)
+    pytest.skip(f"no {module} process in this run (netem delays the links here)"
+                if "delayline" in module else f"no {module} process")
+
+
+def _whole_or_none(out: Path) -> None:
+    """Every CSV in `out` parses whole (a header and rows of its width); no temporary file is left."""
+    assert not list(out.glob(".*.tmp")), "a half-written file"
+    for f in out.glob("*.csv"):
+        rows = list(csv.reader(f.read_text().splitlines()))
+        assert rows and all(len(r) == len(rows[0]) for r in rows), f
+
+
+def test_a_killed_delay_line_ends_the_run_with_one_line_naming_it(tmp_path):
+    rng = random.Random(int(os.environ.get("CHAOS_SEED", time.time_ns() % 10**6)))
+    p = _start(tmp_path, "gdtbcd", "emu-3dc.yaml", "schedulers=[pp-wan]", "iterations=40")
+    try:
+        _kill_when_running("gdtbcd", "testbed.emu.delayline", rng)
+        _out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    lines = [ln for ln in err.splitlines() if ln.startswith("emulation error:")]
+    assert p.returncode == 1 and len(lines) == 1 and "delay line" in lines[0] and "died" in lines[0], err
+    assert "Traceback" not in err
+    assert not (tmp_path / "summary.csv").exists()
+    _whole_or_none(tmp_path)
+    assert snapshot_of("gdtbcd") == EMPTY
+
+
+def test_a_killed_bubbletea_service_leaves_a_degraded_row_naming_it(tmp_path):
+    rng = random.Random(int(os.environ.get("CHAOS_SEED", time.time_ns() % 10**6)))
+    p = _start(tmp_path, "gdtbcb", "emu-bubbletea.yaml", "schedulers=[atlas+bubbletea]", "iterations=5")
+    try:
+        _kill_when_running("gdtbcb", "testbed.runtime.bubbletea_service", rng)
+        _out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err
+    emu = [r for r in csv.DictReader((tmp_path / "summary.csv").read_text().splitlines()) if r["source"] == "emu"]
+    assert len(emu) == 1 and "BubbleTea service" in emu[0]["degraded"], emu
+    assert "degraded" in err and "BubbleTea service" in err
+    _whole_or_none(tmp_path)
+    assert snapshot_of("gdtbcb") == EMPTY
+
+
+def test_a_killed_orchestrator_leaves_nothing_after_clean(tmp_path):
+    rng = random.Random(int(os.environ.get("CHAOS_SEED", time.time_ns() % 10**6)))
+    p = _start(tmp_path, "gdtbco", "emu-3dc.yaml", "schedulers=[atlas]", "iterations=40")
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not list((state.STATE_DIR / "gdtbco").glob("worker-*.json")):
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.3, 1.5))
+        p.send_signal(signal.SIGKILL)
+        p.wait(10)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert snapshot_of("gdtbco") != EMPTY, "the killed run left its network (nothing else could remove it)"
+    r = cli("clean", "--prefix", "gdtbco")
+    assert r.returncode == 0, r.stderr
+    deadline = time.monotonic() + 10  # workers whose orchestrator died exit on their own once its socket closes
+    while time.monotonic() < deadline and snapshot_of("gdtbco") != EMPTY:
+        time.sleep(0.2)
+    assert snapshot_of("gdtbco") == EMPTY
+    assert not (tmp_path / "summary.csv").exists()
+    _whole_or_none(tmp_path)

@@ -1,0 +1,163 @@
+"""The package's whole import graph (imports inside functions and under TYPE_CHECKING included, read with ast):
+no cycles between modules, and each layer imports only the layers below it (docs/architecture.md, "Layers")."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+PKG = ROOT / "testbed"
+# Bottom to top, as docs/architecture.md draws them; a unit is a subpackage or a top-level module.
+LAYERS: list[set[str]] = [
+    {"testbed", "errors", "net"},  # ground floor: the standard library only
+    {"program", "results", "columns", "progress"},  # plain data and how it is written
+    {"timeline"},
+    {"spec"},
+    {"costs"},
+    {"plan"},
+    {"sim", "analysis"},
+    {"bubbletea"},
+    {"runtime"},  # role processes; besides, they import only the ground floor, program.py and runtime/
+    {"emu"},
+    {"launch"},
+    {"runs"},
+    {"figures", "tables"},
+    {"claims", "report"},
+    {"cli"},
+    {"__main__"},
+]
+ROLE_MAY_IMPORT = {"testbed", "errors", "net", "program", "runtime"}
+# Known arrows that break the rules, each kept until a move that touches many files: the test fails on any other.
+ALLOWED = {
+    # the scheduler names are validated where the spec is (a validator), but registered by the plan
+    ("testbed.spec.experiment", "testbed.plan.mechanisms"),
+    # type only: Timeline.from_sim and optimizer_steps take a Plan
+    ("testbed.timeline", "testbed.plan.plan"),
+    # the BubbleTea service runs the policy the simulator runs (bubbletea/) with its cost model (costs/):
+    # until BubbleTea's policy moves into one standard-library package
+    ("testbed.runtime.bubbletea_service", "testbed.bubbletea.online"),
+    ("testbed.runtime.bubbletea_service", "testbed.bubbletea.scheduler"),
+    ("testbed.runtime.bubbletea_service", "testbed.bubbletea.trace"),
+    ("testbed.runtime.bubbletea_service", "testbed.costs.prefill"),
+    # the role processes' models take their shapes from the model zoo (costs/models.py, standard library only)
+    ("testbed.runtime.bubbletea_service", "testbed.costs.models"),
+    ("testbed.runtime.decode", "testbed.costs.models"),
+    ("testbed.runtime.prefill", "testbed.costs.models"),
+    ("testbed.runtime.tiny_llama", "testbed.costs.models"),
+    # the memory model counts the microbatches in flight under Megatron's interleaved schedule (its warm-up)
+    ("testbed.costs.stage", "testbed.plan.schedules"),
+    # a spec validates GPU names against the zoo and registers its own GPUs and calibration there
+    ("testbed.spec.topology", "testbed.costs.gpus"),
+    ("testbed.spec.experiment", "testbed.costs.calibration"),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in PKG.rglob("*.py")}
+
+
+def imports(name: str) -> set[str]:
+    """The package's modules that module `name` imports anywhere in its file."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names}
+    return {m for m in found if m in MODULES and m != name}
+
+
+GRAPH = {m: imports(m) for m in MODULES}
+
+
+def unit(module: str) -> str:
+    return module.split(".")[1] if "." in module else module
+
+
+def layer(module: str) -> int:
+    return next(i for i, units in enumerate(LAYERS) if unit(module) in units)
+
+
+def test_every_module_has_a_layer():
+    missing = sorted({unit(m) for m in MODULES} - set().union(*LAYERS))
+    assert not missing, f"give {missing} a layer in LAYERS and in docs/architecture.md"
+
+
+def test_the_graph_sees_imports_inside_functions():
+    assert "testbed.emu.scale" in GRAPH["testbed.emu.build"]  # imported at the top
+    assert "testbed.emu.attach" in GRAPH["testbed.cli"]  # imported inside a command
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while (w := stack.pop()) != v:
+                comp.append(w)
+            if comp:
+                out.append(sorted([v, *comp]))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles():
+    assert cycles(GRAPH) == []
+
+
+def test_cycle_detection_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def violations(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    bad = set()
+    for m, targets in graph.items():
+        for t in targets:
+            if unit(m) == unit(t):
+                continue
+            if layer(t) >= layer(m) or (unit(m) == "runtime" and unit(t) not in ROLE_MAY_IMPORT):
+                bad.add((m, t))
+    return bad
+
+
+def test_each_layer_imports_only_layers_below_it():
+    new = sorted(violations(GRAPH) - ALLOWED)
+    assert not new, "imports against the layers (docs/architecture.md): " + ", ".join(f"{a} -> {b}" for a, b in new)
+
+
+def test_the_allow_list_holds_only_arrows_that_exist():
+    assert violations(GRAPH) >= ALLOWED, f"remove from ALLOWED: {sorted(ALLOWED - violations(GRAPH))}"
+
+
+def test_an_upward_arrow_is_a_violation():
+    assert ("testbed.plan.build", "testbed.runtime.htb") in violations({"testbed.plan.build": {"testbed.runtime.htb"}})
+    assert ("testbed.runtime.worker", "testbed.plan.turns") in violations(
+        {"testbed.runtime.worker": {"testbed.plan.turns"}})
