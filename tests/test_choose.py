@@ -1,19 +1,16 @@
-"""Atlas's mechanisms chosen per link and regime from the plan (testbed/plan/choose.py), and the predictive
+"""Atlas's mechanisms chosen by simulating each candidate set (testbed/plan/choose.py), and the predictive
 sidecar that hands turns over without a notice's reaction (sim/executor.py)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 import testbed.sim.executor as executor
-from testbed.errors import NotYetError
+from testbed.errors import NotYetError, SpecError
 from testbed.plan import choose
 from testbed.plan.build import boundary_connections, build_plan
-from testbed.plan.choose import LinkLoad, link_loads, stagger_pays, stripe_pays, takes_turns, warmup_pays
+from testbed.plan.choose import Pick, candidates, label, resolved
 from testbed.plan.mechanisms import AUTO_ALL, parse_scheduler
-from testbed.plan.plan import LinkPlan
 from testbed.runs.emulated import emulated_experiment
 from testbed.sim.executor import simulate
 from testbed.spec.load import load_experiment
@@ -33,7 +30,89 @@ def test_the_atlas_base_leaves_every_mechanism_to_the_plan_and_a_modifier_pins_i
     assert parse_scheduler("pp-wan+greedy+mtcp+warmup").auto == frozenset()
 
 
+def test_candidates_switch_each_free_mechanism_on_and_off_simplest_first():
+    picks = candidates(parse_scheduler("atlas"), dp=4, order="replica")
+    assert len(picks) == len(set(picks)) == 2 * 2 * 3 * 2  # greedy x mtcp x (no turns, turns, turns+stagger) x warm-up
+    assert [p.size() for p in picks] == sorted(p.size() for p in picks)
+    assert picks[0] == Pick(False, False, False, False, False)
+
+
+def test_stagger_is_a_candidate_only_with_turns_several_replicas_and_the_replica_order():
+    for dp, order in ((4, "microbatch"), (1, "replica")):
+        assert not any(p.stagger for p in candidates(parse_scheduler("atlas"), dp, order))
+    assert all(p.turns for p in candidates(parse_scheduler("atlas"), 4, "replica") if p.stagger)
+
+
+def test_an_ablations_candidates_are_atlas_s_with_its_mechanism_pinned():
+    full = set(candidates(parse_scheduler("atlas"), 4, "replica"))
+    for name, off in (("atlas-temporal", "turns"), ("atlas-stagger", "stagger"), ("atlas-warmup", "warmup"),
+                      ("atlas-greedy", "greedy"), ("atlas-mtcp", "mtcp")):
+        sub = set(candidates(parse_scheduler(name), 4, "replica"))
+        assert sub < full and not any(getattr(p, off) for p in sub), name
+
+
+def test_a_candidate_is_the_fixed_composition_of_its_mechanisms():
+    atlas = parse_scheduler("atlas")
+    assert resolved(atlas, Pick(True, True, False, False, True)) == parse_scheduler("pp-wan+greedy+mtcp+warmup")
+    assert resolved(atlas, Pick(False, False, True, False, False)) == parse_scheduler("pp-wan+temporal-stagger")
+    assert resolved(parse_scheduler("atlas+bubbletea"), Pick(False, False, True, False, False)).bubbletea
+
+
+def test_bubbletea_plans_always_take_turns_so_kv_caches_go_after_training():
+    assert all(p.turns for p in candidates(parse_scheduler("atlas+bubbletea"), 1, "microbatch"))
+
+
+def _fake(times: dict[Pick, float], fail: set[Pick], monkeypatch) -> tuple:
+    """choose() over synthetic plans told apart by their capacity, with the simulated time of each set."""
+    by_cap = {}
+
+    def build(mech):
+        pick = Pick(mech.placement == "atlas", mech.multi_tcp, mech.temporal, mech.stagger, mech.warmup)
+        if pick in fail:
+            raise SpecError("workload", "does not fit", "lower it")
+        cap = 1e9 + list(times).index(pick) if pick in times else 2e9  # sets without a time share one plan
+        by_cap[cap] = pick
+        return make_plan(pp=2, m=1, f=0.1, b=0.1, dcs=["a", "b"], act_bytes=1e6, capacity=cap)
+
+    def sim(plan, key):
+        return times.get(by_cap[plan.links[("a", "b")].capacity_bytes_s], 10.0)
+
+    monkeypatch.setattr(choose, "simulated_s", sim)
+    return build
+
+
+def test_choose_keeps_the_fastest_candidate_and_ties_go_to_the_simpler(monkeypatch):
+    fast, slow = Pick(True, True, True, False, True), Pick(False, True, False, False, False)
+    build = _fake({fast: 1.0, slow: 2.0}, set(), monkeypatch)
+    plan, pick, n = choose.choose(parse_scheduler("atlas"), 4, "microbatch", build)
+    assert pick == fast and n == 3  # the two timed sets and one plan all the others share
+    tie = Pick(False, False, False, False, True)
+    build = _fake({tie: 10.0}, set(), monkeypatch)  # the same time as the shared plan
+    assert choose.choose(parse_scheduler("atlas"), 4, "microbatch", build)[1].size() == 0
+
+
+def test_a_candidate_that_does_not_fit_is_skipped_and_all_failing_raises(monkeypatch):
+    every = set(candidates(parse_scheduler("atlas"), 4, "microbatch"))
+    ok = Pick(True, False, False, False, False)
+    build = _fake({ok: 1.0}, every - {ok}, monkeypatch)
+    assert choose.choose(parse_scheduler("atlas"), 4, "microbatch", build)[1] == ok
+    build = _fake({}, every, monkeypatch)
+    with pytest.raises(SpecError, match="does not fit"):
+        choose.choose(parse_scheduler("atlas"), 4, "microbatch", build)
+
+
+@pytest.mark.parametrize("sets", [(), ("topology.links.*.gbps=0.01",),
+                                  ("topology.links.*.gbps=0.05", "topology.links.*.latency_ms=50")])
+def test_the_chosen_plan_is_never_slower_in_the_simulator_than_an_ablation_or_a_fixed_composition(sets):
+    exp = _exp(*sets)
+    atlas_s = simulate(build_plan(exp, "atlas"))[0].iteration_s[0]
+    for rival in ("atlas-temporal", "atlas-stagger", "atlas-warmup", "atlas-greedy", "atlas-mtcp",
+                  "pp-wan+greedy+mtcp+warmup", "pp-wan+greedy+mtcp+temporal", "pp-wan"):
+        assert atlas_s <= simulate(build_plan(exp, rival))[0].iteration_s[0], rival
+
+
 def test_a_link_that_one_pipeline_crosses_gets_no_turns_and_dp_1_no_stagger():
+    # one pipeline: turns change nothing in the simulator, and a tie goes to the set without them
     plan = build_plan(_exp("workload.dp=1", "workload.global_batch=16"), "atlas")
     assert plan.dp == 1 and len(plan.dcs_used()) == 3
     assert not any(lp.temporal for lp in plan.links.values())
@@ -41,75 +120,22 @@ def test_a_link_that_one_pipeline_crosses_gets_no_turns_and_dp_1_no_stagger():
     assert "turns" not in plan.meta["mechanisms"] and "stagger" not in plan.meta["mechanisms"]
 
 
-def test_turns_only_on_links_replicas_share_and_that_are_busy_for_a_measurable_share():
-    assert not takes_turns(LinkLoad(pipes=1, load=50.0))  # one pipeline: nobody to take turns with
-    assert not takes_turns(LinkLoad(pipes=8, load=choose.TURNS_MIN_LOAD / 2))  # idle: nothing to gain
-    assert takes_turns(LinkLoad(pipes=8, load=0.5))
-    assert takes_turns(LinkLoad(pipes=1, load=0.5), kv_caches=True)  # KV caches go after training
-
-
-def test_link_loads_count_each_replicas_boundary_and_the_busier_direction():
-    lp = LinkPlan("a", "b", 100.0, 0.01, 1e9, 1, False)
-    links = {("a", "b"): lp, ("b", "a"): replace(lp, src="b", dst="a")}
-    loads = link_loads([["a", "a", "b"], ["a", "a", "b"]], [0.0, 50.0, 0.0], 4, links, compute_s=2.0)
-    # two replicas x 4 microbatches x 50 bytes at 100 bytes/s = 4 s per direction, over 2 s of compute
-    assert loads == {frozenset({"a", "b"}): LinkLoad(pipes=2, load=2.0, busy_s=4.0)}
-
-
-def test_a_link_whose_sharers_fill_it_with_their_own_windows_is_not_striped():
-    lp = LinkPlan("a", "b", capacity_bytes_s=1e9, latency_s=0.01, window_bytes=1e6, connections=64, temporal=False)
-    # each boundary's 2 connections carry 2 x 1 MB / 20 ms = 100 MB/s
-    assert stripe_pays(lp, LinkLoad(pipes=4, load=1.0), base_connections=2)  # 400 MB/s < 1 GB/s
-    assert not stripe_pays(lp, LinkLoad(pipes=10, load=1.0), base_connections=2)  # they fill it
-
-
-def test_a_plan_keeps_the_base_connections_on_links_it_does_not_stripe():
+def test_the_label_names_striped_links_and_the_links_that_take_turns():
     exp = _exp()
     base = boundary_connections(parse_scheduler("atlas"), exp.workload.tp, exp.network)
-    plan = build_plan(exp, "atlas")
-    mech = plan.meta["mechanisms"]
-    for (a, b), lp in plan.links.items():
-        assert (lp.connections > base) == ("mtcp=" in mech and "-".join(sorted((a, b))) in mech.split("mtcp=")[1])
-
-
-def test_a_link_that_takes_turns_stripes_to_fill_it_with_one_transfer():
-    exp = _exp("topology.links.*.gbps=0.01")  # the replicas' transfers collide on a thin link: turns
-    plan = build_plan(exp, "atlas")
-    assert "turns=" in plan.meta["mechanisms"]
-    base = boundary_connections(parse_scheduler("atlas"), exp.workload.tp, exp.network)
-    turned = [lp for lp in plan.links.values() if lp.temporal]
-    assert turned
-    for lp in turned:  # striped exactly where one transfer's base windows fall short of the link
-        assert (lp.connections > base) == (base * lp.window_bytes / lp.rtt_s < lp.capacity_bytes_s)
-
-
-def test_stagger_only_interleaves_a_fixed_replica_order():
-    assert stagger_pays(True, 4, "replica")
-    assert not stagger_pays(True, 4, "microbatch")
-    assert not stagger_pays(True, 1, "replica")
-    assert not stagger_pays(False, 4, "replica")
-
-
-def test_warmup_is_left_out_behind_a_link_that_turns_keep_busy_beyond_its_round_trip():
-    assert warmup_pays(0.0, 0.0) and warmup_pays(0.5, 10.0)  # the link is idle half the compute
-    assert warmup_pays(100.0, 0.002)  # busy, but the round trip is all latency still to cover
-    assert warmup_pays(2.39, 0.805)  # both just above their floors, not their product
-    assert not warmup_pays(2.66, 1.035) and not warmup_pays(4.68, 0.805)
+    plan = build_plan(exp, "pp-wan+greedy+mtcp+temporal-stagger+warmup")
+    text = label(plan, Pick(True, True, True, False, True), base)
+    used = {"-".join(sorted((a, b))) for a, b in zip(plan.stage_dc[0], plan.stage_dc[0][1:], strict=False) if a != b}
+    striped = sorted({"-".join(sorted(h)) for h, lp in plan.links.items() if lp.connections > base} & used)
+    assert text.startswith("greedy;") and text.endswith(";warmup")
+    assert ("mtcp=" + "|".join(striped) in text) == bool(striped)  # only links the pipelines use
+    assert "turns=useast-uscentral|uscentral-uswest" in text or "turns=uscentral-useast|uscentral-uswest" in text
 
 
 def test_turns_go_by_earliest_microbatch_unless_replicas_outnumber_microbatches_or_gpipe_bursts():
     assert choose.turn_order(36, 48, "1f1b") == "microbatch"
     assert choose.turn_order(864, 16, "1f1b") == "replica"
     assert choose.turn_order(2, 8, "gpipe") == "replica"
-
-
-def test_a_plan_whose_turn_link_is_busier_than_the_warmup_bound_runs_plain_1f1b():
-    # a thin WAN: each link far busier than the compute
-    exp = _exp("topology.links.*.gbps=0.001", "topology.links.*.latency_ms=50")
-    plan = build_plan(exp, "atlas")
-    assert "turns=" in plan.meta["mechanisms"] and "warmup" not in plan.meta["mechanisms"]
-    assert plan.actions == build_plan(exp, "atlas-warmup").actions
-    assert plan.actions != build_plan(exp, "atlas-temporal").actions  # without turns it warms up
 
 
 def test_the_summary_names_the_mechanisms_only_where_the_plan_chose_them():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 from testbed.costs.gpus import GPUS
 from testbed.costs.models import ModelConfig, resolve_model
@@ -13,7 +12,7 @@ from testbed.costs.tcp import connections_for
 from testbed.errors import NotYetError, SpecError
 from testbed.net.wire import FRAME_BYTES
 from testbed.plan.buckets import bucket_bytes
-from testbed.plan.choose import choose_links, label, turn_order, warmup_pays
+from testbed.plan.choose import candidates, choose, label, resolved, turn_order
 from testbed.plan.diloco import resolve as resolve_diloco
 from testbed.plan.efficiency import token_efficiency
 from testbed.plan.layers import chunk_layers, empty_chunk, stage_layers
@@ -230,8 +229,49 @@ def build_plan(
     counts: list[int] | None = None,
 ) -> Plan:
     """`order` pins the pipeline's DC chain and `counts` its stages per DC (DC selection); by default the
-    scheduler's placement decides."""
+    scheduler's placement decides. Mechanisms the scheduler leaves to the plan (atlas) are chosen by
+    simulating each candidate set (plan/choose.py)."""
     mech = parse_scheduler(scheduler)
+    if not mech.auto:
+        return build_fixed(exp, scheduler, mech, run_id, dp, order, counts)
+    w = exp.workload
+    dp = dp or resolve_dp(exp)
+    m = max(1, w.global_batch // (w.microbatch * dp))
+    turns = exp.network.turn_order if exp.network.turn_order != "auto" else turn_order(dp, m, w.schedule)
+
+    def build(resolved: Mechanisms) -> Plan:
+        plan = build_fixed(exp, scheduler, resolved, run_id, dp, order, counts)
+        if resolved.temporal:
+            plan.turn_policy = turns
+        return plan
+
+    plan, pick, _ = choose(mech, dp, turns, build)
+    plan.meta["mechanisms"] = label(plan, pick, boundary_connections(mech, w.tp, exp.network))
+    return plan
+
+
+def plannable(exp: Experiment, scheduler: str, dp: int | None = None) -> None:
+    """Raises the plan's SpecError where `scheduler` cannot be planned (memory, DCs); for one that leaves
+    mechanisms to the plan, where no candidate can. Builds plans only, simulates none."""
+    mech = parse_scheduler(scheduler)
+    if not mech.auto:
+        build_fixed(exp, scheduler, mech, dp=dp)
+        return
+    dp = dp or resolve_dp(exp)
+    failed: SpecError | None = None
+    for pick in candidates(mech, dp, "replica"):
+        try:
+            build_fixed(exp, scheduler, resolved(mech, pick), dp=dp)
+            return
+        except SpecError as e:
+            failed = failed or e
+    assert failed is not None
+    raise failed
+
+
+def build_fixed(exp: Experiment, scheduler: str, mech: Mechanisms, run_id: str = "run", dp: int | None = None,
+                order: list[str] | None = None, counts: list[int] | None = None) -> Plan:
+    """The plan of a fixed composition of mechanisms (`mech` with nothing left to choose)."""
     w, topo = exp.workload, exp.topology
     model = resolve_model(w.model, w.seq_len)
     check_workload(exp, model)
@@ -268,14 +308,6 @@ def build_plan(
     costs = [[by_gpu[topo.dc(d).gpu][s] for s, d in enumerate(row)] for row in stage_dc]
     ref = costs[0]
     links = link_plans(exp, mech)
-    chosen = bool(mech.auto)  # the plan decides some of the mechanisms (plan/choose.py)
-    order = exp.network.turn_order if exp.network.turn_order != "auto" else turn_order(dp, m, w.schedule)
-    auto_turns, turn_load, busy_rtt = "temporal" in mech.auto, 0.0, 0.0
-    if chosen:
-        compute_s = m * max(c.fwd_s + c.bwd_s for row in costs for c in row)
-        choice = choose_links(mech, stage_dc, [c.act_bytes for c in ref], m, compute_s, links,
-                              boundary_connections(mech, w.tp, exp.network), order if auto_turns else None)
-        mech, links, turn_load, busy_rtt = choice.mech, choice.links, choice.turn_load, choice.busy_over_rtt
     if mech.warmup and V == 1:  # interleaving keeps Megatron's warm-up: no WAN extras
         free = [GPUS[topo.dc(d).gpu].memory_gb - c.mem_gb for d, c in zip(stage_dc[0], ref, strict=True)]
         trips, busy = wan_round_trips(stage_dc[0], [c.act_bytes for c in ref], links, dp)
@@ -283,10 +315,6 @@ def build_plan(
                                m, w.schedule, busy)
     else:
         extra = [0] * w.pp
-    if "warmup" in mech.auto:  # used where it asks for microbatches ahead of a WAN hop and pays
-        if not warmup_pays(turn_load, busy_rtt):
-            extra = [0] * w.pp
-        mech = replace(mech, warmup=any(extra), auto=mech.auto - {"warmup"})
     mem = [max(costs[r][s].mem_gb + extra[s] * costs[r][s].act_gb_per_microbatch for r in range(dp))
            for s in range(w.pp)]
 
@@ -340,10 +368,6 @@ def build_plan(
     plan.token_efficiency = token_efficiency(mech.outer, len(plan.dcs_used()), plan.diloco, w.token_efficiency)
     plan.turn_policy = turn_policy(exp.network.turn_order, plan)
     plan.sidecar = plan_sidecar(exp.network.sidecar, mech)
-    if auto_turns:
-        plan.turn_policy = order
-    if chosen:
-        plan.meta["mechanisms"] = label(mech.placement == "atlas", choice.mtcp, choice.turns, mech.stagger, mech.warmup)
     return plan
 
 
