@@ -58,8 +58,9 @@ def test_a_candidate_is_the_fixed_composition_of_its_mechanisms():
     assert resolved(parse_scheduler("atlas+bubbletea"), Pick(False, False, True, False, False)).bubbletea
 
 
-def test_bubbletea_plans_always_take_turns_so_kv_caches_go_after_training():
-    assert all(p.turns for p in candidates(parse_scheduler("atlas+bubbletea"), 1, "microbatch"))
+def test_bubbletea_plans_always_take_turns_and_stripe_for_the_kv_caches():
+    assert all(p.turns and p.mtcp for p in candidates(parse_scheduler("atlas+bubbletea"), 1, "microbatch"))
+    assert not any(p.mtcp for p in candidates(parse_scheduler("atlas+bubbletea-mtcp"), 1, "microbatch"))
 
 
 def _fake(times: dict[Pick, float], fail: set[Pick], monkeypatch) -> tuple:
@@ -173,3 +174,12 @@ def test_the_emulated_wan_runs_the_reactive_sidecar_and_its_prediction_too():
     assert build_plan(exp, "atlas+bubbletea").sidecar == "reactive"  # BubbleTea's realised run: not yet
     with pytest.raises(NotYetError, match="network.sidecar"):
         emulated_experiment(_exp("network.sidecar=predictive"), 1000.0)
+
+
+def test_plannable_builds_without_simulating_and_names_what_does_not_fit(monkeypatch):
+    from testbed.plan.build import plannable
+
+    monkeypatch.setattr(choose, "simulated_s", lambda plan, key: pytest.fail("plannable simulated a plan"))
+    plannable(_exp(), "atlas")
+    with pytest.raises(SpecError, match="global_batch"):
+        plannable(_exp("workload.global_batch=2", "workload.dp=4"), "atlas")

@@ -13,8 +13,8 @@ What is not searched, and why:
 - the turn order: `turn_order`, from the plan's shape (see its docstring) unless `network.turn_order` says;
 - stagger with the earliest microbatch first: offsets interleave a fixed replica order's turns and only delay
   replicas in the other order, so stagger is a candidate only with turns, dp > 1 and the replica order;
-- BubbleTea plans take turns wherever they would (turns are what keeps KV caches behind training; the training
-  simulation the choice runs cannot see that), and the choice simulates their training only.
+- BubbleTea plans take turns and stripe (turns keep the KV caches behind training, striping lets them fill
+  what training leaves of a link; the training-only simulation the choice runs sees neither).
 """
 
 from __future__ import annotations
@@ -66,10 +66,12 @@ def candidates(mech: Mechanisms, dp: int, order: str) -> list[Pick]:
     def opts(name: str, pinned: bool) -> tuple[bool, ...]:
         return (False, True) if name in mech.auto else (pinned,)
 
-    turn_opts = (True,) if mech.bubbletea and "temporal" in mech.auto else opts("temporal", mech.temporal)
+    kv = mech.bubbletea  # KV caches use what training leaves of the links: turns and striping, as far as free
+    turn_opts = (True,) if kv and "temporal" in mech.auto else opts("temporal", mech.temporal)
+    mtcp_opts = (True,) if kv and "mtcp" in mech.auto else opts("mtcp", mech.multi_tcp)
     out = []
     for greedy in opts("greedy", mech.placement == "atlas"):
-        for mtcp in opts("mtcp", mech.multi_tcp):
+        for mtcp in mtcp_opts:
             for turns in turn_opts:
                 staggers = opts("stagger", mech.stagger) if turns and dp > 1 and order == "replica" else (False,)
                 for stagger in staggers:
