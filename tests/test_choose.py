@@ -30,24 +30,36 @@ def test_the_atlas_base_leaves_every_mechanism_to_the_plan_and_a_modifier_pins_i
     assert parse_scheduler("pp-wan+greedy+mtcp+warmup").auto == frozenset()
 
 
+BOTH = ("microbatch", "replica")
+
+
 def test_candidates_switch_each_free_mechanism_on_and_off_simplest_first():
-    picks = candidates(parse_scheduler("atlas"), dp=4, order="replica")
-    assert len(picks) == len(set(picks)) == 2 * 2 * 3 * 2  # greedy x mtcp x (no turns, turns, turns+stagger) x warm-up
+    picks = candidates(parse_scheduler("atlas"), dp=4, orders=BOTH)
+    # greedy x mtcp x (no turns, turns by microbatch, by replica, by replica with stagger) x warm-up
+    assert len(picks) == len(set(picks)) == 2 * 2 * 4 * 2
     assert [p.size() for p in picks] == sorted(p.size() for p in picks)
     assert picks[0] == Pick(False, False, False, False, False)
+    assert {p.order for p in picks if p.turns} == set(BOTH) and {p.order for p in picks if not p.turns} == {""}
+
+
+def test_the_turn_order_is_searched_unless_the_spec_names_one_or_there_is_one_replica():
+    assert choose.turn_orders("auto", 36, 48, "1f1b") == ("microbatch", "replica")
+    assert choose.turn_orders("auto", 864, 16, "1f1b") == ("replica", "microbatch")
+    assert choose.turn_orders("auto", 1, 16, "1f1b") == ("microbatch",)
+    assert choose.turn_orders("fcfs", 36, 48, "1f1b") == ("fcfs",)
 
 
 def test_stagger_is_a_candidate_only_with_turns_several_replicas_and_the_replica_order():
-    for dp, order in ((4, "microbatch"), (1, "replica")):
-        assert not any(p.stagger for p in candidates(parse_scheduler("atlas"), dp, order))
-    assert all(p.turns for p in candidates(parse_scheduler("atlas"), 4, "replica") if p.stagger)
+    for dp, orders in ((4, ("microbatch",)), (1, BOTH)):
+        assert not any(p.stagger for p in candidates(parse_scheduler("atlas"), dp, orders))
+    assert all(p.turns and p.order == "replica" for p in candidates(parse_scheduler("atlas"), 4, BOTH) if p.stagger)
 
 
 def test_an_ablations_candidates_are_atlas_s_with_its_mechanism_pinned():
-    full = set(candidates(parse_scheduler("atlas"), 4, "replica"))
+    full = set(candidates(parse_scheduler("atlas"), 4, BOTH))
     for name, off in (("atlas-temporal", "turns"), ("atlas-stagger", "stagger"), ("atlas-warmup", "warmup"),
                       ("atlas-greedy", "greedy"), ("atlas-mtcp", "mtcp")):
-        sub = set(candidates(parse_scheduler(name), 4, "replica"))
+        sub = set(candidates(parse_scheduler(name), 4, BOTH))
         assert sub < full and not any(getattr(p, off) for p in sub), name
 
 
@@ -59,16 +71,16 @@ def test_a_candidate_is_the_fixed_composition_of_its_mechanisms():
 
 
 def test_bubbletea_plans_always_take_turns_and_stripe_for_the_kv_caches():
-    assert all(p.turns and p.mtcp for p in candidates(parse_scheduler("atlas+bubbletea"), 1, "microbatch"))
-    assert not any(p.mtcp for p in candidates(parse_scheduler("atlas+bubbletea-mtcp"), 1, "microbatch"))
+    assert all(p.turns and p.mtcp for p in candidates(parse_scheduler("atlas+bubbletea"), 1, ("microbatch",)))
+    assert not any(p.mtcp for p in candidates(parse_scheduler("atlas+bubbletea-mtcp"), 1, ("microbatch",)))
 
 
 def _fake(times: dict[Pick, float], fail: set[Pick], monkeypatch) -> tuple:
     """choose() over synthetic plans told apart by their capacity, with the simulated time of each set."""
     by_cap = {}
 
-    def build(mech):
-        pick = Pick(mech.placement == "atlas", mech.multi_tcp, mech.temporal, mech.stagger, mech.warmup)
+    def build(mech, order):
+        pick = Pick(mech.placement == "atlas", mech.multi_tcp, mech.temporal, mech.stagger, mech.warmup, order)
         if pick in fail:
             raise SpecError("workload", "does not fit", "lower it")
         cap = 1e9 + list(times).index(pick) if pick in times else 2e9  # sets without a time share one plan
@@ -83,23 +95,23 @@ def _fake(times: dict[Pick, float], fail: set[Pick], monkeypatch) -> tuple:
 
 
 def test_choose_keeps_the_fastest_candidate_and_ties_go_to_the_simpler(monkeypatch):
-    fast, slow = Pick(True, True, True, False, True), Pick(False, True, False, False, False)
+    fast, slow = Pick(True, True, True, False, True, "microbatch"), Pick(False, True, False, False, False)
     build = _fake({fast: 1.0, slow: 2.0}, set(), monkeypatch)
-    plan, pick, n = choose.choose(parse_scheduler("atlas"), 4, "microbatch", build)
+    plan, pick, n = choose.choose(parse_scheduler("atlas"), 4, ("microbatch",), build)
     assert pick == fast and n == 3  # the two timed sets and one plan all the others share
     tie = Pick(False, False, False, False, True)
     build = _fake({tie: 10.0}, set(), monkeypatch)  # the same time as the shared plan
-    assert choose.choose(parse_scheduler("atlas"), 4, "microbatch", build)[1].size() == 0
+    assert choose.choose(parse_scheduler("atlas"), 4, ("microbatch",), build)[1].size() == 0
 
 
 def test_a_candidate_that_does_not_fit_is_skipped_and_all_failing_raises(monkeypatch):
-    every = set(candidates(parse_scheduler("atlas"), 4, "microbatch"))
+    every = set(candidates(parse_scheduler("atlas"), 4, ("microbatch",)))
     ok = Pick(True, False, False, False, False)
     build = _fake({ok: 1.0}, every - {ok}, monkeypatch)
-    assert choose.choose(parse_scheduler("atlas"), 4, "microbatch", build)[1] == ok
+    assert choose.choose(parse_scheduler("atlas"), 4, ("microbatch",), build)[1] == ok
     build = _fake({}, every, monkeypatch)
     with pytest.raises(SpecError, match="does not fit"):
-        choose.choose(parse_scheduler("atlas"), 4, "microbatch", build)
+        choose.choose(parse_scheduler("atlas"), 4, ("microbatch",), build)
 
 
 @pytest.mark.parametrize("sets", [(), ("topology.links.*.gbps=0.01",),
@@ -125,7 +137,7 @@ def test_the_label_names_striped_links_and_the_links_that_take_turns():
     exp = _exp()
     base = boundary_connections(parse_scheduler("atlas"), exp.workload.tp, exp.network)
     plan = build_plan(exp, "pp-wan+greedy+mtcp+temporal-stagger+warmup")
-    text = label(plan, Pick(True, True, True, False, True), base)
+    text = label(plan, Pick(True, True, True, False, True, "microbatch"), base)
     used = {"-".join(sorted((a, b))) for a, b in zip(plan.stage_dc[0], plan.stage_dc[0][1:], strict=False) if a != b}
     striped = sorted({"-".join(sorted(h)) for h, lp in plan.links.items() if lp.connections > base} & used)
     assert text.startswith("greedy;") and text.endswith(";warmup")

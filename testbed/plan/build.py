@@ -12,7 +12,7 @@ from testbed.costs.tcp import connections_for
 from testbed.errors import NotYetError, SpecError
 from testbed.net.wire import FRAME_BYTES
 from testbed.plan.buckets import bucket_bytes
-from testbed.plan.choose import candidates, choose, label, resolved, turn_order
+from testbed.plan.choose import candidates, choose, label, resolved, turn_orders
 from testbed.plan.diloco import resolve as resolve_diloco
 from testbed.plan.efficiency import token_efficiency
 from testbed.plan.layers import chunk_layers, empty_chunk, stage_layers
@@ -237,15 +237,15 @@ def build_plan(
     w = exp.workload
     dp = dp or resolve_dp(exp)
     m = max(1, w.global_batch // (w.microbatch * dp))
-    turns = exp.network.turn_order if exp.network.turn_order != "auto" else turn_order(dp, m, w.schedule)
+    orders = turn_orders(exp.network.turn_order, dp, m, w.schedule)
 
-    def build(resolved: Mechanisms) -> Plan:
+    def build(resolved: Mechanisms, turns: str) -> Plan:
         plan = build_fixed(exp, scheduler, resolved, run_id, dp, order, counts)
         if resolved.temporal:
             plan.turn_policy = turns
         return plan
 
-    plan, pick, _ = choose(mech, dp, turns, build)
+    plan, pick, _ = choose(mech, dp, orders, build)
     plan.meta["mechanisms"] = label(plan, pick, boundary_connections(mech, w.tp, exp.network))
     return plan
 
@@ -259,7 +259,7 @@ def plannable(exp: Experiment, scheduler: str, dp: int | None = None) -> None:
         return
     dp = dp or resolve_dp(exp)
     failed: SpecError | None = None
-    for pick in candidates(mech, dp, "replica"):
+    for pick in candidates(mech, dp, ("replica",)):
         try:
             build_fixed(exp, scheduler, resolved(mech, pick), dp=dp)
             return

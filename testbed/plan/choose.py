@@ -9,8 +9,8 @@ so Atlas's choice is never slower in the simulator than any of its ablations, no
 among its candidates (`pp-wan+greedy+mtcp+warmup` included), by construction. Ties go to the candidate with
 fewer mechanisms (fewer connections, no turns), listed first.
 
-What is not searched, and why:
-- the turn order: `turn_order`, from the plan's shape (see its docstring) unless `network.turn_order` says;
+The turn order is a candidate too (the earliest microbatch or the fixed replica order, `turn_order`'s first),
+unless `network.turn_order` names one. What is not searched, and why:
 - stagger with the earliest microbatch first: offsets interleave a fixed replica order's turns and only delay
   replicas in the other order, so stagger is a candidate only with turns, dp > 1 and the replica order;
 - BubbleTea plans take turns and stripe (turns keep the KV caches behind training, striping lets them fill
@@ -55,14 +55,24 @@ class Pick:
     turns: bool
     stagger: bool
     warmup: bool
+    order: str = ""  # the order turns take (plan/turns.py); "" without turns
 
     def size(self) -> int:
         return sum((self.greedy, self.mtcp, self.turns, self.stagger, self.warmup))
 
 
-def candidates(mech: Mechanisms, dp: int, order: str) -> list[Pick]:
-    """Every candidate for `mech`: each mechanism in `mech.auto` on and off, the others as pinned; fewest
-    mechanisms first (ties go to the simpler set)."""
+def turn_orders(option: str, dp: int, microbatches: int, schedule: str) -> tuple[str, ...]:
+    """The turn orders to try: `network.turn_order` where it names one; else `turn_order`'s pick first (a tie
+    keeps it) and the other, with more than one replica (one replica has no one to order)."""
+    if option != "auto":
+        return (option,)
+    first = turn_order(dp, microbatches, schedule)
+    return (first,) if dp == 1 else (first, "replica" if first == "microbatch" else "microbatch")
+
+
+def candidates(mech: Mechanisms, dp: int, orders: tuple[str, ...]) -> list[Pick]:
+    """Every candidate for `mech`: each mechanism in `mech.auto` on and off (turns in each of `orders`), the
+    others as pinned; fewest mechanisms first (ties go to the simpler set, then to the first order)."""
     def opts(name: str, pinned: bool) -> tuple[bool, ...]:
         return (False, True) if name in mech.auto else (pinned,)
 
@@ -72,11 +82,11 @@ def candidates(mech: Mechanisms, dp: int, order: str) -> list[Pick]:
     out = []
     for greedy in opts("greedy", mech.placement == "atlas"):
         for mtcp in mtcp_opts:
-            for turns in turn_opts:
+            for turns, order in [(t, o) for t in turn_opts for o in (orders if t else ("",))]:
                 staggers = opts("stagger", mech.stagger) if turns and dp > 1 and order == "replica" else (False,)
                 for stagger in staggers:
                     for warmup in opts("warmup", mech.warmup):
-                        out.append(Pick(greedy, mtcp, turns, stagger, warmup))
+                        out.append(Pick(greedy, mtcp, turns, stagger, warmup, order))
     return sorted(out, key=Pick.size)
 
 
@@ -107,16 +117,18 @@ def simulated_s(plan: Plan, key: str) -> float:
     return t
 
 
-def choose(mech: Mechanisms, dp: int, order: str, build: Callable[[Mechanisms], Plan]) -> tuple[Plan, Pick, int]:
-    """The fastest candidate's plan (built by `build` from a resolved Mechanisms), its pick, and how many
+def choose(mech: Mechanisms, dp: int, orders: tuple[str, ...], build: Callable[[Mechanisms, str], Plan]
+           ) -> tuple[Plan, Pick, int]:
+    """The fastest candidate's plan (built by `build` from a resolved Mechanisms and its turn order), its pick,
+    and how many
     distinct plans were simulated (candidates whose plans coincide, e.g. the warm-up where it asks for no
     extra microbatch or greedy placement on equal DCs, are simulated once and the simpler one kept)."""
     best: tuple[float, Plan, Pick] | None = None
     seen: set[str] = set()
     failed: SpecError | None = None
-    for pick in candidates(mech, dp, order):
+    for pick in candidates(mech, dp, orders):
         try:
-            plan = build(resolved(mech, pick))
+            plan = build(resolved(mech, pick), pick.order)
         except SpecError as e:  # e.g. a placement that does not fit: the other candidates may
             failed = failed or e
             continue
@@ -135,7 +147,8 @@ def choose(mech: Mechanisms, dp: int, order: str, build: Callable[[Mechanisms], 
 
 def label(plan: Plan, pick: Pick, base_connections: int) -> str:
     """The mechanisms a plan uses, as the summary's `mechanisms` column: `;`-separated, links as `a-b` joined
-    by `|`, e.g. `greedy;mtcp=useast-uscentral|uscentral-uswest;turns=useast-uscentral;stagger;warmup`.
+    by `|`, e.g. `greedy;mtcp=useast-uscentral|uscentral-uswest;turns=useast-uscentral;replica-order;stagger;warmup`
+    (`replica-order`: turns in the fixed replica order, else the earliest microbatch first).
     Striping names the links where it adds connections, turns the WAN links the pipelines use. A candidate
     whose plan is the same as a simpler one's is never chosen (choose), so greedy, stagger and the warm-up
     appear only where they change the plan (another placement, offsets, extra microbatches)."""
@@ -148,6 +161,8 @@ def label(plan: Plan, pick: Pick, base_connections: int) -> str:
         parts.append("mtcp=" + "|".join(striped))
     if pick.turns and used:
         parts.append("turns=" + "|".join(used))
+        if pick.order == "replica":
+            parts.append("replica-order")
     if pick.stagger:
         parts.append("stagger")
     if pick.warmup:
