@@ -49,6 +49,15 @@ def test_the_turn_order_is_searched_unless_the_spec_names_one_or_there_is_one_re
     assert choose.turn_orders("fcfs", 36, 48, "1f1b") == ("fcfs",)
 
 
+def test_the_handover_is_a_candidate_where_the_spec_leaves_it():
+    picks = candidates(parse_scheduler("atlas"), 4, BOTH, ("predictive", "reactive"))
+    assert {p.sidecar for p in picks if p.turns} == {"predictive", "reactive"}
+    assert {p.sidecar for p in picks if not p.turns} == {""}
+    assert len(picks) == 2 * 2 * (1 + 3 * 2) * 2
+    first = next(p for p in picks if p.turns)
+    assert first.sidecar == "predictive"  # a tie keeps the predictive handover
+
+
 def test_stagger_is_a_candidate_only_with_turns_several_replicas_and_the_replica_order():
     for dp, orders in ((4, ("microbatch",)), (1, BOTH)):
         assert not any(p.stagger for p in candidates(parse_scheduler("atlas"), dp, orders))
@@ -79,8 +88,8 @@ def _fake(times: dict[Pick, float], fail: set[Pick], monkeypatch) -> tuple:
     """choose() over synthetic plans told apart by their capacity, with the simulated time of each set."""
     by_cap = {}
 
-    def build(mech, order):
-        pick = Pick(mech.placement == "atlas", mech.multi_tcp, mech.temporal, mech.stagger, mech.warmup, order)
+    def build(mech, given):
+        pick = Pick(mech.placement == "atlas", mech.multi_tcp, mech.temporal, mech.stagger, mech.warmup, given.order)
         if pick in fail:
             raise SpecError("workload", "does not fit", "lower it")
         cap = 1e9 + list(times).index(pick) if pick in times else 2e9  # sets without a time share one plan
@@ -182,7 +191,7 @@ def test_the_emulated_wan_runs_the_reactive_sidecar_and_its_prediction_too():
     exp = _exp()
     assert emulated_experiment(exp, 1000.0).network.sidecar == "reactive"
     assert build_plan(emulated_experiment(exp, 1000.0), "atlas").sidecar == "reactive"
-    assert build_plan(exp, "atlas").sidecar == "predictive"
+    assert build_plan(_exp("network.sidecar=predictive"), "atlas").sidecar == "predictive"
     assert build_plan(exp, "atlas+bubbletea").sidecar == "reactive"  # BubbleTea's realised run: not yet
     with pytest.raises(NotYetError, match="network.sidecar"):
         emulated_experiment(_exp("network.sidecar=predictive"), 1000.0)

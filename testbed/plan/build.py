@@ -12,7 +12,7 @@ from testbed.costs.tcp import connections_for
 from testbed.errors import NotYetError, SpecError
 from testbed.net.wire import FRAME_BYTES
 from testbed.plan.buckets import bucket_bytes
-from testbed.plan.choose import candidates, choose, label, resolved, turn_orders
+from testbed.plan.choose import Pick, candidates, choose, label, resolved, turn_orders
 from testbed.plan.diloco import resolve as resolve_diloco
 from testbed.plan.efficiency import token_efficiency
 from testbed.plan.layers import chunk_layers, empty_chunk, stage_layers
@@ -239,13 +239,18 @@ def build_plan(
     m = max(1, w.global_batch // (w.microbatch * dp))
     orders = turn_orders(exp.network.turn_order, dp, m, w.schedule)
 
-    def build(resolved: Mechanisms, turns: str) -> Plan:
+    # the handover is searched where the spec leaves it and the plan would be predictive (BubbleTea: reactive)
+    sidecars = ("predictive", "reactive") if plan_sidecar(exp.network.sidecar, mech) == "predictive" \
+        and exp.network.sidecar == "auto" else ("",)
+
+    def build(resolved: Mechanisms, pick: Pick) -> Plan:
         plan = build_fixed(exp, scheduler, resolved, run_id, dp, order, counts)
         if resolved.temporal:
-            plan.turn_policy = turns
+            plan.turn_policy = pick.order
+            plan.sidecar = pick.sidecar or plan.sidecar
         return plan
 
-    plan, pick, _ = choose(mech, dp, orders, build)
+    plan, pick, _ = choose(mech, dp, orders, build, sidecars)
     plan.meta["mechanisms"] = label(plan, pick, boundary_connections(mech, w.tp, exp.network))
     return plan
 

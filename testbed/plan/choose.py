@@ -10,7 +10,9 @@ among its candidates (`pp-wan+greedy+mtcp+warmup` included), by construction. Ti
 fewer mechanisms (fewer connections, no turns), listed first.
 
 The turn order is a candidate too (the earliest microbatch or the fixed replica order, `turn_order`'s first),
-unless `network.turn_order` names one. What is not searched, and why:
+unless `network.turn_order` names one, and so is the sidecar's handover in the simulator (predictive first,
+or reactive: the emulated sidecar's, a notice and its reaction before each handover), unless
+`network.sidecar` names one (an emulated run's plan is reactive). What is not searched, and why:
 - stagger with the earliest microbatch first: offsets interleave a fixed replica order's turns and only delay
   replicas in the other order, so stagger is a candidate only with turns, dp > 1 and the replica order;
 - BubbleTea plans take turns and stripe (turns keep the KV caches behind training, striping lets them fill
@@ -56,6 +58,7 @@ class Pick:
     stagger: bool
     warmup: bool
     order: str = ""  # the order turns take (plan/turns.py); "" without turns
+    sidecar: str = ""  # how turns hand over (Plan.sidecar); "" without turns or where the spec names it
 
     def size(self) -> int:
         return sum((self.greedy, self.mtcp, self.turns, self.stagger, self.warmup))
@@ -70,9 +73,10 @@ def turn_orders(option: str, dp: int, microbatches: int, schedule: str) -> tuple
     return (first,) if dp == 1 else (first, "replica" if first == "microbatch" else "microbatch")
 
 
-def candidates(mech: Mechanisms, dp: int, orders: tuple[str, ...]) -> list[Pick]:
-    """Every candidate for `mech`: each mechanism in `mech.auto` on and off (turns in each of `orders`), the
-    others as pinned; fewest mechanisms first (ties go to the simpler set, then to the first order)."""
+def candidates(mech: Mechanisms, dp: int, orders: tuple[str, ...], sidecars: tuple[str, ...] = ("",)) -> list[Pick]:
+    """Every candidate for `mech`: each mechanism in `mech.auto` on and off (turns in each of `orders`, handed
+    over by each of `sidecars`), the others as pinned; fewest mechanisms first (ties go to the simpler set,
+    then to the first order and sidecar)."""
     def opts(name: str, pinned: bool) -> tuple[bool, ...]:
         return (False, True) if name in mech.auto else (pinned,)
 
@@ -82,11 +86,12 @@ def candidates(mech: Mechanisms, dp: int, orders: tuple[str, ...]) -> list[Pick]
     out = []
     for greedy in opts("greedy", mech.placement == "atlas"):
         for mtcp in mtcp_opts:
-            for turns, order in [(t, o) for t in turn_opts for o in (orders if t else ("",))]:
+            ways = [(t, o, c) for t in turn_opts for o in (orders if t else ("",)) for c in (sidecars if t else ("",))]
+            for turns, order, sidecar in ways:
                 staggers = opts("stagger", mech.stagger) if turns and dp > 1 and order == "replica" else (False,)
                 for stagger in staggers:
                     for warmup in opts("warmup", mech.warmup):
-                        out.append(Pick(greedy, mtcp, turns, stagger, warmup, order))
+                        out.append(Pick(greedy, mtcp, turns, stagger, warmup, order, sidecar))
     return sorted(out, key=Pick.size)
 
 
@@ -117,18 +122,18 @@ def simulated_s(plan: Plan, key: str) -> float:
     return t
 
 
-def choose(mech: Mechanisms, dp: int, orders: tuple[str, ...], build: Callable[[Mechanisms, str], Plan]
-           ) -> tuple[Plan, Pick, int]:
-    """The fastest candidate's plan (built by `build` from a resolved Mechanisms and its turn order), its pick,
-    and how many
+def choose(mech: Mechanisms, dp: int, orders: tuple[str, ...], build: Callable[[Mechanisms, Pick], Plan],
+           sidecars: tuple[str, ...] = ("",)) -> tuple[Plan, Pick, int]:
+    """The fastest candidate's plan (built by `build` from a resolved Mechanisms and the pick, for its turn
+    order and sidecar), its pick, and how many
     distinct plans were simulated (candidates whose plans coincide, e.g. the warm-up where it asks for no
     extra microbatch or greedy placement on equal DCs, are simulated once and the simpler one kept)."""
     best: tuple[float, Plan, Pick] | None = None
     seen: set[str] = set()
     failed: SpecError | None = None
-    for pick in candidates(mech, dp, orders):
+    for pick in candidates(mech, dp, orders, sidecars):
         try:
-            plan = build(resolved(mech, pick), pick.order)
+            plan = build(resolved(mech, pick), pick)
         except SpecError as e:  # e.g. a placement that does not fit: the other candidates may
             failed = failed or e
             continue
@@ -148,7 +153,8 @@ def choose(mech: Mechanisms, dp: int, orders: tuple[str, ...], build: Callable[[
 def label(plan: Plan, pick: Pick, base_connections: int) -> str:
     """The mechanisms a plan uses, as the summary's `mechanisms` column: `;`-separated, links as `a-b` joined
     by `|`, e.g. `greedy;mtcp=useast-uscentral|uscentral-uswest;turns=useast-uscentral;replica-order;stagger;warmup`
-    (`replica-order`: turns in the fixed replica order, else the earliest microbatch first).
+    (`replica-order`: turns in the fixed replica order, else the earliest microbatch first; `reactive`: the
+    chosen handovers wait for the workers' notices, where the spec left the sidecar to the plan).
     Striping names the links where it adds connections, turns the WAN links the pipelines use. A candidate
     whose plan is the same as a simpler one's is never chosen (choose), so greedy, stagger and the warm-up
     appear only where they change the plan (another placement, offsets, extra microbatches)."""
@@ -163,6 +169,8 @@ def label(plan: Plan, pick: Pick, base_connections: int) -> str:
         parts.append("turns=" + "|".join(used))
         if pick.order == "replica":
             parts.append("replica-order")
+        if pick.sidecar == "reactive":
+            parts.append("reactive")
     if pick.stagger:
         parts.append("stagger")
     if pick.warmup:
