@@ -269,7 +269,7 @@ def plannable(exp: Experiment, scheduler: str, dp: int | None = None) -> None:
             build_fixed(exp, scheduler, resolved(mech, pick), dp=dp)
             return
         except SpecError as e:
-            failed = failed or e
+            failed = e  # as choose: the last candidate's message
     assert failed is not None
     raise failed
 

@@ -135,7 +135,7 @@ def choose(mech: Mechanisms, dp: int, orders: tuple[str, ...], build: Callable[[
         try:
             plan = build(resolved(mech, pick), pick)
         except SpecError as e:  # e.g. a placement that does not fit: the other candidates may
-            failed = failed or e
+            failed = e  # the last: the candidate with most mechanisms (greedy placement's message for atlas)
             continue
         key = fingerprint(plan)
         if key in seen:
