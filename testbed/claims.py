@@ -5,7 +5,10 @@ A card (experiments/claims/*.yaml) names an experiment, a search space over any 
 (every combination, or a seeded random sample of them), and a metric computed per point:
 
 - `speedup`: the baseline's iteration time over the scheduler's (`baseline: best` is the fastest
-  baseline at that point: any scheduler that is neither Atlas nor takes turns, see mechanisms.is_baseline);
+  baseline at that point: any scheduler that is neither Atlas nor takes turns, see mechanisms.is_baseline,
+  of any family). Iteration times are compared per token of synchronous training: a family that needs more
+  tokens for the same loss (DiLoCo, Streaming DiLoCo: the summary's token_efficiency < 1) counts its
+  iteration time over its token efficiency;
 - `value`: one summary column of the scheduler;
 - `gain`: the scheduler's column over the baseline's, minus one.
 
@@ -32,8 +35,11 @@ from testbed.spec.load import _read_yaml, experiment_data, set_dotted, validate
 from testbed.spec.topology import Strict
 
 CLAIMS_HEADER = ("claim", "source", "published", "ours", "unit", "accept", "verdict", "where", "baseline",
-                 "points", "settings", "assumptions")
-POINTS_HEADER = ("claim", "point", "value", "scheduler_s", "baseline", "baseline_s", "kept")
+                 "baseline_family", "points", "settings", "assumptions")
+POINTS_HEADER = ("claim", "point", "value", "scheduler_s", "baseline", "baseline_family", "baseline_s", "kept")
+# the family of each scheduler base (docs/families.md): a claim names its baseline's
+FAMILIES = {"pp-wan": "pipeline across DCs", "pp-1tcp": "pipeline across DCs", "atlas": "pipeline across DCs (Atlas)",
+            "dp-wan": "DP across DCs", "diloco": "DiLoCo", "streaming-diloco": "Streaming DiLoCo"}
 OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq}
 
 
@@ -134,6 +140,19 @@ def card_points(card: ClaimCard, path: Path, extra: list[str] | None = None,
     return out
 
 
+def family(scheduler: str) -> str:
+    """The family of a scheduler (its base: `pp-wan+mtcp` is a pipeline across DCs)."""
+    return next(f for base, f in sorted(FAMILIES.items(), key=lambda kv: -len(kv[0])) if scheduler.startswith(base))
+
+
+def per_token(row: dict, column: str) -> float:
+    """The row's `column`, and for iteration_s its time per synchronous-training token's worth of progress:
+    over the family's token efficiency (1 for synchronous families, below 1 for DiLoCo-like ones)."""
+    v = float(row[column])
+    eff = row.get("token_efficiency")
+    return v / float(eff) if column == "iteration_s" and eff not in ("", None) and float(eff) > 0 else v
+
+
 def point_value(card: ClaimCard, rows: list[dict]) -> tuple[float | None, dict | None, dict | None, bool]:
     """The metric at one point: (value, scheduler row, baseline row, kept by `where`)."""
     by = {r["scheduler"]: r for r in rows if r.get("iteration_s") not in ("", None)}
@@ -149,16 +168,16 @@ def point_value(card: ClaimCard, rows: list[dict]) -> tuple[float | None, dict |
             if not cands:
                 raise SpecError(f"{card.name}.metric.baseline", "the experiment has no baseline scheduler",
                                 "add pp-wan (or another non-Atlas scheduler) to its schedulers")
-            base = min(cands, key=lambda r: (float(r["iteration_s"]), r["scheduler"]))
+            base = min(cands, key=lambda r: (per_token(r, "iteration_s"), r["scheduler"]))
         elif m.baseline in by:
             base = by[m.baseline]
         else:
             raise SpecError(f"{card.name}.metric.baseline", f"{m.baseline!r} is not among the experiment's schedulers",
                             "use one of them, or best")
     if m.kind == "speedup":
-        value = float(base[m.column]) / float(row[m.column])
+        value = per_token(base, m.column) / per_token(row, m.column)
     elif m.kind == "gain":
-        value = float(row[m.column]) / float(base[m.column]) - 1
+        value = per_token(row, m.column) / per_token(base, m.column) - 1
     else:
         value = float(row[m.column])
     kept = True
@@ -209,7 +228,7 @@ def run_card(path: Path, jobs: int | None = None, extra: list[str] | None = None
         for c, (d, point) in zip(todo, card_points(card, path, extra, todo), strict=True):
             d["timeline"] = "none"
             exp = validate(Experiment, d, card.name)
-            if feasible(exp):
+            if feasible(exp, card_schedulers(card)):
                 points.append((c, exp, point))
             else:
                 seen[c] = None
@@ -240,7 +259,8 @@ def run_card(path: Path, jobs: int | None = None, extra: list[str] | None = None
     label = {c: ";".join(f"{k}={Path(v).stem if k == 'topology' else v}" for k, v in zip(card.space, c, strict=True))
              for c in seen}
     rows = [(card.name, label[c], _num(v[0]), v[2]["iteration_s"], v[3]["scheduler"] if v[3] else "",
-             v[3]["iteration_s"] if v[3] else "", int(v[1])) for c, v in seen.items() if v is not None]
+             family(v[3]["scheduler"]) if v[3] else "", v[3]["iteration_s"] if v[3] else "", int(v[1]))
+            for c, v in seen.items() if v is not None]
     ours = seen[best][0] if best is not None else None
     base = seen[best][3] if best is not None else None
     settings = "; ".join([*card.set, *(f"{k} in {v}" for k, v in card.space.items())]
@@ -250,21 +270,30 @@ def run_card(path: Path, jobs: int | None = None, extra: list[str] | None = None
     n_out = len(seen) - n_fit
     row = (card.name, card.source, card.published, _num(ours), card.unit, f"{card.accept[0]:g}-{card.accept[1]:g}",
            verdict(card, ours), label[best] if best is not None else "no point met the card's conditions",
-           base["scheduler"] if base else "", f"{n_fit} (+{n_out} that do not fit)" if n_out else n_fit, settings,
+           base["scheduler"] if base else "", family(base["scheduler"]) if base else "",
+           f"{n_fit} (+{n_out} that do not fit)" if n_out else n_fit, settings,
            " | ".join(card.assumptions))
     return row, rows
 
 
-def feasible(exp) -> bool:
-    """Every scheduler of the point can be planned (the job fits its GPUs' memory and the DCs)."""
-    from testbed.plan.build import build_plan
+def feasible(exp, needed: tuple[str, ...] = ()) -> bool:
+    """The point can be planned (the job fits its GPUs' memory and the DCs) for every scheduler of the
+    experiment, or with `needed` for those only (a card's own schedulers: a baseline of another family that
+    does not fit, e.g. whole pipelines in a DC too small for one, is left out of `best` at that point)."""
+    from testbed.plan.build import plannable
 
     try:
-        for sched in exp.schedulers:
-            build_plan(exp, sched)
+        for sched in needed or exp.schedulers:
+            plannable(exp, sched)
     except SpecError:
         return False
     return True
+
+
+def card_schedulers(card: ClaimCard) -> tuple[str, ...]:
+    """The schedulers a card's metric needs at every point: its scheduler and a named baseline."""
+    m = card.metric
+    return (m.scheduler,) if m.kind == "value" or m.baseline == "best" else (m.scheduler, m.baseline)
 
 
 def _better(aggregate: str, a: float, b: float) -> bool:

@@ -458,7 +458,9 @@ CLAIMS = CsvFile("claims.csv", "`testbed claims`, `make claims`", "one row per c
     ("accept", "", "the range of `ours` the card accepts as reproducing the claim"),
     ("verdict", "", "`reproduced`, `not reproduced`, or `different regime` (the setting cannot be the source's)"),
     ("where", "", "the point of the space where `ours` was found"),
-    ("baseline", "", "the scheduler `ours` is measured against at that point (`best`: the fastest baseline)"),
+    ("baseline", "", "the scheduler `ours` is measured against at that point (`best`: the fastest baseline of any "
+                     "family, per token of synchronous training)"),
+    ("baseline_family", "", "the baseline's family: pipeline across DCs, DP across DCs, DiLoCo, Streaming DiLoCo"),
     ("points", "", "points simulated (and those left out because a plan does not fit)"),
     ("settings", "", "the card's settings and searched space"),
     ("assumptions", "", "what the card assumes where the source is silent"),
@@ -470,6 +472,7 @@ CLAIM_POINTS = CsvFile("claims_points.csv", "`testbed claims`", "one row per cla
     ("value", "", "the card's metric at the point"),
     ("scheduler_s", "s", "the claimed scheduler's iteration time"),
     ("baseline", "", "the baseline at the point"),
+    ("baseline_family", "", "its family"),
     ("baseline_s", "s", "the baseline's iteration time"),
     ("kept", "", "1 if the point meets the card's `where` conditions"),
 ))

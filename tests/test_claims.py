@@ -6,7 +6,7 @@ import csv
 
 import pytest
 
-from testbed.claims import ClaimCard, card_points, load_card, point_value, run_claims, verdict
+from testbed.claims import ClaimCard, card_points, family, load_card, point_value, run_claims, verdict
 from testbed.errors import SpecError
 from tests.conftest import ROOT
 
@@ -26,6 +26,21 @@ def card(**kw) -> ClaimCard:
 def test_best_baseline_is_the_fastest_scheduler_that_neither_is_atlas_nor_takes_turns():
     value, row, base, kept = point_value(card(), ROWS)
     assert base["scheduler"] == "pp-wan+mtcp" and value == pytest.approx(2.0) and kept
+
+
+def test_the_best_baseline_is_taken_over_every_family_per_token_of_synchronous_training():
+    slow = {"scheduler": "diloco", "iteration_s": 1.2, "token_efficiency": 0.3}  # 4.0 s per synchronous step
+    assert point_value(card(), [*ROWS, slow])[2]["scheduler"] == "pp-wan+mtcp"
+    fast = {"scheduler": "streaming-diloco", "iteration_s": 1.2, "token_efficiency": 0.6}  # 2.0 s
+    value, _, base, _ = point_value(card(), [*ROWS, slow, fast])
+    assert base["scheduler"] == "streaming-diloco" and value == pytest.approx(2.0 / 1.5)
+
+
+def test_each_baseline_is_named_with_its_family():
+    assert family("pp-wan+greedy+mtcp+warmup") == family("pp-1tcp") == "pipeline across DCs"
+    assert family("dp-wan") == family("dp-wan-overlap") == "DP across DCs"
+    assert (family("diloco"), family("streaming-diloco")) == ("DiLoCo", "Streaming DiLoCo")
+    assert family("atlas-temporal") == "pipeline across DCs (Atlas)"
 
 
 def test_gain_value_and_where():

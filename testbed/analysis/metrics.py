@@ -136,6 +136,8 @@ def summary_row(plan: Plan, tl: Timeline, lower_bound_s: float, sweep: dict, bub
         "sweep": ";".join(f"{k}={v}" for k, v in sweep.items()),
         "degraded": degraded,
         "status": "ok",
+        # the mechanisms the plan chose (plan/choose.py), on rows whose scheduler leaves them to it
+        **({"mechanisms": plan.meta["mechanisms"]} if "mechanisms" in plan.meta else {}),
     }
 
 

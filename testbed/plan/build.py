@@ -12,11 +12,12 @@ from testbed.errors import NotYetError, SpecError
 from testbed.net.links import NetPlan
 from testbed.net.units import gbps_to_bytes_s
 from testbed.plan.buckets import bucket_bytes
+from testbed.plan.choose import Pick, candidates, choose, label, resolved, turn_orders
 from testbed.plan.diloco import resolve as resolve_diloco
 from testbed.plan.efficiency import token_efficiency
 from testbed.plan.layers import chunk_layers, empty_chunk, stage_layers
 from testbed.plan.mechanisms import Mechanisms, parse_scheduler
-from testbed.plan.network import link_plans, lower_network
+from testbed.plan.network import boundary_connections, link_plans, lower_network
 from testbed.plan.placement import place
 from testbed.plan.plan import IntraDC, Plan
 from testbed.plan.schedules import build_schedule, check_interleaving
@@ -215,9 +216,58 @@ def build_plan(
     counts: list[int] | None = None, built: NetPlan | None = None,
 ) -> Plan:
     """`order` pins the pipeline's DC chain and `counts` its stages per DC (DC selection); by default the
-    scheduler's placement decides. `built`: the network as the emulator builds it (testbed/plan/network.py
-    lower_network with its k), whose windows and turns the plan models; None for a simulation."""
+    scheduler's placement decides. Mechanisms the scheduler leaves to the plan (atlas) are chosen by
+    simulating each candidate set (plan/choose.py). `built`: the network as the emulator builds it
+    (testbed/plan/network.py lower_network with its k), whose windows and turns the plan models; None for a
+    simulation."""
     mech = parse_scheduler(scheduler)
+    if not mech.auto:
+        return build_fixed(exp, scheduler, mech, run_id, dp, order, counts, built)
+    w = exp.workload
+    dp = dp or resolve_dp(exp)
+    m = max(1, w.global_batch // (w.microbatch * dp))
+    orders = turn_orders(exp.network.turn_order, dp, m, w.schedule)
+
+    # the handover is searched where the spec leaves it and the plan would be predictive (BubbleTea: reactive)
+    sidecars = ("predictive", "reactive") if plan_sidecar(exp.network.sidecar, mech) == "predictive" \
+        and exp.network.sidecar == "auto" else ("",)
+
+    def build(resolved: Mechanisms, pick: Pick) -> Plan:
+        plan = build_fixed(exp, scheduler, resolved, run_id, dp, order, counts, built)
+        if resolved.temporal:
+            plan.turn_policy = pick.order
+            plan.sidecar = pick.sidecar or plan.sidecar
+        return plan
+
+    plan, pick, _ = choose(mech, dp, orders, build, sidecars)
+    plan.meta["mechanisms"] = label(plan, pick, boundary_connections(mech, w.tp, exp.network))
+    return plan
+
+
+def plannable(exp: Experiment, scheduler: str, dp: int | None = None) -> None:
+    """Raises the plan's SpecError where `scheduler` cannot be planned (memory, DCs); for one that leaves
+    mechanisms to the plan, where no candidate can. Builds plans only, simulates none."""
+    mech = parse_scheduler(scheduler)
+    if not mech.auto:
+        build_fixed(exp, scheduler, mech, dp=dp)
+        return
+    dp = dp or resolve_dp(exp)
+    failed: SpecError | None = None
+    for pick in candidates(mech, dp, ("replica",)):
+        try:
+            build_fixed(exp, scheduler, resolved(mech, pick), dp=dp)
+            return
+        except SpecError as e:
+            failed = e  # as choose: the last candidate's message
+    assert failed is not None
+    raise failed
+
+
+def build_fixed(exp: Experiment, scheduler: str, mech: Mechanisms, run_id: str = "run", dp: int | None = None,
+                order: list[str] | None = None, counts: list[int] | None = None, built: NetPlan | None = None
+                ) -> Plan:
+    """The plan of a fixed composition of mechanisms (`mech` with nothing left to choose) on the network
+    `built` (as build_plan)."""
     w, topo = exp.workload, exp.topology
     model = resolve_model(w.model, w.seq_len)
     check_workload(exp, model)
@@ -303,6 +353,7 @@ def finish_plan(plan: Plan, exp: Experiment) -> Plan:
         check_period(plan)
     plan.token_efficiency = token_efficiency(mech.outer, len(plan.dcs_used()), plan.diloco, w.token_efficiency)
     plan.turn_policy = turn_policy(exp.network.turn_order, plan)
+    plan.sidecar = plan_sidecar(exp.network.sidecar, mech)
     return plan
 
 
@@ -347,6 +398,16 @@ def warmup_extra(mech: Mechanisms, w, topo: Topology, row: list[str], ref: list,
     trips, busy = wan_round_trips(row, [c.act_bytes for c in ref], links, dp)
     return latency_warmup([c.fwd_s + c.bwd_s for c in ref], trips, free, [c.act_gb_per_microbatch for c in ref],
                           m, w.schedule, busy)
+
+
+def plan_sidecar(option: str, mech: Mechanisms) -> str:
+    """`network.sidecar` for this plan. `auto` is predictive, except with BubbleTea: its realised run
+    (sim/realised.py) delivers each arrival as an event of its own, and with handovers at the very instant a
+    transfer is issued or done its training drifts from the bubbles taken from the plain run (2.7 % slower
+    without noise on emu-bubbletea), so BubbleTea keeps the reactive sidecar until that is found."""
+    if option == "auto":
+        return "reactive" if mech.bubbletea else "predictive"
+    return option
 
 
 def check_memory(stage_dc: list[list[str]], topo: Topology, by_gpu: dict) -> None:
@@ -410,6 +471,8 @@ def weight_grad_s(c, layers: int, last: bool, recompute: str) -> float:
     the last stage. The rest of the backward (the input gradient, its all-reduces, any recomputation) is B."""
     ar = c.tp_comm_s / (6 if recompute == "full" else 4)  # costs/stage.py: 4 all-reduces, 6 with full recompute
     return layers * (c.fwd_s - 2 * ar) + (c.head_fwd_s if last else 0.0)
+
+
 def check_period(plan: Plan) -> None:
     """A sync period's stage microbatches, as the simulator runs them (one replica per DC), within its bound."""
     n = len(plan.dcs_used()) * plan.microbatches * plan.pp * plan.steps_per_program

@@ -34,13 +34,19 @@ class Mechanisms:
     # outer gradient over the WAN ("diloco": the whole model at once; "streaming": fragments in turn, each sync
     # overlapping the next inner steps); "" = synchronous training
     outer: Outer = ""
+    # mechanisms the plan decides per link and regime (plan/choose.py): the atlas base leaves it every one of
+    # AUTO_ALL; a +/- modifier pins its own. The fields above are then the defaults the rules override.
+    auto: frozenset[str] = frozenset()
+
+
+AUTO_ALL = frozenset({"greedy", "mtcp", "temporal", "stagger", "warmup"})
 
 
 BASES: dict[str, Mechanisms] = {
     "dp-wan": Mechanisms("dp-wan", multi_tcp=False, temporal=False, stagger=False, overlap=True),
     "pp-wan": Mechanisms("pp-even", multi_tcp=False, temporal=False, stagger=False),
     "pp-1tcp": Mechanisms("pp-even", multi_tcp=False, temporal=False, stagger=False, transport="one"),
-    "atlas": Mechanisms("atlas", multi_tcp=True, temporal=True, stagger=True, warmup=True),
+    "atlas": Mechanisms("atlas", multi_tcp=True, temporal=True, stagger=True, warmup=True, auto=AUTO_ALL),
     "diloco": Mechanisms("dp-wan", multi_tcp=False, temporal=False, stagger=False, outer="diloco"),
     "streaming-diloco": Mechanisms("dp-wan", multi_tcp=False, temporal=False, stagger=False, outer="streaming"),
 }
@@ -49,7 +55,8 @@ BASE_HELP = {
               "reduce-scatter overlapped with the backward, hierarchical over the WAN",
     "pp-wan": "Megatron-LM's pipeline across DCs over NCCL sockets (tp streams per boundary, NCCL's sockets each)",
     "pp-1tcp": "a pipeline across DCs over one TCP connection per stage boundary",
-    "atlas": "Atlas: greedy placement, multi-TCP, temporal sharing with stagger, latency-aware warm-up",
+    "atlas": "Atlas: greedy placement, multi-TCP, temporal sharing with stagger, latency-aware warm-up, each used "
+             "where the plan says it pays (plan/choose.py)",
     "diloco": "DiLoCo: whole pipelines inside each DC train H inner steps, then the outer gradient is averaged "
               "across DCs over the WAN",
     "streaming-diloco": "Streaming DiLoCo: DiLoCo whose model fragments sync in turn, overlapping inner steps, with "
@@ -65,6 +72,11 @@ MODIFIERS: dict[str, tuple[dict[str, object], dict[str, object]]] = {
     "bubbletea": ({"bubbletea": True}, {"bubbletea": False}),
     "overlap": ({"overlap": True}, {"overlap": False}),
 }
+# the mechanisms each modifier pins (takes away from the plan's choice)
+PINS: dict[str, frozenset[str]] = {"mtcp": frozenset({"mtcp"}), "temporal": frozenset({"temporal", "stagger"}),
+                                   "stagger": frozenset({"stagger"}), "greedy": frozenset({"greedy"}),
+                                   "warmup": frozenset({"warmup"}), "bubbletea": frozenset(),
+                                   "overlap": frozenset()}
 _NAME = re.compile(r"^(?P<base>" + "|".join(map(re.escape, sorted(BASES, key=len, reverse=True)))
                    + r")(?P<mods>(?:[+-][a-z0-9]+)*)$")
 
@@ -94,7 +106,7 @@ def parse_scheduler(name: str) -> Mechanisms:
         if mech.outer and m in ("temporal", "warmup", "bubbletea"):
             raise ValueError(f"{name!r}: {sign}{m} is not built for {match['base']} (its WAN carries outer "
                              "gradients only); use +mtcp or no mechanism")
-        mech = replace(mech, **(on if sign == "+" else off))  # type: ignore[arg-type]
+        mech = replace(mech, **(on if sign == "+" else off), auto=mech.auto - PINS[m])  # type: ignore[arg-type]
     if mech.stagger and not mech.temporal:
         raise ValueError(f"{name!r}: +stagger interleaves turns; it needs +temporal")
     if mech.outer and mech.overlap:

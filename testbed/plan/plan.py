@@ -74,6 +74,7 @@ class Plan:
     replica_offset_s: list[float]
     turn_order: list[int]  # replicas in the order they take turns on a WAN link
     turn_policy: str = "replica"  # which transfer goes first on a link under temporal sharing (turn_key)
+    sidecar: str = "predictive"  # how turns hand over: from the plan ("predictive") or from notices ("reactive")
     nccl_sockets: int = 1  # TCP connections per NCCL channel (dp-wan's all-reduce rings)
     hosts: dict[str, int] = field(default_factory=dict)  # dc -> emulated hosts (groups go to host r % hosts)
     ideal_wan: bool = False  # lower-bound run: WAN transfers cost what intra-DC ones do

@@ -106,6 +106,17 @@ def changed_iterations(wan: WanSchedule, runs: list[list[float]]) -> tuple[int, 
     return (min(found), max(found)) if found else (0, -1)
 
 
+def emulated_experiment(exp: Experiment) -> Experiment:
+    """The experiment as the emulator runs it: the Atlas sidecar reactive (the emulated sidecar hears the workers'
+    notices; `network.sidecar: predictive` is not yet emulated), so the simulator's prediction of an emulated run
+    hands turns over as the emulated run does. Its windows and turns come from the network built
+    (`build_plan(..., built=emu.net)`)."""
+    if exp.network.sidecar == "predictive":
+        raise NotYetError("network.sidecar: predictive on the emulated WAN (its sidecar reacts to the workers' "
+                          "notices): use auto or reactive")
+    return exp.model_copy(update={"network": exp.network.model_copy(update={"sidecar": "reactive"})})
+
+
 def assess(plan, run, iteration_s: float, limit: float) -> tuple[dict[str, object], str]:
     """The run's timing-health columns (testbed/emu/health.py) and why it is degraded ("" if it is not): the
     other causes the run reported, then its timing error over `limit` or the WAN's drops."""
@@ -222,6 +233,7 @@ def size_to_machine(points: list[tuple[Experiment, dict]], timing_budget: float,
                     point))
     exp = out[0][0]
     try:
+        exp = emulated_experiment(exp)
         dp = resolve_dp(exp)
         for sched in exp.schedulers:
             plan = build_plan(exp, sched, dp=dp, built=lower_network(exp.topology, exp.emulation.scale))
@@ -242,6 +254,7 @@ def preflight(points: list[tuple[Experiment, dict]]) -> None:
         try:
             scale = exp.emulation.scale or auto_scale(exp.topology)
             check_scale(exp.topology, scale, lan_gpus_per_host=exp.workload.tp)
+            exp = emulated_experiment(exp)
             dp, built = resolve_dp(exp), lower_network(exp.topology, scale)
             for sched in exp.schedulers:
                 plan = build_plan(exp, sched, dp=dp, built=built)
@@ -275,6 +288,7 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
     links). A run whose timing error (testbed/emu/health.py) exceeds `timing_budget` is marked degraded."""
     em = exp.emulation
     scale = em.scale or auto_scale(exp.topology)
+    exp = emulated_experiment(exp)
     dp = resolve_dp(exp)
     exp = host_per_group(exp, dp)
     out = PointResult()

@@ -242,6 +242,7 @@ def write_outputs(out: Path, results: list[RunResult]) -> list[Path]:
               + (KV_EMU_COLUMNS if any("kv_not_arrived" in r.summary for r in results) else ())
               + (FILL_COLUMNS if any("fill_util" in r.summary for r in results) else ())
               + (("wan_stall_s",) if any("wan_stall_s" in r.summary for r in results) else ())
+              + (("mechanisms",) if any("mechanisms" in r.summary for r in results) else ())
               + (SLOWDOWN_EMU_COLUMNS if any("train_slowdown_vs_alone" in r.summary for r in results) else ())
               + (HEALTH_COLUMNS if any("timing_error" in r.summary for r in results) else ()))
     write_csv(paths[0], header, ([r.summary.get(k, "") for k in header] for r in results))

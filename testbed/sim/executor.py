@@ -469,7 +469,7 @@ class Simulation(SyncCollectives):
         key = self.turn_key(i, self.turn_rank[k], kind, self.now)
         pipe.append([kind, i, nbytes, self.now, nbytes, key, idx])  # [4]: bytes not yet sent
         if self.links[link].temporal:
-            self.push(self.now + SIDECAR_REACTION_S, self._sidecar, link, self.reps[k], key, True)
+            self._notice(link, self.reps[k], key, True, self.now)
         lag = self.lag.pop((src, dst), 0.0) if self.lag else 0.0
         if lag > 0:  # the first frames of the replicas before it go first
             self.push(self.now + lag, self._send_head, src, dst, link)
@@ -481,6 +481,15 @@ class Simulation(SyncCollectives):
         transfers there that it knows to be in flight (from the start notice until the end notice)."""
         keys = self.known.get((link, r))
         return (min(keys), r) if keys else (IDLE_RANK, r)
+
+    def _notice(self, link: tuple[str, str], r: int, key: tuple, start: bool, heard: float) -> None:
+        """A transfer on a link that takes turns starts (`start`) or ends. The predictive sidecar knows it from the
+        plan's schedule and hands the link over now; the reactive one hears the worker's notice at `heard` (the
+        sender's as it issues, the receiver's once the last byte arrived) and acts SIDECAR_REACTION_S later."""
+        if self.p.sidecar == "predictive":
+            self._sidecar(link, r, key, start)
+        else:
+            self.push(heard + SIDECAR_REACTION_S, self._sidecar, link, r, key, start)
 
     def _sidecar(self, link: tuple[str, str], r: int, key: tuple, start: bool) -> None:
         """A notice reaches the sidecar: re-rank the replica's flows on the link."""
@@ -544,8 +553,8 @@ class Simulation(SyncCollectives):
         self.out.append((src, "send", i, t_issue, now, head[2]))
         self.out.append((dst, "recv", i, t_issue, arrive, head[2]))
         self._deliver(dst, head[6], arrive)
-        if link.temporal:  # the receiver's end notice
-            self.push(arrive + SIDECAR_REACTION_S, self._sidecar, key, self.replica(src), head[5], False)
+        if link.temporal:  # the receiver's end notice (predicted: as the last byte leaves)
+            self._notice(key, self.replica(src), head[5], False, arrive)
         pipe.popleft()
         if pipe:
             self._send_head(src, dst, key)
