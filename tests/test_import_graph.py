@@ -52,6 +52,9 @@ ALLOWED = {
     # a spec validates GPU names against the zoo and registers its own GPUs and calibration there
     ("testbed.spec.topology", "testbed.costs.gpus"),
     ("testbed.spec.experiment", "testbed.costs.calibration"),
+    # Atlas's choice of mechanisms simulates each candidate plan (plan/choose.py), as its placement heuristic does:
+    # until the choice moves above the simulator (runs/) with build_plan's callers
+    ("testbed.plan.choose", "testbed.sim.executor"),
 }
 
 

@@ -19,16 +19,10 @@ from testbed.plan.layers import chunk_layers, empty_chunk, stage_layers
 from testbed.plan.mechanisms import Mechanisms, parse_scheduler
 from testbed.plan.network import boundary_connections, link_plans, lower_network
 from testbed.plan.placement import place
-from testbed.plan.plan import IntraDC, Plan
+from testbed.plan.plan import MAX_STAGE_MICROBATCHES, IntraDC, Plan
 from testbed.plan.schedules import build_schedule, check_interleaving
 from testbed.spec.experiment import Experiment
 from testbed.spec.topology import Topology
-
-# (stage, microbatch) pairs in one replica's program: the simulator runs at least one replica's whole program
-# (testbed/sim/aggregate.py stands one replica for many, not one microbatch for many), and past this many replicas
-# x stages x microbatches it simulates replicas taking turns in blocks; 250,000 holds a 110,592-GPU job
-# (dp 864, pp 16, 16 microbatches) simulated replica by replica in seconds (docs/simulator-speed.md)
-MAX_STAGE_MICROBATCHES = 250_000
 
 
 def check_workload(exp: Experiment, model: ModelConfig) -> None:

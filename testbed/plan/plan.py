@@ -13,6 +13,12 @@ from testbed.plan.mechanisms import Mechanisms
 from testbed.plan.period import DiLoCoPlan
 from testbed.plan.schedules import Action
 
+# (stage, microbatch) pairs in one replica's program: the simulator runs at least one replica's whole program
+# (testbed/sim/aggregate.py stands one replica for many, not one microbatch for many), and past this many replicas
+# x stages x microbatches it simulates replicas taking turns in blocks; 250,000 holds a 110,592-GPU job
+# (dp 864, pp 16, 16 microbatches) simulated replica by replica in seconds (docs/simulator-speed.md)
+MAX_STAGE_MICROBATCHES = 250_000
+
 
 @dataclass(frozen=True)
 class LinkPlan:

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import math
 
-from testbed.plan.build import MAX_STAGE_MICROBATCHES
-from testbed.plan.plan import Plan
+from testbed.plan.plan import MAX_STAGE_MICROBATCHES, Plan
 
 # (replica, stage, microbatch) triples the full event simulation runs when every replica is its own: 250,000 holds
 # a 110,592-GPU job (dp 864, pp 16, 16 microbatches) in about 5 CPU seconds for Atlas
