@@ -186,8 +186,12 @@ def main() -> int:
             alive = range(lc.count - 1)
         clean = subprocess.run(["docker", "exec", "-w", str(ROOT), lc.name(0), *testbed_argv(), "clean", "--cluster",
                                 str(out / "cluster.yaml"), "--prefix", args.prefix], capture_output=True, text=True)
-        if clean.returncode != 0:
-            failures.append(f"testbed clean --cluster failed: {clean.stdout.strip()[-300:]}")
+        said = (clean.stdout + clean.stderr).strip()
+        named = said.split("not cleaned:", 1)[1] if "not cleaned:" in said else ""
+        # the killed machine cannot be cleaned: clean may say so, naming it and no other, after cleaning the rest
+        if clean.returncode != 0 and (len(alive) == lc.count or not named
+                                      or any(f"machine m{i} " in named for i in alive)):
+            failures.append(f"testbed clean --cluster failed: {said[-300:]}")
         failures += [f"left over: {x}" for x in leftovers(lc, alive)]
     failures += [f"left over: {x}" for x in stop(lc)]
     print(f"the demo took {time.monotonic() - t0:.0f} s (load {os.getloadavg()[0]:.1f}); wrote {out}/cluster-demo.csv")

@@ -630,7 +630,7 @@ def _cluster_clean(cluster_path: Path, prefix: str | None, force: bool, images: 
     if images:
         raise NotYetError("--images with --cluster: not yet; remove images on each machine")
     try:
-        removed = driver.clean(load_cluster(cluster_path), prefix, force)
+        removed, errors = driver.clean(load_cluster(cluster_path), prefix, force)
     finally:
         driver.shutdown()
     for machine, items in removed.items():
@@ -639,6 +639,8 @@ def _cluster_clean(cluster_path: Path, prefix: str | None, force: bool, images: 
     total = sum(len(v) for v in removed.values())
     console.print(f"clean on {len(removed)} machine(s)" if not total else f"removed {total} item(s) on "
                   f"{len(removed)} machine(s)")
+    if errors:
+        raise EmuError(f"not cleaned: {errors[0]}" + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
 
 
 def _warn(text: str) -> None:

@@ -35,6 +35,14 @@ def _ray():
 
 def connect(cluster: Cluster) -> list[Machine]:
     """Join the Ray cluster; the machines, each checked to be an alive node (default: every alive node)."""
+    machines, gone = reachable(cluster)
+    if gone:
+        raise EmuError(gone[0])
+    return machines
+
+
+def reachable(cluster: Cluster) -> tuple[list[Machine], list[str]]:
+    """Join the Ray cluster; the listed machines that are alive nodes, and a line naming each one that is not."""
     ray = _ray()
     if not ray.is_initialized():
         try:
@@ -44,12 +52,11 @@ def connect(cluster: Cluster) -> list[Machine]:
                            f"(ray start --address HEAD:6379 there)") from None
     nodes = sorted(n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"])
     if not cluster.machines:
-        return [Machine(name=f"m{i}", address=ip) for i, ip in enumerate(nodes)]
-    for m in cluster.machines:
-        if m.address not in nodes:
-            raise EmuError(f"machine {m.name} ({m.address}) is not an alive node of the Ray cluster (nodes: "
-                           f"{', '.join(nodes) or 'none'}); start Ray there: ray start --address HEAD:6379")
-    return list(cluster.machines)
+        return [Machine(name=f"m{i}", address=ip) for i, ip in enumerate(nodes)], []
+    listed = ", ".join(nodes) or "none"
+    gone = [f"machine {m.name} ({m.address}) is not an alive node of the Ray cluster (nodes: {listed}); start Ray "
+            f"there: ray start --address HEAD:6379" for m in cluster.machines if m.address not in nodes]
+    return [m for m in cluster.machines if m.address in nodes], gone
 
 
 @dataclass
@@ -300,10 +307,22 @@ def down(emu: Emulation) -> list[str]:
     return down_all(emu.backend.agents)  # type: ignore[attr-defined]
 
 
-def clean(cluster: Cluster, prefix: str | None, force: bool) -> dict[str, list[str]]:
-    """`testbed clean` on every machine: machine name -> what it removed."""
-    agents = start_agents(connect(cluster))
-    return agents.gather({n: ("clean", (prefix, force)) for n in agents.handles})
+def clean(cluster: Cluster, prefix: str | None, force: bool) -> tuple[dict[str, list[str]], list[str]]:
+    """`testbed clean` on every machine that is alive: (machine name -> what it removed, a line per machine that
+    could not be cleaned). A dead machine does not stop the others' clean-up (its kernel state died with it; files
+    under /run/gdtb stay until `testbed clean` runs there)."""
+    machines, errors = reachable(cluster)
+    removed: dict[str, list[str]] = {}
+    if not machines:
+        return removed, errors
+    for m in machines:  # one agent each: a machine that Ray still lists but that died fails alone
+        try:
+            removed[m.name] = start_agents([m]).call(m.name, "clean", prefix, force)
+        except EmuError as e:
+            errors.append(str(e))
+        except Exception as e:  # noqa: BLE001 - Ray's own errors for a node it has just marked dead
+            errors.append(f"machine {m.name} ({m.address}) died or left the cluster ({type(e).__name__})")
+    return removed, errors
 
 
 def leftovers(cluster: Cluster, prefix: str) -> dict[str, list[str]]:

@@ -34,7 +34,7 @@ def emu_rows(path: Path) -> dict[str, dict]:
             if r["source"] == "emu"}
 
 
-def test_the_same_experiment_on_docker_is_within_15_percent_of_netns(tmp_path):
+def test_the_same_experiment_on_docker_is_within_15_percent_of_netns_beyond_their_timing_error(tmp_path):
     before = snapshot()
     got = {}
     for backend in ("netns", "docker"):
@@ -44,9 +44,13 @@ def test_the_same_experiment_on_docker_is_within_15_percent_of_netns(tmp_path):
         got[backend] = emu_rows(tmp_path / backend)
     assert set(got["docker"]) == {"pp-wan", "atlas", "atlas+bubbletea"}
     for sched, row in got["docker"].items():
+        net = got["netns"][sched]
+        # 15 % beyond the timing error either run reports about itself (emulator health, issue 30): a run
+        # that says its clock was off by 30 % cannot be held to 15 %, but one that says nothing can
+        tol = 0.15 + max(float(row["timing_error"] or 0), float(net["timing_error"] or 0))
         for m in ("iteration_s", "gpu_util"):
-            ratio = float(row[m]) / float(got["netns"][sched][m])
-            assert 0.85 <= ratio <= 1.15, (sched, m, ratio)
+            ratio = float(row[m]) / float(net[m])
+            assert 1 - tol <= ratio <= 1 + tol, (sched, m, ratio, tol)
     assert float(got["docker"]["atlas+bubbletea"]["served_in_bubbles"]) > 0  # the service ran in its container
     assert float(got["docker"]["atlas"]["iteration_s"]) < float(got["docker"]["pp-wan"]["iteration_s"])
     assert snapshot() == before and ours("gdtbx") == []
