@@ -35,7 +35,7 @@ integration: venv sysdeps
 	$(BIN)/pytest -q -m integration
 
 test: venv sysdeps lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=15
 
 sim-paper: venv
 	$(TESTBED) sim experiments/paper-3dc.yaml --out $(RESULTS)/paper-3dc

@@ -630,9 +630,12 @@ def _cluster_clean(cluster_path: Path, prefix: str | None, force: bool, images: 
     if images:
         raise NotYetError("--images with --cluster: not yet; remove images on each machine")
     try:
-        removed, errors = driver.clean(load_cluster(cluster_path), prefix, force)
+        warnings: list[str] = []
+        removed, errors = driver.clean(load_cluster(cluster_path), prefix, force, warnings)
     finally:
         driver.shutdown()
+    for w in warnings:
+        _warn(w)
     for machine, items in removed.items():
         for r in items:
             console.print(f"{machine}: removed {r}", highlight=False)

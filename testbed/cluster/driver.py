@@ -307,11 +307,22 @@ def down(emu: Emulation) -> list[str]:
     return down_all(emu.backend.agents)  # type: ignore[attr-defined]
 
 
-def clean(cluster: Cluster, prefix: str | None, force: bool) -> tuple[dict[str, list[str]], list[str]]:
+def dead_nodes() -> list[str]:
+    """Addresses of the nodes Ray has marked dead (and that are not alive again under the same address)."""
+    nodes = _ray().nodes()
+    alive = {n["NodeManagerAddress"] for n in nodes if n["Alive"]}
+    return sorted({n["NodeManagerAddress"] for n in nodes if not n["Alive"]} - alive)
+
+
+def clean(cluster: Cluster, prefix: str | None, force: bool,
+          warnings: list[str]) -> tuple[dict[str, list[str]], list[str]]:
     """`testbed clean` on every machine that is alive: (machine name -> what it removed, a line per machine that
     could not be cleaned). A dead machine does not stop the others' clean-up (its kernel state died with it; files
     under /run/gdtb stay until `testbed clean` runs there)."""
     machines, errors = reachable(cluster)
+    if not cluster.machines:  # every alive node: a dead one was never named by the user, so it only warns
+        warnings.extend(f"Ray lists node {ip} as dead: not cleaned (a machine that died took its namespaces and "
+                        f"links with it; run `testbed clean` there if it comes back)" for ip in dead_nodes())
     removed: dict[str, list[str]] = {}
     if not machines:
         return removed, errors

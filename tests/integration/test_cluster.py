@@ -117,3 +117,35 @@ def test_a_training_run_across_two_machines_shapes_each_replica_on_both_halves_o
             for replica in ("0", "1"):
                 assert sent.get((link, towards, replica), 0) > 0, (link, towards, replica, sorted(sent))
     assert leftovers(lc) == []
+
+
+def test_a_machine_killed_mid_run_is_named_and_the_others_are_cleaned(machines) -> None:
+    """Last in this file: it kills m1 for good. The held run must end naming m1; `clean --cluster` must clean m0
+    and end with a one-line error naming m1 (and no other machine)."""
+    lc, out = machines
+    cmd = (f"cd {ROOT} && exec {TESTBED} topology up {TOPO} --scale 50 --prefix {PREFIX} --cluster "
+           f"{out / 'cluster.yaml'}")
+    with subprocess.Popen(["docker", "exec", lc.name(0), "sh", "-c", cmd], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True) as p:
+        deadline = time.monotonic() + 240
+        for line in p.stdout:  # type: ignore[union-attr]
+            if "is up" in line or time.monotonic() > deadline:
+                break
+        subprocess.run(["docker", "kill", lc.name(1)], check=True, stdout=subprocess.DEVNULL)
+        rest, _ = p.communicate(timeout=180)
+    assert p.returncode != 0 and "machine m1" in rest, rest[-1000:]
+    c = run_testbed(lc, "clean", "--cluster", str(out / "cluster.yaml"), "--prefix", PREFIX)  # every alive node
+    said = c.stdout + c.stderr
+    assert c.returncode == 0 and "1 machine(s)" in said, said[-1000:]
+    deadline = time.monotonic() + 60  # Ray marks the node dead after its missed heartbeats
+    while lc.address(1) not in said and time.monotonic() < deadline:
+        time.sleep(5)
+        said = (c := run_testbed(lc, "clean", "--cluster", str(out / "cluster.yaml"), "--prefix", PREFIX)).stderr
+    assert f"node {lc.address(1)} as dead: not cleaned" in said, said[-1000:]
+    listed = out / "listed.yaml"  # the machines named: the dead one is an error that names it, and only it
+    listed.write_text("machines:\n" + "".join(f"  - {{name: m{i}, address: {lc.address(i)}}}\n" for i in (0, 1)))
+    c = run_testbed(lc, "clean", "--cluster", str(listed), "--prefix", PREFIX)
+    said = c.stdout + c.stderr
+    assert c.returncode != 0 and "not cleaned: machine m1 " in said and "machine m0 " not in said, said[-1000:]
+    script = f"ip netns list | grep '^{PREFIX}-'; ip -o link show | grep -o ' {PREFIX}-[^:@]*'; true"
+    assert lc.exec(0, ["sh", "-c", script]).strip() == ""
