@@ -6,6 +6,7 @@ and a killed Atlas sidecar are tested in test_training_emulation.py."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 import random
@@ -58,6 +59,22 @@ def _kill_when_running(prefix: str, module: str, rng: random.Random, timeout_s: 
                 if "delayline" in module else f"no {module} process")
 
 
+def _rng() -> random.Random:
+    """The random kill point: CHAOS_SEED replays one."""
+    return random.Random(int(os.environ.get("CHAOS_SEED", time.time_ns() % 10**6)))
+
+
+@contextlib.contextmanager
+def _running(tmp_path: Path, prefix: str, exp: str, *sets: str):
+    """An experiment run in the background; killed on the way out if the test's fault did not end it."""
+    p = _start(tmp_path, prefix, exp, *sets)
+    try:
+        yield p
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
 def _whole_or_none(out: Path) -> None:
     """Every CSV in `out` parses whole (a header and rows of its width); no temporary file is left."""
     assert not list(out.glob(".*.tmp")), "a half-written file"
@@ -67,14 +84,9 @@ def _whole_or_none(out: Path) -> None:
 
 
 def test_a_killed_delay_line_ends_the_run_with_one_line_naming_it(tmp_path):
-    rng = random.Random(int(os.environ.get("CHAOS_SEED", time.time_ns() % 10**6)))
-    p = _start(tmp_path, "gdtbcd", "emu-3dc.yaml", "schedulers=[pp-wan]", "iterations=40")
-    try:
-        _kill_when_running("gdtbcd", "testbed.emu.delayline", rng)
+    with _running(tmp_path, "gdtbcd", "emu-3dc.yaml", "schedulers=[pp-wan]", "iterations=40") as p:
+        _kill_when_running("gdtbcd", "testbed.emu.delayline", _rng())
         _out, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
     lines = [ln for ln in err.splitlines() if ln.startswith("emulation error:")]
     assert p.returncode == 1 and len(lines) == 1 and "delay line" in lines[0] and "died" in lines[0], err
     assert "Traceback" not in err
@@ -84,14 +96,9 @@ def test_a_killed_delay_line_ends_the_run_with_one_line_naming_it(tmp_path):
 
 
 def test_a_killed_bubbletea_service_leaves_a_degraded_row_naming_it(tmp_path):
-    rng = random.Random(int(os.environ.get("CHAOS_SEED", time.time_ns() % 10**6)))
-    p = _start(tmp_path, "gdtbcb", "emu-bubbletea.yaml", "schedulers=[atlas+bubbletea]", "iterations=5")
-    try:
-        _kill_when_running("gdtbcb", "testbed.runtime.bubbletea_service", rng)
+    with _running(tmp_path, "gdtbcb", "emu-bubbletea.yaml", "schedulers=[atlas+bubbletea]", "iterations=5") as p:
+        _kill_when_running("gdtbcb", "testbed.runtime.bubbletea_service", _rng())
         _out, err = p.communicate(timeout=120)
-    finally:
-        if p.poll() is None:
-            p.kill()
     assert p.returncode == 0, err
     emu = [r for r in csv.DictReader((tmp_path / "summary.csv").read_text().splitlines()) if r["source"] == "emu"]
     assert len(emu) == 1 and "BubbleTea service" in emu[0]["degraded"], emu
@@ -101,18 +108,13 @@ def test_a_killed_bubbletea_service_leaves_a_degraded_row_naming_it(tmp_path):
 
 
 def test_a_killed_orchestrator_leaves_nothing_after_clean(tmp_path):
-    rng = random.Random(int(os.environ.get("CHAOS_SEED", time.time_ns() % 10**6)))
-    p = _start(tmp_path, "gdtbco", "emu-3dc.yaml", "schedulers=[atlas]", "iterations=40")
-    try:
+    with _running(tmp_path, "gdtbco", "emu-3dc.yaml", "schedulers=[atlas]", "iterations=40") as p:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not list((state.STATE_DIR / "gdtbco").glob("worker-*.json")):
             time.sleep(0.05)
-        time.sleep(rng.uniform(0.3, 1.5))
+        time.sleep(_rng().uniform(0.3, 1.5))
         p.send_signal(signal.SIGKILL)
         p.wait(10)
-    finally:
-        if p.poll() is None:
-            p.kill()
     assert snapshot_of("gdtbco") != EMPTY, "the killed run left its network (nothing else could remove it)"
     r = cli("clean", "--prefix", "gdtbco")
     assert r.returncode == 0, r.stderr
@@ -159,15 +161,10 @@ def _wan_down_when_running(prefix: str, rng: random.Random, timeout_s: float = 6
 
 
 def test_a_wan_link_down_past_the_tcp_user_timeout_ends_the_run_with_one_line_naming_it(tmp_path):
-    rng = random.Random(int(os.environ.get("CHAOS_SEED", time.time_ns() % 10**6)))
-    p = _start(tmp_path, "gdtbcw", "emu-3dc.yaml", "schedulers=[pp-wan]", "iterations=40",
-               "network.tcp_user_timeout_s=2")
-    try:
-        ns = _wan_down_when_running("gdtbcw", rng)
+    with _running(tmp_path, "gdtbcw", "emu-3dc.yaml", "schedulers=[pp-wan]", "iterations=40",
+               "network.tcp_user_timeout_s=2") as p:
+        ns = _wan_down_when_running("gdtbcw", _rng())
         _out, err = p.communicate(timeout=90)
-    finally:
-        if p.poll() is None:
-            p.kill()
     a, b = ns.removeprefix("gdtbcw-wan-").split("-")
     lines = [ln for ln in err.splitlines() if ln.startswith("emulation error:")]
     assert p.returncode == 1 and len(lines) == 1, err

@@ -7,6 +7,7 @@ run across the two machines counts each replica's traffic on both halves of each
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
@@ -47,6 +48,20 @@ def leftovers(lc: LocalCluster) -> list[str]:
     return [ln for i in range(lc.count) for ln in lc.exec(i, ["sh", "-c", script]).splitlines() if ln.strip()]
 
 
+@contextlib.contextmanager
+def held_up(lc: LocalCluster, out: Path):
+    """`topology up --cluster` from m0, held, its driver's pid in m0's /tmp/driver.pid; yields once it is up."""
+    cmd = (f"cd {ROOT} && echo $$ > /tmp/driver.pid && exec {TESTBED} topology up {TOPO} --scale 50 --prefix "
+           f"{PREFIX} --cluster {out / 'cluster.yaml'}")
+    with subprocess.Popen(["docker", "exec", lc.name(0), "sh", "-c", cmd], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True) as p:
+        deadline = time.monotonic() + 240
+        for line in p.stdout:  # type: ignore[union-attr]
+            if "is up" in line or time.monotonic() > deadline:
+                break
+        yield p
+
+
 def set_mtu(lc: LocalCluster, mtu: int) -> None:
     for i in range(lc.count):
         lc.exec(i, ["ip", "link", "set", "dev", "eth0", "mtu", str(mtu)])
@@ -67,14 +82,7 @@ def test_a_cluster_network_without_jumbo_frames_fails_naming_the_machine_and_lea
 
 def test_clean_cluster_removes_what_a_killed_driver_left_on_every_machine(machines) -> None:
     lc, out = machines
-    cmd = (f"cd {ROOT} && echo $$ > /tmp/driver.pid && exec {TESTBED} topology up {TOPO} --scale 50 --prefix "
-           f"{PREFIX} --cluster {out / 'cluster.yaml'}")
-    with subprocess.Popen(["docker", "exec", lc.name(0), "sh", "-c", cmd], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True) as p:
-        deadline = time.monotonic() + 240
-        for line in p.stdout:  # type: ignore[union-attr]
-            if "is up" in line or time.monotonic() > deadline:
-                break
+    with held_up(lc, out) as p:
         lc.exec(0, ["sh", "-c", "kill -9 $(cat /tmp/driver.pid)"])
         p.wait(30)
     left = leftovers(lc)
@@ -123,14 +131,7 @@ def test_a_machine_killed_mid_run_is_named_and_the_others_are_cleaned(machines) 
     """Last in this file: it kills m1 for good. The held run must end naming m1; `clean --cluster` must clean m0
     and end with a one-line error naming m1 (and no other machine)."""
     lc, out = machines
-    cmd = (f"cd {ROOT} && exec {TESTBED} topology up {TOPO} --scale 50 --prefix {PREFIX} --cluster "
-           f"{out / 'cluster.yaml'}")
-    with subprocess.Popen(["docker", "exec", lc.name(0), "sh", "-c", cmd], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True) as p:
-        deadline = time.monotonic() + 240
-        for line in p.stdout:  # type: ignore[union-attr]
-            if "is up" in line or time.monotonic() > deadline:
-                break
+    with held_up(lc, out) as p:
         subprocess.run(["docker", "kill", lc.name(1)], check=True, stdout=subprocess.DEVNULL)
         rest, _ = p.communicate(timeout=180)
     assert p.returncode != 0 and "machine m1" in rest, rest[-1000:]
