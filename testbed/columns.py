@@ -159,6 +159,9 @@ SUMMARY = CsvFile("summary.csv", "`testbed sim`, `testbed experiment run`",
     ("run_queue_max", "", "emulated: the most runnable tasks per CPU sampled"),
     ("shaping_drops", "packets", "emulated: packets the WAN links' qdiscs dropped during the run (tc -s); the "
                                  "simulator loses none, so any marks the run degraded"),
+    ("bubbletea_cpu", "share", "emulated, with BubbleTea: share of the machine's CPU time (all its CPUs, over the run) "
+                               "that BubbleTea's own processes took: the service, the decode processes, the KV "
+                               "caches' delay lines and senders (their kernel packet path not included)"),
     ("timing_error", "share", "emulated: the iteration-time error the timing above can cause: the critical path's "
                               "waits x their lateness, its WAN crossings x the delay line's lag (or 2 lag / RTT), "
                               "plus the CPU steal, over the iteration time (docs/reliability.md)"),

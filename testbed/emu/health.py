@@ -4,7 +4,9 @@ and the iteration-time error that can follow from it (the run's timing error, ag
 Measured (docs/reliability.md): how late the workers' timed waits end against what they asked (each worker
 reports them with its iterations), how late the delay lines release packets against their due time (their
 stats files), CPU steal and CPU pressure (/proc/stat, /proc/pressure/cpu), the run queue (/proc/stat
-`procs_running`, sampled), and packets the WAN shaping dropped (`tc -s qdisc` in each WAN namespace).
+`procs_running`, sampled), packets the WAN shaping dropped (`tc -s qdisc` in each WAN namespace), and the CPU
+time BubbleTea's own processes took (its service, decode processes, KV delay lines and KV senders: the emulation's
+work that a deployment does on other hardware, on the cores that also run the workers).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class Health:
     pressure_share: float | None = None  # share of the run some task waited for a CPU (None: no PSI here)
     runq_mean: float = 0.0  # runnable tasks per CPU, mean of the samples
     runq_max: float = 0.0
+    bubbletea_cpu_share: float | None = None  # share of the machine's CPU time BubbleTea's processes took (None: none)
 
     def all_waits(self) -> WaitTotals:
         out = WaitTotals()
@@ -136,7 +139,10 @@ def verdict(h: Health, b: Budget, limit: float = DEFAULT_BUDGET) -> str:
         parts = {"late waits": b.waits, "delay-line lag": b.delay, "CPU steal": b.steal, "late wake-ups": b.wakes,
                  "a slow DC fabric": b.fabric}
         top = max(parts, key=lambda k: parts[k])
-        why.append(f"timing error up to {b.total:.1%} > budget {limit:.1%} (most from {top})")
+        bt = h.bubbletea_cpu_share
+        also = (f"; BubbleTea's own processes took {bt:.0%} of the CPUs: KV shipping, bubbletea.ship_kv"
+                if bt is not None and bt > limit else "")
+        why.append(f"timing error up to {b.total:.1%} > budget {limit:.1%} (most from {top}{also})")
     dropped = sum(h.drops.values())
     if dropped:
         worst = max(h.drops, key=lambda k: h.drops[k])
@@ -160,6 +166,7 @@ def summary_fields(h: Health, b: Budget | None) -> dict[str, object]:
         "run_queue": round(h.runq_mean, 3),
         "run_queue_max": round(h.runq_max, 3),
         "shaping_drops": sum(h.drops.values()),
+        "bubbletea_cpu": "" if h.bubbletea_cpu_share is None else round(h.bubbletea_cpu_share, 4),
         "timing_error": "" if b is None else round(b.total, 4),
     }
 
@@ -259,6 +266,50 @@ def lag_over(before: dict[str, tuple[int, float, float]], after: dict[str, tuple
     return (s / n if n > 0 else 0.0), worst
 
 
+BUBBLETEA_ROLES = ("testbed.runtime.bubbletea_service", "testbed.runtime.decode", "testbed.runtime.kvsend")
+KV_LINE_MARK = ".kv.delay.json"  # a KV delay line's stats file (testbed/emu/kvdelay.py)
+
+
+def proc_table() -> dict[int, tuple[int, str, float]]:
+    """Every process: pid -> (parent pid, command line, CPU seconds used so far, its threads' included)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                st = f.read()
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        rest = st[st.rfind(")") + 2:].split()
+        out[int(d)] = (int(rest[1]), cmd, (int(rest[11]) + int(rest[12])) / tick)
+    return out
+
+
+def bubbletea_cpu_s(table: dict[int, tuple[int, str, float]], run_dir: str) -> dict[int, float]:
+    """pid -> CPU seconds of the run's BubbleTea processes in `table` (`proc_table`): those started with a file of
+    `run_dir` (the service, the decode processes, the KV delay lines), and a worker's KV sender (its child)."""
+    def ours(cmd: str) -> bool:
+        return run_dir in cmd and (any(r in cmd for r in BUBBLETEA_ROLES) or KV_LINE_MARK in cmd)
+
+    out = {}
+    for pid, (ppid, cmd, cpu) in table.items():
+        parent = table.get(ppid, (0, "", 0.0))[1]
+        if ours(cmd) or ("testbed.runtime.kvsend" in cmd and run_dir in parent):
+            out[pid] = cpu
+    return out
+
+
+def cpu_share(before: dict[int, float], after: dict[int, float], wall_s: float, cpus: int) -> float:
+    """The share of `cpus` x `wall_s` the processes took between two `bubbletea_cpu_s` (those that started in
+    between count whole; those that ended are lost, so the share is a lower bound)."""
+    used = sum(c - before.get(pid, 0.0) for pid, c in after.items())
+    return max(0.0, used) / (wall_s * cpus) if wall_s > 0 and cpus > 0 else 0.0
+
+
 @dataclass
 class _Start:
     cpu: list[int]
@@ -266,6 +317,7 @@ class _Start:
     wall: float
     delay: dict[str, dict]
     drops: dict[str, int]
+    bubbletea: dict[int, float] = field(default_factory=dict)
 
 
 class Meter:
@@ -311,8 +363,14 @@ class Meter:
             out[name] = qdisc_drops(text)
         return out
 
+    def _bubbletea(self) -> dict[int, float]:
+        from testbed.emu import state
+
+        return bubbletea_cpu_s(proc_table(), str(state.run_dir(self.emu.prefix)))
+
     def start(self) -> Meter:
-        self._start = _Start(cpu_times(), cpu_pressure_us(), time.monotonic(), self._delay(), self._drops())
+        self._start = _Start(cpu_times(), cpu_pressure_us(), time.monotonic(), self._delay(), self._drops(),
+                             self._bubbletea())
         self._runq.start()
         return self
 
@@ -336,6 +394,9 @@ class Meter:
         wall = time.monotonic() - s.wall
         if p is not None and s.pressure is not None and wall > 0:
             h.pressure_share = min(1.0, (p - s.pressure) / 1e6 / wall)
+        bt = self._bubbletea()
+        if bt or s.bubbletea:
+            h.bubbletea_cpu_share = cpu_share(s.bubbletea, bt, wall, os.cpu_count() or 1)
         after = self._delay()
         for name, _ns, rtt in self._links():
             h.rtt_s[name] = rtt

@@ -31,8 +31,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from testbed.runtime.lowcpu import lowest_cpu_priority
-from testbed.runtime.wire import chunk_sizes, recv_ctrl, recv_exact, send_ctrl
+from testbed.runtime.kvsend import KvProcess, KvShipper
+from testbed.runtime.wire import recv_ctrl, send_ctrl
 
 TRAINING = ("fwd", "bwd", "allreduce")
 FETCH_TIMEOUT = 5.0
@@ -132,68 +132,6 @@ class TorchPrefill:
 KV_DRAIN_S = 5.0  # at the end of the run, how long a worker waits for its KV caches still crossing the WAN
 
 
-class KvShipper:
-    """Finished KV caches to the decode process of each request's home DC (testbed/runtime/decode.py), off the
-    training path: per home DC `connections` TCP connections through the emulated WAN, each with a thread that
-    takes the next part, sends it and waits for the decode process's one-byte receipt (so `pending` counts
-    parts not yet arrived, and `drain` can wait for them at the end of the run). A modeled cache (filler) is
-    striped over the connections, one part each, as a training pipe stripes a transfer: alone on a link it
-    gets the n-connection cap the simulator's KV flow has; a real cache goes whole (the decoder needs it so)."""
-
-    FILLER = bytes(1 << 20)
-
-    def __init__(self, decode: dict, connections: int = 1, low_cpu: bool = False) -> None:
-        """`low_cpu`: the sender threads at the lowest CPU priority (testbed/runtime/lowcpu.py)."""
-        self.decode, self.low_cpu = decode, low_cpu
-        self.connections = max(1, connections)
-        self.out: dict[str, queue.Queue] = {}
-        self.pending = 0
-        self.cv = threading.Condition()
-
-    def ship(self, rid: int, first: int, tokens: int, data: bytes | int, home: str) -> None:
-        """`data`: the cache's bytes, or how many bytes of filler stand for it (modeled compute)."""
-        parts = [p for p in chunk_sizes(data, self.connections) if p > 0] if isinstance(data, int) else [data]
-        with self.cv:
-            self.pending += len(parts)
-        if home not in self.out:
-            q: queue.Queue = queue.Queue()
-            self.out[home] = q
-            for _ in range(self.connections):
-                threading.Thread(target=self._sender, args=(home, q), daemon=True).start()
-        for part in parts:
-            self.out[home].put((rid, first, tokens, part, len(parts)))
-
-    def drain(self, timeout_s: float) -> int:
-        """Wait up to `timeout_s` for every cache shipped to reach its decode process; returns how many had not."""
-        with self.cv:
-            self.cv.wait_for(lambda: self.pending == 0, timeout_s)
-            return self.pending
-
-    def _sender(self, home: str, q: queue.Queue) -> None:
-        if self.low_cpu:
-            lowest_cpu_priority()
-        ep = self.decode[home]
-        sock = socket.create_connection((ep.ip, ep.port), timeout=30)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(None)  # a cache may wait long behind training (Atlas: the KV class goes last)
-        while True:
-            rid, first, tokens, data, parts = q.get()
-            n = data if isinstance(data, int) else len(data)
-            send_ctrl(sock, {"request": rid, "first": first, "tokens": tokens, "bytes": n, "parts": parts,
-                             "t_send": time.monotonic()})
-            if isinstance(data, int):
-                view = memoryview(self.FILLER)
-                while data > 0:
-                    sock.sendall(view[:min(data, len(view))])
-                    data -= len(view)
-            else:
-                sock.sendall(data)
-            recv_exact(sock, 1)  # the decode process has it all
-            with self.cv:
-                self.pending -= 1
-                self.cv.notify_all()
-
-
 class PrefillClient:
     """This worker's prefill jobs and idle gaps, one iteration at a time (see the module docstring)."""
 
@@ -209,7 +147,7 @@ class PrefillClient:
         self.kv_per_token = (prefill.kv_bytes_per_token if service and prefill is not None and self.torch is None
                              and prefill.decode else 0.0)
         self.shipper = (self.torch.shipper if self.torch is not None else
-                        KvShipper(prefill.decode, prefill.kv_connections, low_cpu=True) if self.kv_per_token > 0
+                        KvProcess(prefill.decode, prefill.kv_connections) if self.kv_per_token > 0
                         else None)
         self.jobs: list[list] = []
         self.standby: list[list] = []  # later iterations' jobs: run now only where no job of this one fits
