@@ -131,6 +131,20 @@ def test_published_iteration_pays_the_bubble_of_its_schedule():
     assert iteration_s(_row(8, 1)) > iteration_s(_row(8, 2)) > iteration_s(_row(8, 4))
 
 
+def test_a_published_iteration_with_full_recompute_costs_one_more_forward_per_layer_and_microbatch():
+    from dataclasses import replace
+
+    for pp, v in ((1, 1), (8, 1), (8, 4)):
+        none = _row(pp, v)
+        full = replace(none, recompute="full")
+        lt = layer_times(none.model, none.gpu, tp=none.tp, microbatch=none.microbatch, recompute="none",
+                         sequence_parallel=True, overhead=1.0)
+        m = none.global_batch / (none.dp * none.microbatch)
+        slots = m + (pp - 1) / v  # microbatches on the last stage plus the bubble's stage times
+        extra = slots * none.model.layers / pp * lt.fwd_s
+        assert iteration_s(full, 1.0) - iteration_s(none, 1.0) == pytest.approx(extra, rel=1e-9)
+
+
 def test_prefill_from_operators_grows_with_the_pass_and_writes_the_kv_cache():
     from dataclasses import replace
 
