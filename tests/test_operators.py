@@ -131,6 +131,20 @@ def test_published_iteration_pays_the_bubble_of_its_schedule():
     assert iteration_s(_row(8, 1)) > iteration_s(_row(8, 2)) > iteration_s(_row(8, 4))
 
 
+def test_a_published_iteration_with_full_recompute_costs_one_more_forward_per_layer_and_microbatch():
+    from dataclasses import replace
+
+    for pp, v in ((1, 1), (8, 1), (8, 4)):
+        none = _row(pp, v)
+        full = replace(none, recompute="full")
+        lt = layer_times(none.model, none.gpu, tp=none.tp, microbatch=none.microbatch, recompute="none",
+                         sequence_parallel=True, overhead=1.0)
+        m = none.global_batch / (none.dp * none.microbatch)
+        slots = m + (pp - 1) / v  # microbatches on the last stage plus the bubble's stage times
+        extra = slots * none.model.layers / pp * lt.fwd_s
+        assert iteration_s(full, 1.0) - iteration_s(none, 1.0) == pytest.approx(extra, rel=1e-9)
+
+
 def test_prefill_from_operators_grows_with_the_pass_and_writes_the_kv_cache():
     from dataclasses import replace
 
@@ -221,6 +235,7 @@ def test_dropout_costs_memory_time_only_where_the_model_runs_it():
 
 
 def test_fsdp_microbatch_exposes_the_backward_gathers_and_is_bound_by_its_collectives():
+    from testbed.costs.collectives import ring_latency_s
     from testbed.costs.published import fsdp_microbatch_s
 
     params, bw = 13e9, 360e9
@@ -232,13 +247,40 @@ def test_fsdp_microbatch_exposes_the_backward_gathers_and_is_bound_by_its_collec
         assert fsdp_microbatch_s(compute, 2 * params, 8, bw) > t  # more weights, more to gather
         assert fsdp_microbatch_s(compute, params, 8, 2 * bw) < t  # a faster network exposes less
     assert fsdp_microbatch_s(1.0, params, 1, bw) == 1.0  # one GPU gathers nothing
+    lat = ring_latency_s(8, 8)
     for compute in (0.01, 1.0):  # BACKWARD_PRE hides the backward's gathers; SHARD_GRAD_OP gathers once
-        assert fsdp_microbatch_s(compute, params, 8, bw, "pre") == max(compute, 3 * gather)
-        assert fsdp_microbatch_s(compute, params, 8, bw, "kept") == max(compute, 2 * gather)
+        assert fsdp_microbatch_s(compute, params, 8, bw, "pre") == pytest.approx(max(compute, 3 * gather) + 3 * lat)
+        assert fsdp_microbatch_s(compute, params, 8, bw, "kept") == pytest.approx(max(compute, 2 * gather) + 2 * lat)
         assert fsdp_microbatch_s(compute, params, 8, bw, "kept") <= fsdp_microbatch_s(compute, params, 8, bw, "pre") \
             <= fsdp_microbatch_s(compute, params, 8, bw, "post")
     with pytest.raises(ValueError, match="fsdp backward"):
         fsdp_microbatch_s(1.0, params, 8, bw, "early")
+
+
+def test_ring_latency_grows_with_the_ranks_and_a_network_hop_costs_more_than_an_nvlink_hop():
+    from testbed.costs.collectives import ring_latency_s
+
+    assert ring_latency_s(1, 8) == 0.0
+    lat = [ring_latency_s(n, 8) for n in (2, 8, 16, 64, 128, 512, 4096)]
+    assert lat == sorted(lat) and len(set(lat)) == len(lat)
+    assert ring_latency_s(16, 1) > ring_latency_s(16, 8) > ring_latency_s(16, 16)  # more nodes, more net hops
+    with pytest.raises(ValueError, match="ranks_per_node"):
+        ring_latency_s(8, 0)
+
+
+def test_fsdp_pays_each_collectives_ring_latency_so_more_ranks_at_fixed_work_are_never_faster():
+    from testbed.costs.collectives import ring_latency_s
+    from testbed.costs.published import fsdp_microbatch_s
+
+    params, bw, units = 1.3e9, 360e9, 25
+    for backward, per_unit in (("post", 3), ("pre", 3), ("kept", 2)):
+        for compute in (0.05, 0.5, 5.0):
+            times = [fsdp_microbatch_s(compute, params, dp, bw, backward, units) for dp in (8, 64, 128, 256, 512)]
+            assert times == sorted(times), (backward, compute)
+            # compute-bound or not, the latency is never hidden
+            assert times[-1] - times[0] >= per_unit * units * (ring_latency_s(512, 8) - ring_latency_s(8, 8)) * 0.999
+        more_units = fsdp_microbatch_s(0.5, params, 512, bw, backward, 2 * units)
+        assert more_units > fsdp_microbatch_s(0.5, params, 512, bw, backward, units)  # a collective per unit
 
 
 def test_a_published_row_with_an_unknown_attention_kernel_is_refused(tmp_path):

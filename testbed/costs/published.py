@@ -15,6 +15,7 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
+from testbed.costs.collectives import ring_latency_s
 from testbed.costs.gpu_specs import compute_spec
 from testbed.costs.gpus import GPUS
 from testbed.costs.models import ModelConfig
@@ -96,20 +97,24 @@ def load_rows(path: str | Path) -> list[Row]:
     return out
 
 
-def fsdp_microbatch_s(compute_s: float, params: float, dp: int, bw_bytes_s: float, backward: str = "post") -> float:
+def fsdp_microbatch_s(compute_s: float, params: float, dp: int, bw_bytes_s: float, backward: str = "post",
+                      units: int = 1) -> float:
     """One microbatch under PyTorch FSDP (gradients synced every microbatch: Composer's no_sync applies to DDP
-    only). FULL_SHARD gathers the bf16 weights for the forward and again for the backward; SHARD_GRAD_OP
-    (`backward="kept"`) keeps the forward's; the gradients are reduce-scattered (the same bytes as a
-    gather). The forward's gathers run ahead of compute (the CPU issues the next layer's while the GPU
-    computes). `backward="post"` (BACKWARD_POST, Composer's default) issues a layer's backward gather only
-    after the layer above finished its gradients, so the backward waits for every gather: one whole-model
-    gather per microbatch exposed, each reduce-scatter overlapping the next layer's backward. `pre`
-    (BACKWARD_PRE) issues it before, hidden like the forward's. Collectives that need longer still bound it."""
+    only) over `units` FSDP units (wrapped blocks). FULL_SHARD gathers each unit's bf16 weights for the
+    forward and again for the backward; SHARD_GRAD_OP (`backward="kept"`) keeps the forward's; the gradients
+    are reduce-scattered (the same bytes as a gather). The forward's gathers run ahead of compute (the CPU
+    issues the next unit's while the GPU computes). `backward="post"` (BACKWARD_POST, Composer's default)
+    issues a unit's backward gather only after the unit above finished its gradients, so the backward waits
+    for every gather: one whole-model gather per microbatch exposed. `pre` (BACKWARD_PRE) issues it before,
+    hidden like the forward's. Collectives that need longer than compute bound the microbatch. Every
+    collective also pays its ring latency (`collectives.ring_latency_s`: linear in dp) on the critical
+    path; only its bandwidth part overlaps compute (docs/compute.md: why)."""
     if backward not in ("post", "pre", "kept"):
         raise ValueError(f"fsdp backward {backward!r}: use post, pre or kept")
     gather_s = params * BF16_BYTES * (dp - 1) / dp / bw_bytes_s
-    collectives = (2 if backward == "kept" else 3) * gather_s
-    return max(compute_s + (gather_s if backward == "post" else 0.0), collectives)
+    per_unit = 2 if backward == "kept" else 3
+    latency_s = per_unit * units * ring_latency_s(dp, min(dp, GPUS_PER_NODE))
+    return max(compute_s + (gather_s if backward == "post" else 0.0), per_unit * gather_s) + latency_s
 
 
 def iteration_s(row: Row, overhead: float = COMPUTE_OVERHEAD) -> float:
@@ -130,7 +135,8 @@ def iteration_s(row: Row, overhead: float = COMPUTE_OVERHEAD) -> float:
     params = m_cfg.total_params() / (row.tp * row.pp)
     bw = busbw_bytes_s(row.gpu, row.dp * row.tp)
     if row.fsdp:
-        compute = m * fsdp_microbatch_s(compute / m, params, row.dp, bw, row.fsdp_backward)
+        compute = m * fsdp_microbatch_s(compute / m, params, row.dp, bw, row.fsdp_backward,
+                                         units=m_cfg.layers + 1)  # a unit per block, the root's embedding
         shard = params / row.dp
         grad = 0.0
     else:
