@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from testbed.costs.gpus import GPUS
 from testbed.costs.models import ModelConfig, resolve_model
@@ -12,7 +13,7 @@ from testbed.errors import NotYetError, SpecError
 from testbed.net.links import NetPlan
 from testbed.net.units import gbps_to_bytes_s
 from testbed.plan.buckets import bucket_bytes
-from testbed.plan.choose import Pick, candidates, choose, label, resolved, turn_orders
+from testbed.plan.choose import Pick, candidates, choose, fingerprint, label, resolved, turn_orders
 from testbed.plan.diloco import resolve as resolve_diloco
 from testbed.plan.efficiency import token_efficiency
 from testbed.plan.layers import chunk_layers, empty_chunk, stage_layers
@@ -217,15 +218,52 @@ def build_plan(
     mech = parse_scheduler(scheduler)
     if not mech.auto:
         return build_fixed(exp, scheduler, mech, run_id, dp, order, counts, built)
-    w = exp.workload
     dp = dp or resolve_dp(exp)
+    orders, sidecars = _searched(exp, mech, dp)
+    plan, pick, _ = choose(mech, dp, orders, _builder(exp, scheduler, run_id, dp, order, counts, built), sidecars)
+    plan.meta["mechanisms"] = label(plan, pick, boundary_connections(mech, exp.workload.tp, exp.network))
+    return plan
+
+
+def candidate_plans(exp: Experiment, scheduler: str, dp: int | None = None) -> list[Plan]:
+    """Every distinct plan build_plan chooses among (the one plan of a fixed composition), built and not
+    simulated: what a check of lowering covers without the choice's simulations. A candidate that cannot be
+    placed is left out; none at all raises its SpecError, as build_plan does."""
+    mech = parse_scheduler(scheduler)
+    if not mech.auto:
+        return [build_fixed(exp, scheduler, mech, dp=dp)]
+    dp = dp or resolve_dp(exp)
+    orders, sidecars = _searched(exp, mech, dp)
+    build, plans, seen, failed = _builder(exp, scheduler, "run", dp), [], set(), None
+    for pick in candidates(mech, dp, orders, sidecars):
+        try:
+            plan = build(resolved(mech, pick), pick)
+        except SpecError as e:
+            failed = e
+            continue
+        if (key := fingerprint(plan)) not in seen:
+            seen.add(key)
+            plans.append(plan)
+    if not plans:
+        assert failed is not None
+        raise failed
+    return plans
+
+
+def _searched(exp: Experiment, mech: Mechanisms, dp: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The turn orders and sidecars a plan with mechanisms left to it searches."""
+    w = exp.workload
     m = max(1, w.global_batch // (w.microbatch * dp))
     orders = turn_orders(exp.network.turn_order, dp, m, w.schedule)
-
     # the handover is searched where the spec leaves it and the plan would be predictive (BubbleTea: reactive)
     sidecars = ("predictive", "reactive") if plan_sidecar(exp.network.sidecar, mech) == "predictive" \
         and exp.network.sidecar == "auto" else ("",)
+    return orders, sidecars
 
+
+def _builder(exp: Experiment, scheduler: str, run_id: str, dp: int, order: list[str] | None = None,
+             counts: list[int] | None = None, built: NetPlan | None = None) -> Callable[[Mechanisms, Pick], Plan]:
+    """A candidate's plan: the fixed composition, with the pick's turn order and sidecar where it takes turns."""
     def build(resolved: Mechanisms, pick: Pick) -> Plan:
         plan = build_fixed(exp, scheduler, resolved, run_id, dp, order, counts, built)
         if resolved.temporal:
@@ -233,9 +271,7 @@ def build_plan(
             plan.sidecar = pick.sidecar or plan.sidecar
         return plan
 
-    plan, pick, _ = choose(mech, dp, orders, build, sidecars)
-    plan.meta["mechanisms"] = label(plan, pick, boundary_connections(mech, w.tp, exp.network))
-    return plan
+    return build
 
 
 def plannable(exp: Experiment, scheduler: str, dp: int | None = None) -> None:
