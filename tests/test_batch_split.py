@@ -106,9 +106,3 @@ def test_dp_need_not_divide_the_batch_for_data_parallel_families_only():
     assert e.value.field == "workload.batch_split"
     with pytest.raises(ValidationError, match="batch_split: speed"):
         mixed(dp=3, replicas_per_dc={"fast": 2, "slow": 1}, global_batch=16, batch_split="even")
-
-
-def test_hybrid_groups_are_refused_as_not_yet_naming_the_field():
-    with pytest.raises(SpecError) as e:
-        build_plan(mixed(groups={"west": ["fast"], "east": ["slow"]}), "dp-wan")
-    assert e.value.field == "workload.groups" and "not supported yet" in str(e.value)

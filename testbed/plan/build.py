@@ -39,9 +39,6 @@ def check_workload(exp: Experiment, model: ModelConfig) -> None:
     if w.global_batch % w.microbatch:
         raise SpecError("workload.global_batch", f"{w.global_batch} is not a multiple of microbatch={w.microbatch}",
                         "make global_batch a multiple of microbatch")
-    if w.groups:
-        raise SpecError("workload.groups", "hybrids (a pipeline inside each group of DCs, data parallelism or DiLoCo "
-                        "across the groups) are not supported yet", "leave workload.groups out")
 
 
 def divisors_desc(n: int, limit: int) -> list[int]:
@@ -96,7 +93,7 @@ def resolve_dp(exp: Experiment) -> int:
     for dp in _dp_candidates(exp):
         try:
             for m, (order, counts) in pins:
-                place(m.placement, exp.topology, w.pp, w.tp, dp, order, counts)
+                place(m.placement, exp.topology, w.pp, w.tp, dp, order, counts, w.groups)
             return dp
         except SpecError:
             continue
@@ -287,7 +284,8 @@ def build_fixed(exp: Experiment, scheduler: str, mech: Mechanisms, run_id: str =
     check_size(m, w.pp)
     if order is None:
         order, counts = pinned_chain(exp, mech)
-    stage_dc = place(mech.placement, topo, w.pp, w.tp, dp, order, counts)
+    check_groups(exp, scheduler, mech)
+    stage_dc = place(mech.placement, topo, w.pp, w.tp, dp, order, counts, w.groups)
     gpu_of = {d: topo.dc(d).gpu for row in stage_dc for d in row}
     check_nodes(topo, w.tp, set(gpu_of))
     V = w.virtual_stages
@@ -361,7 +359,8 @@ def finish_plan(plan: Plan, exp: Experiment) -> Plan:
                               "yet; use virtual_stages: 1 and schedule: 1f1b or gpipe")
         plan.diloco = resolve_diloco(mech.outer, w.diloco)
         check_period(plan)
-    plan.token_efficiency = token_efficiency(mech.outer, len(plan.dcs_used()), plan.diloco, w.token_efficiency)
+    workers = len({tuple(row) for row in plan.stage_dc}) if w.groups else len(plan.dcs_used())  # DiLoCo's workers
+    plan.token_efficiency = token_efficiency(mech.outer, workers, plan.diloco, w.token_efficiency)
     plan.turn_policy = turn_policy(exp.network.turn_order, plan)
     plan.sidecar = plan_sidecar(exp.network.sidecar, mech)
     return plan
@@ -377,6 +376,20 @@ def check_schedule(scheduler: str, mech: Mechanisms, w, m: int, dp: int) -> None
         raise NotYetError(f"{scheduler}: the overlap mechanism's bucketed collectives with "
                           f"{'virtual_stages > 1' if V > 1 else 'the zero-bubble schedule'} are not supported yet; "
                           f"use {scheduler}-overlap, or virtual_stages: 1 and schedule: 1f1b")
+
+
+def check_groups(exp: Experiment, scheduler: str, mech: Mechanisms) -> None:
+    """`workload.groups` goes with a data-parallel family and without `replicas_per_dc`, else the one-line error."""
+    w = exp.workload
+    if not w.groups:
+        return
+    if mech.placement != "dp-wan":
+        raise SpecError("workload.groups", f"{scheduler} is a pipeline family; groups put a pipeline inside each "
+                        "group and data parallelism or DiLoCo across them", "run dp-wan, diloco or streaming-diloco "
+                        "with groups, or leave workload.groups out")
+    if w.replicas_per_dc:
+        raise SpecError("workload.groups", "groups and replicas_per_dc both place the replicas",
+                        "leave one of them out")
 
 
 def check_size(m: int, pp: int) -> None:

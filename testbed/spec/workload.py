@@ -94,7 +94,8 @@ class Workload(Strict):
     # batch's microbatches) or `speed` (data-parallel families: shares by each replica's speed, as Sailor splits
     # it; testbed/plan/batch_split.py)
     batch_split: Literal["even", "speed"] = "even"
-    # hybrids (a pipeline inside each group of DCs, data parallelism or DiLoCo across groups): not built yet
+    # hybrids: group name -> its DCs in pipeline order; the data-parallel families then run a pipeline over each
+    # group's DCs and data parallelism or DiLoCo across the groups (testbed/plan/groups.py)
     groups: dict[LABEL, list[LABEL]] | None = None
     diloco: DiLoCo = DiLoCo()
     # tokens to a loss under synchronous training / tokens under this scheduler's (1: as good); None: the
