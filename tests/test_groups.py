@@ -70,3 +70,11 @@ def test_bad_groups_are_one_line_naming_the_field():
         with pytest.raises(SpecError, match=words) as e:
             build_plan(hybrid(**extra), scheduler)
         assert e.value.field == "workload.groups" and "\n" not in str(e.value)
+
+
+def test_the_planner_refuses_groups_as_not_yet():
+    from testbed.runs.select import search
+
+    with pytest.raises(SpecError, match="not search hybrids") as e:
+        search(hybrid(), families=["dp-wan"], jobs=1)
+    assert e.value.field == "workload.groups"
