@@ -65,7 +65,8 @@ def test_bad_groups_are_one_line_naming_the_field():
              ("dp-wan", {"groups": {"ab": ["a", "x"]}}, "unknown DC"),
              ("dp-wan", {"groups": {"ab": ["a", "b"], "bc": ["b", "c"]}}, "two groups"),
              ("dp-wan", {"replicas_per_dc": {"a": 2, "c": 2}}, "replicas_per_dc"),
-             ("dp-wan", {"dp": 48, "global_batch": 48}, "not dp=48")]
+             ("dp-wan", {"dp": 48, "global_batch": 48}, "not dp=48"),
+             ("dp-wan+temporal", {}, "not supported yet")]
     for scheduler, extra, words in cases:
         with pytest.raises(SpecError, match=words) as e:
             build_plan(hybrid(**extra), scheduler)

@@ -390,6 +390,9 @@ def check_groups(exp: Experiment, scheduler: str, mech: Mechanisms) -> None:
     if w.replicas_per_dc:
         raise SpecError("workload.groups", "groups and replicas_per_dc both place the replicas",
                         "leave one of them out")
+    if mech.temporal or mech.warmup or mech.bubbletea:
+        raise SpecError("workload.groups", f"{scheduler}: +temporal, +warmup and +bubbletea on the pipeline inside a "
+                        "group are not supported yet", "drop the mechanism (+mtcp applies), or leave groups out")
 
 
 def check_size(m: int, pp: int) -> None:
