@@ -67,7 +67,7 @@ def check_timeline(tl: Timeline, plan: Plan, tol: float = 1e-9) -> list[str]:
         recvd += sum(iv.bytes for iv in rr)
     # every chunk boundary inside a stage's neighbours, and V - 1 wraps from the last stage to the first
     per_mb = V * sum(plan.act_bytes[:-1]) + (V - 1) * plan.act_bytes[-1]
-    expected = 2 * plan.dp * plan.microbatches * per_mb * len(tl.iteration_s)
+    expected = 2 * sum(plan.microbatches_of(r) for r in range(plan.dp)) * per_mb * len(tl.iteration_s)
     if abs(sent - recvd) > 1e-6 * max(sent, 1):
         bad.append(f"bytes not conserved: sent {sent:.0f}, received {recvd:.0f}")
     if abs(sent - expected) > 1e-6 * max(expected, 1):

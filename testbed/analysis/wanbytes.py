@@ -45,7 +45,7 @@ def wan_bytes(plan: Plan) -> float:
     for r in range(plan.dp):
         row = tuple(plan.stage_dc[r])
         for s in range(plan.pp):
-            key = (s, row)
+            key = (s, row, plan.microbatches_of(r))
             if key not in per_shape:
                 per_shape[key] = program_wan_bytes(lower_group(lowered, s, r))
             total += per_shape[key]

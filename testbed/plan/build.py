@@ -12,6 +12,7 @@ from testbed.costs.stage import BF16, in_flight, layer_costs
 from testbed.errors import NotYetError, SpecError
 from testbed.net.links import NetPlan
 from testbed.net.units import gbps_to_bytes_s
+from testbed.plan.batch_split import split_by_speed
 from testbed.plan.buckets import bucket_bytes
 from testbed.plan.choose import Pick, candidates, choose, fingerprint, label, resolved, turn_orders
 from testbed.plan.diloco import resolve as resolve_diloco
@@ -63,10 +64,20 @@ def check_nodes(topo: Topology, tp: int, dcs: set[str]) -> None:
 
 
 def _dp_candidates(exp: Experiment) -> list[int]:
-    """DP degrees that divide the batch, largest first; never more replicas than the GPUs can hold."""
+    """DP degrees that divide the batch, largest first; never more replicas than the GPUs can hold. With the batch
+    split by speed and only data-parallel families, every degree up to one microbatch per replica."""
     w = exp.workload
     gpus = sum(d.gpus for d in exp.topology.dcs)
-    return divisors_desc(w.global_batch // w.microbatch, gpus // (w.tp * w.pp))
+    seqs, most = w.global_batch // w.microbatch, gpus // (w.tp * w.pp)
+    if all(speed_split(w, parse_scheduler(s)) for s in exp.schedulers):
+        return list(range(min(seqs, most), 0, -1))
+    return divisors_desc(seqs, most)
+
+
+def speed_split(w, mech: Mechanisms) -> bool:
+    """Whether this plan shares the batch by its replicas' speed (`workload.batch_split: speed`): data-parallel
+    families only, since a pipeline family runs every replica on the same DC chain at one speed."""
+    return w.batch_split == "speed" and mech.placement == "dp-wan"
 
 
 def resolve_dp(exp: Experiment) -> int:
@@ -74,7 +85,7 @@ def resolve_dp(exp: Experiment) -> int:
     w = exp.workload
     if w.dp != "auto":
         seqs = w.global_batch // w.microbatch
-        if seqs % w.dp:
+        if seqs % w.dp and w.batch_split == "even":
             raise SpecError("workload.dp", f"dp={w.dp} does not divide {seqs} microbatch-sized sequences per batch "
                             "(every replica takes an equal share; a split by each site's speed is not supported yet)",
                             "pick a dp dividing global_batch/microbatch, or dp: auto")
@@ -83,7 +94,7 @@ def resolve_dp(exp: Experiment) -> int:
     for dp in _dp_candidates(exp):
         try:
             for m, (order, counts) in pins:
-                place(m.placement, exp.topology, w.pp, w.tp, dp, order, counts)
+                place(m.placement, exp.topology, w.pp, w.tp, dp, order, counts, w.groups)
             return dp
         except SpecError:
             continue
@@ -302,22 +313,22 @@ def build_fixed(exp: Experiment, scheduler: str, mech: Mechanisms, run_id: str =
     model = resolve_model(w.model, w.seq_len)
     check_workload(exp, model)
     dp = dp or resolve_dp(exp)
-    m = w.global_batch // (w.microbatch * dp)
+    m = batch_share(exp, scheduler, mech, dp)
     if m < 1:
         raise SpecError("workload.global_batch", f"{w.global_batch} sequences cannot feed dp={dp} replicas",
                         "raise global_batch or lower dp")
-    if m * w.pp > MAX_STAGE_MICROBATCHES:
-        raise SpecError("workload.global_batch", f"{m:,} microbatches per replica x {w.pp} stages = {m * w.pp:,} "
-                        f"stage microbatches in one replica's program, more than the simulator takes "
-                        f"({MAX_STAGE_MICROBATCHES:,})", "lower global_batch or pp, or raise microbatch or dp")
+    check_size(m, w.pp)
     if order is None:
         order, counts = pinned_chain(exp, mech)
-    stage_dc = place(mech.placement, topo, w.pp, w.tp, dp, order, counts)
+    check_groups(exp, scheduler, mech)
+    stage_dc = place(mech.placement, topo, w.pp, w.tp, dp, order, counts, w.groups)
     gpu_of = {d: topo.dc(d).gpu for row in stage_dc for d in row}
     check_nodes(topo, w.tp, set(gpu_of))
     V = w.virtual_stages
     check_schedule(scheduler, mech, w, m, dp)
-    per_gpu, layers, costs = stage_costs(model, mech, w, topo, stage_dc, gpu_of, dp, m)
+    per_gpu, layers, costs, shares = stage_costs(model, mech, w, topo, stage_dc, gpu_of, dp, m)
+    m = max(shares, default=m)
+    check_size(m, w.pp)
     chunks = model_chunks(layers, V)
     ref = costs[0]
     net = lower_network(topo, built=built)
@@ -365,6 +376,9 @@ def build_fixed(exp: Experiment, scheduler: str, mech: Mechanisms, run_id: str =
         edge_grad_bytes=[(float(model.embedding_params() * BF16) if s == 0 else 0.0,
                           float(model.embedding_params() * BF16) if s == w.pp - 1 else 0.0) for s in range(w.pp)],
         bucket_bytes=bucket_bytes(w.ddp_bucket_params, dp, w.tp),
+        replica_microbatches=shares,
+        split_actions={k: build_schedule(w.schedule, w.pp, k, [min(e, k) for e in extra] if w.schedule == "1f1b"
+                                         else None) for k in sorted(set(shares))},
     )
     split_times(plan, w, per_gpu, gpu_of)
     return finish_plan(plan, exp)
@@ -381,7 +395,8 @@ def finish_plan(plan: Plan, exp: Experiment) -> Plan:
                               "yet; use virtual_stages: 1 and schedule: 1f1b or gpipe")
         plan.diloco = resolve_diloco(mech.outer, w.diloco)
         check_period(plan)
-    plan.token_efficiency = token_efficiency(mech.outer, len(plan.dcs_used()), plan.diloco, w.token_efficiency)
+    workers = len({tuple(row) for row in plan.stage_dc}) if w.groups else len(plan.dcs_used())  # DiLoCo's workers
+    plan.token_efficiency = token_efficiency(mech.outer, workers, plan.diloco, w.token_efficiency)
     plan.turn_policy = turn_policy(exp.network.turn_order, plan)
     plan.sidecar = plan_sidecar(exp.network.sidecar, mech)
     return plan
@@ -399,10 +414,55 @@ def check_schedule(scheduler: str, mech: Mechanisms, w, m: int, dp: int) -> None
                           f"use {scheduler}-overlap, or virtual_stages: 1 and schedule: 1f1b")
 
 
+def check_groups(exp: Experiment, scheduler: str, mech: Mechanisms) -> None:
+    """`workload.groups` goes with a data-parallel family and without `replicas_per_dc`, else the one-line error."""
+    w = exp.workload
+    if not w.groups:
+        return
+    if mech.placement != "dp-wan":
+        raise SpecError("workload.groups", f"{scheduler} is a pipeline family; groups put a pipeline inside each "
+                        "group and data parallelism or DiLoCo across them", "run dp-wan, diloco or streaming-diloco "
+                        "with groups, or leave workload.groups out")
+    if w.replicas_per_dc:
+        raise SpecError("workload.groups", "groups and replicas_per_dc both place the replicas",
+                        "leave one of them out")
+    if mech.temporal or mech.warmup or mech.bubbletea:
+        raise SpecError("workload.groups", f"{scheduler}: +temporal, +warmup and +bubbletea on the pipeline inside a "
+                        "group are not supported yet", "drop the mechanism (+mtcp applies), or leave groups out")
+
+
+def check_size(m: int, pp: int) -> None:
+    """One replica's program within what the simulator takes."""
+    if m * pp > MAX_STAGE_MICROBATCHES:
+        raise SpecError("workload.global_batch", f"{m:,} microbatches per replica x {pp} stages = {m * pp:,} "
+                        f"stage microbatches in one replica's program, more than the simulator takes "
+                        f"({MAX_STAGE_MICROBATCHES:,})", "lower global_batch or pp, or raise microbatch or dp")
+
+
+def batch_share(exp: Experiment, scheduler: str, mech: Mechanisms, dp: int) -> int:
+    """Microbatches per replica with the even split (the most one gets with the split by speed), refused where a
+    pipeline family would need unequal shares."""
+    w = exp.workload
+    seqs = w.global_batch // w.microbatch
+    if speed_split(w, mech):
+        if w.virtual_stages > 1 or w.schedule == "zb":
+            raise NotYetError(f"{scheduler}: the batch split by speed with "
+                              f"{'virtual_stages > 1' if w.virtual_stages > 1 else 'the zero-bubble schedule'} is "
+                              "not supported yet; use virtual_stages: 1 and schedule: 1f1b or gpipe, or batch_split: "
+                              "even")
+        return -(-seqs // dp)
+    if seqs % dp:
+        raise SpecError("workload.batch_split", f"{scheduler} runs every replica on the same DC chain, so it shares "
+                        f"the batch evenly, and dp={dp} does not divide its {seqs} microbatches",
+                        f"pick a dp dividing {seqs}, or run only data-parallel families (dp-wan, diloco)")
+    return seqs // dp
+
+
 def stage_costs(model: ModelConfig, mech: Mechanisms, w, topo: Topology, stage_dc: list[list[str]],
-                gpu_of: dict[str, str], dp: int, m: int) -> tuple[dict, list[int], list[list]]:
-    """Each GPU type's layer costs, the layers each stage holds, and [replica][stage] the stage's costs on its
-    group's GPU; refused where a stage does not fit its GPU's memory."""
+                gpu_of: dict[str, str], dp: int, m: int) -> tuple[dict, list[int], list[list], list[int]]:
+    """Each GPU type's layer costs, the layers each stage holds, [replica][stage] the stage's costs on its
+    group's GPU, and with the batch split by speed [replica] its microbatches (else empty); refused where a
+    stage does not fit its GPU's memory at its replica's share."""
     V = w.virtual_stages
     per_gpu = {g: layer_costs(model, g, tp=w.tp, dp=dp, microbatch=w.microbatch, mfu=w.mfu, recompute=w.recompute,
                               distributed_optimizer=w.distributed_optimizer, sequence_parallel=w.sequence_parallel_at())
@@ -412,10 +472,36 @@ def stage_costs(model: ModelConfig, mech: Mechanisms, w, topo: Topology, stage_d
     # which balancing compute would make larger on the embedding's stage
     split = "even" if mech.placement == "dp-wan" else w.layer_split
     layers, _ = stage_layers(model.layers, [[per_gpu[g] for g in gs] for gs in stage_gpus], m, w.schedule, split, V)
-    by_gpu = {g: [c.stage(n, s == 0, s == w.pp - 1, in_flight(s, w.pp, m, w.schedule, V))
-                  for s, n in enumerate(layers)] for g, c in per_gpu.items()}
+
+    def at(k: int) -> dict[str, list]:  # every GPU type's stage costs with k microbatches per replica
+        return {g: [c.stage(n, s == 0, s == w.pp - 1, in_flight(s, w.pp, k, w.schedule, V))
+                    for s, n in enumerate(layers)] for g, c in per_gpu.items()}
+
+    by_gpu = at(m)
+    shares: list[int] = []
+    if speed_split(w, mech):
+        shares = split_by_speed(w.global_batch // w.microbatch, [[by_gpu[gpu_of[d]][s].fwd_s + by_gpu[gpu_of[d]][
+            s].bwd_s for s, d in enumerate(row)] for row in stage_dc])
+        per_share = {k: at(k) for k in sorted(set(shares))}
+        check_shares(stage_dc, topo, per_share, shares)
+        return per_gpu, layers, [[per_share[shares[r]][topo.dc(d).gpu][s] for s, d in enumerate(row)]
+                                 for r, row in enumerate(stage_dc)], shares
     check_memory(stage_dc, topo, by_gpu)
-    return per_gpu, layers, [[by_gpu[topo.dc(d).gpu][s] for s, d in enumerate(row)] for row in stage_dc]
+    return per_gpu, layers, [[by_gpu[topo.dc(d).gpu][s] for s, d in enumerate(row)] for row in stage_dc], shares
+
+
+def check_shares(stage_dc: list[list[str]], topo: Topology, per_share: dict[int, dict], shares: list[int]) -> None:
+    """With the batch split by speed, every replica's stages fit its GPUs' memory at its share (GPipe holds every
+    microbatch's activations, so a faster site's larger share needs more), else the one-line error naming the DC."""
+    for r, row in enumerate(stage_dc):
+        for s, d in enumerate(row):
+            g = topo.dc(d).gpu
+            need = per_share[shares[r]][g][s].mem_gb
+            if need > GPUS[g].memory_gb:
+                raise SpecError("workload.batch_split", f"DC {d}'s replicas take {shares[r]} microbatches each of "
+                                f"the batch split by speed, and stage {s} then needs {need:.0f} GB per {g} GPU (it "
+                                f"has {GPUS[g].memory_gb:.0f} GB)", "raise tp or pp, use schedule: 1f1b, lower "
+                                "microbatch or global_batch, or set batch_split: even")
 
 
 def warmup_extra(mech: Mechanisms, w, topo: Topology, row: list[str], ref: list, links: dict, dp: int,

@@ -133,7 +133,7 @@ def peers(plan: Plan, s: int) -> list[int]:
 def pipeline_steps(plan: Plan, s: int, r: int, base: int = 0) -> list[Step]:
     """Group (s, r)'s part of the pipeline schedule, its microbatches numbered from `base`."""
     steps: list[Step] = []
-    for a in plan.actions[s]:
+    for a in plan.actions_of(r)[s]:
         steps += action_steps(plan, s, r, a.op, a.microbatch + base, a.chunk)
     return steps
 
@@ -173,14 +173,16 @@ def overlapped(plan: Plan, s: int, r: int, steps: list[Step], ar: AllReduce) -> 
 def program_shape(plan: Plan, s: int, r: int) -> tuple:
     """What group (s, r)'s steps depend on besides r itself: groups of one stage with equal shapes have
     the same steps, their peers being the neighbouring stages of their own replica (lower_group). The
-    simulator lowers one group per shape and shares its steps (tests/test_lower.py checks this)."""
+    simulator lowers one group per shape and shares its steps (tests/test_lower.py checks this). With the batch
+    split by speed the replica's share is part of it."""
+    share = (plan.microbatches_of(r),) if plan.replica_microbatches else ()
     if plan.diloco is not None:  # the inner all-reduce's ring is the DC's
-        return (s, plan.fwd_s[r][s], plan.bwd_s[r][s], plan.stage_dc[r][s])
+        return (s, plan.fwd_s[r][s], plan.bwd_s[r][s], plan.stage_dc[r][s], *share)
     if plan.virtual_stages > 1:
         return (s, tuple(plan.chunk_fwd_s[r][s]), tuple(plan.chunk_bwd_s[r][s]))
     if plan.wgrad_s:
         return (s, plan.fwd_s[r][s], plan.bwd_s[r][s], plan.wgrad_s[r][s])
-    return (s, plan.fwd_s[r][s], plan.bwd_s[r][s])
+    return (s, plan.fwd_s[r][s], plan.bwd_s[r][s], *share)
 
 
 def lower(plan: Plan, replicas: Iterable[int] | None = None) -> dict[str, Program]:

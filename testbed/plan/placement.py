@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from testbed.errors import SpecError
+from testbed.plan.groups import place_groups
 from testbed.plan.mechanisms import Placement
 from testbed.spec.topology import Topology
 
@@ -112,7 +113,11 @@ def pinned_replicas(topo: Topology, pp: int, tp: int, dp: int, order: list[str],
 
 
 def place(kind: Placement, topo: Topology, pp: int, tp: int, dp: int, order: list[str] | None = None,
-          counts: list[int] | None = None) -> StageDC:
+          counts: list[int] | None = None, groups: dict[str, list[str]] | None = None) -> StageDC:
+    """[replica][stage] -> DC. `groups` (data-parallel placement only): a pipeline over each group's DCs
+    (testbed/plan/groups.py) instead of whole replicas inside each DC."""
+    if kind == "dp-wan" and groups:
+        return place_groups(topo, groups, pp, tp, dp)
     if kind == "dp-wan":
         per_replica = tp * pp
         out: StageDC = []

@@ -103,11 +103,23 @@ class Plan:
     diloco: DiLoCoPlan | None = None  # low-communication training: a program is one sync period
     token_efficiency: float = 1.0  # tokens synchronous training needs / tokens this plan needs, for one loss
     net: NetPlan | None = None  # the lowered network `links` were planned on (testbed/plan/network.py)
+    # the batch split by speed (testbed/plan/batch_split.py): [replica] -> its microbatches (`microbatches` is their
+    # most) and {microbatches: [stage] schedule} for each share; empty: every replica runs `microbatches`, `actions`
+    replica_microbatches: list[int] = field(default_factory=list)
+    split_actions: dict[int, list[list[Action]]] = field(default_factory=dict)
 
     @property
     def steps_per_program(self) -> int:
         """Training iterations (optimizer steps) one program runs: H for low-communication training, else 1."""
         return self.diloco.inner_steps if self.diloco is not None else 1
+
+    def microbatches_of(self, r: int) -> int:
+        """Replica r's microbatches per iteration (its share of the batch)."""
+        return self.replica_microbatches[r] if self.replica_microbatches else self.microbatches
+
+    def actions_of(self, r: int) -> list[list[Action]]:
+        """Replica r's [stage] schedule, for its share of the batch."""
+        return self.split_actions[self.replica_microbatches[r]] if self.replica_microbatches else self.actions
 
     @property
     def gpus(self) -> int:

@@ -21,6 +21,7 @@ from testbed.costs.models import resolve_model
 from testbed.errors import SpecError
 from testbed.plan.build import divisors_desc
 from testbed.plan.estimate import Layout
+from testbed.plan.groups import split_replicas  # noqa: F401 (re-exported: the planner splits DCs' room alike)
 from testbed.spec.experiment import Experiment
 from testbed.spec.topology import Topology
 
@@ -48,22 +49,6 @@ def dc_sets(topo: Topology) -> list[tuple[str, ...]]:
     names = [d.name for d in topo.dcs]
     return [s for k in range(2, len(names) + 1) for s in itertools.combinations(names, k)
             if all(topo.link(a, b) for a, b in itertools.combinations(s, 2))]
-
-
-def split_replicas(dp: int, fits: list[int]) -> tuple[int, ...] | None:
-    """dp whole replicas over DCs that fit `fits` each, in proportion to their room (largest remainder, ties
-    to the earlier DC), at least one each; None if they cannot."""
-    if dp < len(fits) or dp > sum(fits) or min(fits) < 1:
-        return None
-    quota = [dp * f / sum(fits) for f in fits]
-    counts = [max(1, min(f, int(q))) for f, q in zip(fits, quota, strict=True)]
-    while sum(counts) < dp:  # the largest remainder that has room gets one more
-        i = min((i for i in range(len(fits)) if counts[i] < fits[i]), key=lambda i: (counts[i] - quota[i], i))
-        counts[i] += 1
-    while sum(counts) > dp:  # (the floor of one raised it) the smallest remainder above one gives one back
-        i = max((i for i in range(len(fits)) if counts[i] > 1), key=lambda i: (counts[i] - quota[i], -i))
-        counts[i] -= 1
-    return tuple(counts)
 
 
 def dp_layouts(exp: Experiment, tps: list[int] | None, pps: list[int] | None, microbatch_sizes: list[int] | None,

@@ -299,6 +299,9 @@ def search(exp: Experiment, scheduler: str = "atlas", top: int = 2, tps: list[in
                         "the data-parallel families are searched with --families")
     if top < 1:
         raise SpecError("--top", "simulates no candidate", "use --top 1 or more")
+    if exp.workload.groups:
+        raise SpecError("workload.groups", "the planner does not search hybrids (groups of DCs) yet",
+                        "leave workload.groups out, or simulate the hybrid with testbed sim")
     fams = [(f, scheduler if f == "pipeline" else FAMILIES[f]) for f in (families or ["pipeline"])]
     jobs = max(1, jobs or os.cpu_count() or 1)
     pool = ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else None

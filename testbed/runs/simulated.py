@@ -167,7 +167,8 @@ def _run_scheduler(exp: Experiment, index: int, sweep: dict, keep_timeline: bool
     # between schedulers that place alike)
     rows = (plan.stage_dc, plan.actions, plan.fwd_s, plan.bwd_s, plan.optimizer_s)
     key = tuple(tuple(map(tuple, x)) for x in rows) + (tuple(plan.grad_bytes), str(plan.chunk_fwd_s),
-                                                       str(plan.chunk_bwd_s), str(plan.wgrad_s))
+                                                       str(plan.chunk_bwd_s), str(plan.wgrad_s),
+                                                       tuple(plan.replica_microbatches))
     if key not in bounds:
         bounds[key] = lower_bound_s(plan)
     lb = bounds[key]

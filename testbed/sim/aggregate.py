@@ -45,7 +45,7 @@ def turn_block(plan: Plan) -> int:
 
 def _shape(plan: Plan, r: int) -> tuple:
     """What a replica's timeline depends on besides its start offset and its place in the turns."""
-    return (tuple(plan.stage_dc[r]), tuple(plan.fwd_s[r]), tuple(plan.bwd_s[r]))
+    return (tuple(plan.stage_dc[r]), tuple(plan.fwd_s[r]), tuple(plan.bwd_s[r]), plan.microbatches_of(r))
 
 
 def turn_blocks(plan: Plan, block: int) -> dict[int, list[int]]:

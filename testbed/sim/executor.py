@@ -108,10 +108,12 @@ def first_wan_pipe(plan: Plan, r: int) -> tuple[int, tuple[str, str]] | None:
 
 
 def _symmetric(plan: Plan) -> list[list[int]]:
-    """Replicas with the same placement, costs and start time, in replica order: they run alike."""
+    """Replicas with the same placement, costs, start time and share of the batch, in replica order: they run
+    alike."""
     classes: dict[tuple, list[int]] = {}
     for r in range(plan.dp):
-        key = (tuple(plan.stage_dc[r]), tuple(plan.fwd_s[r]), tuple(plan.bwd_s[r]), plan.replica_offset_s[r])
+        key = (tuple(plan.stage_dc[r]), tuple(plan.fwd_s[r]), tuple(plan.bwd_s[r]), plan.replica_offset_s[r],
+               plan.microbatches_of(r))
         classes.setdefault(key, []).append(r)
     return list(classes.values())
 

@@ -90,6 +90,13 @@ class Workload(Strict):
     # pins the DCs of a data-parallel family (dp-wan, diloco, streaming-diloco) with their number of whole
     # replicas each, summing to dp (as `testbed plan` prints them); unset: the largest DCs filled first
     replicas_per_dc: dict[str, DP] | None = None
+    # how the global batch is shared by the data-parallel replicas: `even` (equal shares; dp must divide the
+    # batch's microbatches) or `speed` (data-parallel families: shares by each replica's speed, as Sailor splits
+    # it; testbed/plan/batch_split.py)
+    batch_split: Literal["even", "speed"] = "even"
+    # hybrids: group name -> its DCs in pipeline order; the data-parallel families then run a pipeline over each
+    # group's DCs and data parallelism or DiLoCo across the groups (testbed/plan/groups.py)
+    groups: dict[LABEL, list[LABEL]] | None = None
     diloco: DiLoCo = DiLoCo()
     # tokens to a loss under synchronous training / tokens under this scheduler's (1: as good); None: the
     # family's default from published results (testbed/plan/efficiency.py)
@@ -108,9 +115,12 @@ class Workload(Strict):
             raise ValueError(f"global_batch: {self.global_batch} is not a multiple of microbatch={self.microbatch}; "
                              f"make global_batch a multiple of microbatch")
         seqs = self.global_batch // self.microbatch
-        if self.dp != "auto" and seqs % self.dp:
-            unequal = (" (every replica takes an equal share: splitting the batch by each site's speed, as Sailor "
-                       "does, is not supported yet)" if self.replicas_per_dc else "")
+        if self.dp != "auto" and self.batch_split == "speed" and self.dp > seqs:
+            raise ValueError(f"dp: {self.dp} replicas for {seqs} microbatches per iteration (global_batch/microbatch); "
+                             f"each replica needs one: lower dp or raise global_batch")
+        if self.dp != "auto" and self.batch_split == "even" and seqs % self.dp:
+            unequal = (" (every replica takes an equal share; set batch_split: speed to share the batch by each "
+                       "site's speed, as Sailor does)" if self.replicas_per_dc else "")
             raise ValueError(f"dp: dp={self.dp} does not divide the {seqs} microbatches per iteration "
                              f"(global_batch/microbatch){unequal}; pick a dp dividing {seqs}, or dp: auto")
         if self.virtual_stages > 1 and self.schedule != "1f1b":
