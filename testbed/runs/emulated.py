@@ -61,14 +61,14 @@ def changing_run(exp: Experiment, plan, sched: str, dp: int, emu, scale: float, 
     simulated timeline, events, the simulator's record, the emulator's record)."""
     from testbed.emu.wanchange import LiveWan
     from testbed.plan.build import build_plan, kept_placement
-    from testbed.plan.network import opened_connections
+    from testbed.plan.network import opened_connections, topology_at
     from testbed.sim.linkchange import Pair
 
     keep = kept_placement(plan)
 
     def replan(t: float):
         """This iteration's plan from the WAN as it is now, on the run's placement (hosts do not move)."""
-        at = exp.model_copy(update={"topology": wan.topology_at(exp.topology, t)})
+        at = exp.model_copy(update={"topology": topology_at(exp.topology, wan.states_at(t))})
         return build_plan(at, sched, run_id=plan.run_id, dp=dp, built=emu.net, **keep)
 
     hops: list[Pair] = []
@@ -293,7 +293,7 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
     exp = host_per_group(exp, dp)
     out = PointResult()
     emu, take_down = bring_up(exp, dp, scale, capture, cluster)
-    wan = WanSchedule.from_topology(exp.topology)
+    wan = WanSchedule.from_net(emu.net)
     try:
         if on_up is not None:
             on_up(emu)
@@ -537,7 +537,7 @@ def check_cluster_point(exp: Experiment, dp: int, capture: bool) -> None:
     if capture or em.compute != "modeled" or em.backend != "netns":
         raise NotYetError("on a cluster: not yet with --capture, torch compute or a container backend "
                           "(docs/cluster.md)")
-    if WanSchedule.from_topology(exp.topology) is not None:
+    if WanSchedule.from_net(lower_network(exp.topology)) is not None:
         raise NotYetError("a changing WAN on a cluster: not yet")
     for sched in exp.schedulers:
         plan = build_plan(exp, sched, dp=dp)
