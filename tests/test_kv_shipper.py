@@ -1,5 +1,5 @@
-"""The workers' KV-cache shipper (testbed/runtime/prefill.py KvShipper) against a real TCP receiver on loopback
-speaking the decode process's receive-only side (testbed/runtime/decode.py): filler is striped over the
+"""The workers' KV-cache shipper (testbed/bubbletea/worker_side.py KvShipper) against a real TCP receiver on loopback
+speaking the decode process's receive-only side (testbed/bubbletea/decode.py): filler is striped over the
 connections, every part is acknowledged, and the bounded drain counts what has not arrived."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 import socket
 import threading
 
+from testbed.bubbletea.decode import discard
+from testbed.bubbletea.worker_side import KvShipper
 from testbed.runtime.config import Endpoint
-from testbed.runtime.decode import discard
-from testbed.runtime.prefill import KvShipper
 from testbed.runtime.wire import recv_ctrl
 
 

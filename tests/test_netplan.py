@@ -90,7 +90,8 @@ EMULATOR = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "testbed" / "e
 
 @pytest.mark.parametrize("path", EMULATOR + ["testbed/launch/wan.py", "testbed/launch/windows.py",
                                              "testbed/launch/sharing.py", "testbed/runs/multitcp.py",
-                                             "testbed/runs/emulated.py", "testbed/sim/linkchange.py"])
+                                             "testbed/runs/emulated.py", "testbed/sim/linkchange.py",
+                                             "testbed/bubbletea/emulated.py", "testbed/bubbletea/kvdelay.py"])
 def test_the_emulator_does_not_re_read_links_from_the_topology(path):
     hits = [line.strip() for line in (ROOT / path).read_text().splitlines() if RE_READS.search(line)]
     assert not hits, f"{path} re-derives a link from the topology: {hits}"

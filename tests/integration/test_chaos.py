@@ -87,7 +87,7 @@ def test_a_killed_bubbletea_service_leaves_a_degraded_row_naming_it(tmp_path):
     rng = random.Random(int(os.environ.get("CHAOS_SEED", time.time_ns() % 10**6)))
     p = _start(tmp_path, "gdtbcb", "emu-bubbletea.yaml", "schedulers=[atlas+bubbletea]", "iterations=5")
     try:
-        _kill_when_running("gdtbcb", "testbed.runtime.bubbletea_service", rng)
+        _kill_when_running("gdtbcb", "testbed.bubbletea.service", rng)
         _out, err = p.communicate(timeout=120)
     finally:
         if p.poll() is None:
