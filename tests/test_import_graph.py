@@ -15,8 +15,8 @@ LAYERS: list[set[str]] = [
     {"program", "results", "columns", "progress"},  # plain data and how it is written
     {"timeline"},
     {"bubbletea.policy"},  # BubbleTea's policy: traces, bubbles, the scheduler, the online planner
+    {"costs"},  # the zoos and cost models: a spec names their GPUs and models, and registers its own there
     {"spec"},
-    {"costs"},
     {"plan"},
     {"sim", "analysis"},
     {"bubbletea"},  # BubbleTea's simulated half
@@ -54,9 +54,6 @@ ALLOWED = {
     ("testbed.runtime.tiny_llama", "testbed.costs.models"),
     # the memory model counts the microbatches in flight under Megatron's interleaved schedule (its warm-up)
     ("testbed.costs.stage", "testbed.plan.schedules"),
-    # a spec validates GPU names against the zoo and registers its own GPUs and calibration there
-    ("testbed.spec.topology", "testbed.costs.gpus"),
-    ("testbed.spec.experiment", "testbed.costs.calibration"),
     # Atlas's choice of mechanisms simulates each candidate plan (plan/choose.py), as its placement heuristic does:
     # until the choice moves above the simulator (runs/) with build_plan's callers
     ("testbed.plan.choose", "testbed.sim.executor"),
