@@ -401,6 +401,8 @@ LINKS = CsvFile("links.csv", "`testbed topology check`, `topology up --check`, `
     ("rtt_min_ms", "ms", "ping RTT, minimum"),
     ("rtt_avg_ms", "ms", "ping RTT, mean"),
     ("rtt_p99_ms", "ms", "ping RTT, 99th percentile"),
+    ("workers_rtt_ms_1", "ms", "TCP's smoothed RTT during the workers' one-connection measurement"),
+    ("workers_rtt_ms_n", "ms", "TCP's smoothed RTT during the workers' `streams`-connection measurement"),
     ("delay_method", "", "`netem`, `nfqueue` (our delay line) or `none`"),
     ("scale", "", "emulation scale k"),
     ("window_kib", "KiB", "emulated TCP window cap per connection"),

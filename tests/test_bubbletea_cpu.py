@@ -22,10 +22,10 @@ def _spawn(tmp_path, role: str, run_dir: str, seconds: float) -> subprocess.Pope
 
 def test_only_this_runs_bubbletea_processes_are_counted(tmp_path):
     run_dir, other = str(tmp_path / "gdtbx1"), str(tmp_path / "gdtbx2")
-    ours = _spawn(tmp_path, "testbed.runtime.decode", run_dir, 0.3)
+    ours = _spawn(tmp_path, "testbed.bubbletea.decode", run_dir, 0.3)
     kv_line = _spawn(tmp_path, "testbed.emu.delayline", f"{run_dir}/wan.kv.delay.json", 0.3)
     training_line = _spawn(tmp_path, "testbed.emu.delayline", f"{run_dir}/wan.delay.json", 0.3)
-    foreign = _spawn(tmp_path, "testbed.runtime.decode", other, 0.3)
+    foreign = _spawn(tmp_path, "testbed.bubbletea.decode", other, 0.3)
     before = bubbletea_cpu_s(proc_table(), run_dir)
     for p in (ours, kv_line, training_line, foreign):
         p.wait(30)
@@ -35,14 +35,14 @@ def test_only_this_runs_bubbletea_processes_are_counted(tmp_path):
 def test_a_workers_kv_sender_counts_as_its_child(tmp_path):
     run_dir = str(tmp_path / "gdtbx3")
     table = {10: (1, f"python -m testbed.runtime.worker {run_dir}/worker-s0r0.json", 5.0),
-             11: (10, "python -m testbed.runtime.kvsend 5 {}", 2.0),
-             12: (99, "python -m testbed.runtime.kvsend 5 {}", 2.0)}  # a sender of another run's worker
+             11: (10, "python -m testbed.bubbletea.kvsend 5 {}", 2.0),
+             12: (99, "python -m testbed.bubbletea.kvsend 5 {}", 2.0)}  # a sender of another run's worker
     assert bubbletea_cpu_s(table, run_dir) == {11: 2.0}
 
 
 def test_the_share_is_the_cpu_time_taken_over_the_machines_time(tmp_path):
     run_dir = str(tmp_path / "gdtbx4")
-    p = _spawn(tmp_path, "testbed.runtime.kvsend", run_dir, 0.4)
+    p = _spawn(tmp_path, "testbed.bubbletea.kvsend", run_dir, 0.4)
     t0, before = time.monotonic(), bubbletea_cpu_s(proc_table(), run_dir)
     while time.monotonic() - t0 < 5 and p.poll() is None:
         after = bubbletea_cpu_s(proc_table(), run_dir)

@@ -96,7 +96,7 @@ def test_the_service_and_the_worker_need_only_the_standard_library():
     import sys
 
     code = ("import sys\nfor m in ('numpy', 'pydantic', 'pandas', 'torch'): sys.modules[m] = None\n"
-            "import testbed.runtime.bubbletea_service as s, testbed.runtime.worker\n"
+            "import testbed.bubbletea.service as s, testbed.runtime.worker\n"
             "cfg = {'model': 'llama2-7b', 'layers': 32, 'guard_s': 0.001, 'slo_s': 2.0, 'calibration': None,\n"
             "       'workers': {'s0r0': {'dc': 'a', 'gpu': 'H100', 'tp': 1, 'max_tokens': 10000}},\n"
             "       'kv': {'a|a': [0.0001, 1e10]}, 'kv_bytes_per_token': 1000.0,\n"
@@ -107,7 +107,7 @@ def test_the_service_and_the_worker_need_only_the_standard_library():
 
 
 def test_a_worker_starts_a_job_only_if_it_fits_what_remains_of_its_live_gap():
-    from testbed.runtime.prefill import PrefillClient
+    from testbed.bubbletea.worker_side import PrefillClient
 
     c = PrefillClient("s0r0", None, "modeled")
     c.begin(1, 100.0)
@@ -134,7 +134,7 @@ def test_a_worker_starts_a_job_only_if_it_fits_what_remains_of_its_live_gap():
 def test_modeled_prefill_does_not_add_up_late_wake_ups_but_moves_by_a_pause():
     import time
 
-    from testbed.runtime.prefill import PrefillClient
+    from testbed.bubbletea.worker_side import PrefillClient
 
     c = PrefillClient("s0r0", None, "modeled")
     c.layers = 4
@@ -188,7 +188,7 @@ def test_a_job_run_early_frees_its_time_in_its_own_iteration():
 
 
 def test_a_worker_runs_the_next_iterations_jobs_only_where_none_of_its_own_fits():
-    from testbed.runtime.prefill import PrefillClient
+    from testbed.bubbletea.worker_side import PrefillClient
 
     c = PrefillClient("s0r0", None, "modeled")
     c.begin(1, 100.0)
@@ -200,7 +200,7 @@ def test_a_worker_runs_the_next_iterations_jobs_only_where_none_of_its_own_fits(
 
 
 def test_a_worker_counts_how_long_training_waited_for_prefill():
-    from testbed.runtime.prefill import PrefillClient
+    from testbed.bubbletea.worker_side import PrefillClient
 
     c = PrefillClient("s0r0", None, "modeled")
     c.begin(1, 100.0)
@@ -221,7 +221,7 @@ def test_a_worker_counts_how_long_training_waited_for_prefill():
 def test_prefill_in_the_tail_stops_at_its_predicted_end_and_resumes_in_the_next_iteration():
     import time
 
-    from testbed.runtime.prefill import PrefillClient
+    from testbed.bubbletea.worker_side import PrefillClient
 
     c = PrefillClient("s0r0", None, "modeled")
     c.layers = 8
@@ -244,7 +244,7 @@ def test_prefill_in_the_tail_stops_at_its_predicted_end_and_resumes_in_the_next_
 def test_nothing_runs_before_the_iteration_begins_and_a_paused_job_waits_for_a_gap_with_room():
     import time
 
-    from testbed.runtime.prefill import PrefillClient
+    from testbed.bubbletea.worker_side import PrefillClient
 
     c = PrefillClient("s0r0", None, "modeled")
     c.layers = 4
@@ -267,7 +267,7 @@ def test_nothing_runs_before_the_iteration_begins_and_a_paused_job_waits_for_a_g
 
 
 def test_the_service_says_the_iteration_is_over_once_every_worker_is_in_its_tail():
-    from testbed.runtime.bubbletea_service import Service
+    from testbed.bubbletea.service import Service
 
     cfg = {"model": "llama2-7b", "layers": 32, "guard_s": 0.001, "slo_s": 2.0, "calibration": None,
            "workers": {w: {"dc": "a", "gpu": "H100", "tp": 1, "max_tokens": 10000} for w in ("s0r0", "s1r0")},
@@ -283,7 +283,7 @@ def test_the_service_says_the_iteration_is_over_once_every_worker_is_in_its_tail
 def test_once_the_service_says_every_worker_is_in_its_tail_prefill_stays_stopped():
     import queue
 
-    from testbed.runtime.prefill import PrefillClient
+    from testbed.bubbletea.worker_side import PrefillClient
 
     class Link:  # the service's answers, in order
         def __init__(self, answers):
@@ -311,7 +311,7 @@ def test_a_tail_whose_end_is_signalled_takes_no_margin_and_does_not_widen_the_ot
 def _service_iterations(overrun_s: float, tail_wait_s: float, iterations: int = 5):
     """A service with two workers through `iterations` iterations of 1 s, each worker with one 100 ms gap;
     per iteration training waits `overrun_s` for prefill inside the gaps and `tail_wait_s` past its last op."""
-    from testbed.runtime.bubbletea_service import Service
+    from testbed.bubbletea.service import Service
 
     cfg = {"model": "llama2-7b", "layers": 32, "guard_s": 0.001, "slo_s": 2.0, "calibration": None,
            "workers": {w: {"dc": "a", "gpu": "H100", "tp": 1, "max_tokens": 10000} for w in ("s0r0", "s1r0")},
@@ -340,7 +340,7 @@ def test_the_margin_follows_the_wait_inside_the_gaps_not_in_the_tail():
 
 
 def test_the_validation_compares_the_served_share_over_the_requests_both_engines_were_offered():
-    from testbed.emu.bubbletea import served_same_requests
+    from testbed.bubbletea.emulated import served_same_requests
 
     def rows(source, served):  # requests.csv rows: request_id at 2, in_bubble at 11
         return [("r", source, rid, 0, 0, "", "", 0, 0, 0, 1, s, "a", 0, "", 0) for rid, s in served.items()]

@@ -14,12 +14,13 @@ LAYERS: list[set[str]] = [
     {"testbed", "errors", "net"},  # ground floor: the standard library only
     {"program", "results", "columns", "progress"},  # plain data and how it is written
     {"timeline"},
+    {"bubbletea.policy"},  # BubbleTea's policy: traces, bubbles, the scheduler, the online planner
+    {"costs"},  # the zoos and cost models: a spec names their GPUs and models, and registers its own there
     {"spec"},
-    {"costs"},
     {"plan"},
     {"sim", "analysis"},
-    {"bubbletea"},
-    {"runtime"},  # role processes; besides, they import only the ground floor, program.py and runtime/
+    {"bubbletea"},  # BubbleTea's simulated half
+    {"runtime"},  # role processes (BubbleTea's too): they import only ROLE_MAY_IMPORT
     {"emu"},
     {"launch"},
     {"cluster"},  # several machines: placement, the agents, the driver
@@ -29,29 +30,31 @@ LAYERS: list[set[str]] = [
     {"cli"},
     {"__main__"},
 ]
-ROLE_MAY_IMPORT = {"testbed", "errors", "net", "program", "runtime"}
+ROLE_MAY_IMPORT = {"testbed", "errors", "net", "program", "runtime", "bubbletea.policy"}
+# BubbleTea's package (testbed/bubbletea/) holds its policy, its simulated half, its role processes and its emulated
+# half: each module sits in the layer of what it is, so the policy stays below everything that runs it.
+BUBBLETEA = {
+    "bubbletea.policy": {"trace", "bubbles", "pool", "scheduler", "online", "knee"},
+    "bubbletea": {"fill", "run", "realised", "without_prefill"},  # the simulated half
+    # role processes: the service, the worker's side and its KV sender, decoders
+    "runtime": {"service", "worker_side", "decode", "kvsend"},
+    "emu": {"emulated", "kvdelay"},  # the emulated half: the service's configuration, the KV caches' delay line
+}
 # Known arrows that break the rules, each kept until a move that touches many files: the test fails on any other.
 ALLOWED = {
     # the scheduler names are validated where the spec is (a validator), but registered by the plan
     ("testbed.spec.experiment", "testbed.plan.mechanisms"),
     # type only: Timeline.from_sim and optimizer_steps take a Plan
     ("testbed.timeline", "testbed.plan.plan"),
-    # the BubbleTea service runs the policy the simulator runs (bubbletea/) with its cost model (costs/):
-    # until BubbleTea's policy moves into one standard-library package
-    ("testbed.runtime.bubbletea_service", "testbed.bubbletea.online"),
-    ("testbed.runtime.bubbletea_service", "testbed.bubbletea.scheduler"),
-    ("testbed.runtime.bubbletea_service", "testbed.bubbletea.trace"),
-    ("testbed.runtime.bubbletea_service", "testbed.costs.prefill"),
+    # the BubbleTea service predicts a prefill's time with the simulator's cost model (costs/prefill.py)
+    ("testbed.bubbletea.service", "testbed.costs.prefill"),
     # the role processes' models take their shapes from the model zoo (costs/models.py, standard library only)
-    ("testbed.runtime.bubbletea_service", "testbed.costs.models"),
-    ("testbed.runtime.decode", "testbed.costs.models"),
-    ("testbed.runtime.prefill", "testbed.costs.models"),
+    ("testbed.bubbletea.service", "testbed.costs.models"),
+    ("testbed.bubbletea.decode", "testbed.costs.models"),
+    ("testbed.bubbletea.worker_side", "testbed.costs.models"),
     ("testbed.runtime.tiny_llama", "testbed.costs.models"),
     # the memory model counts the microbatches in flight under Megatron's interleaved schedule (its warm-up)
     ("testbed.costs.stage", "testbed.plan.schedules"),
-    # a spec validates GPU names against the zoo and registers its own GPUs and calibration there
-    ("testbed.spec.topology", "testbed.costs.gpus"),
-    ("testbed.spec.experiment", "testbed.costs.calibration"),
     # Atlas's choice of mechanisms simulates each candidate plan (plan/choose.py), as its placement heuristic does:
     # until the choice moves above the simulator (runs/) with build_plan's callers
     ("testbed.plan.choose", "testbed.sim.executor"),
@@ -87,7 +90,10 @@ GRAPH = {m: imports(m) for m in MODULES}
 
 
 def unit(module: str) -> str:
-    return module.split(".")[1] if "." in module else module
+    parts = module.split(".")
+    if len(parts) > 2 and parts[1] == "bubbletea":
+        return next((u for u, names in BUBBLETEA.items() if parts[2] in names), f"bubbletea.{parts[2]} (BUBBLETEA)")
+    return parts[1] if len(parts) > 1 else module
 
 
 def layer(module: str) -> int:
@@ -159,6 +165,15 @@ def test_each_layer_imports_only_layers_below_it():
 
 def test_the_allow_list_holds_only_arrows_that_exist():
     assert violations(GRAPH) >= ALLOWED, f"remove from ALLOWED: {sorted(ALLOWED - violations(GRAPH))}"
+
+
+def test_bubbleteas_policy_is_below_what_runs_it():
+    assert unit("testbed.bubbletea.online") == "bubbletea.policy" and unit("testbed.bubbletea.service") == "runtime"
+    assert layer("testbed.bubbletea.online") < layer("testbed.sim.executor") < layer("testbed.bubbletea.run")
+    assert ("testbed.bubbletea.online", "testbed.bubbletea.run") in violations(
+        {"testbed.bubbletea.online": {"testbed.bubbletea.run"}})  # the policy importing its simulated half
+    assert ("testbed.bubbletea.service", "testbed.bubbletea.emulated") in violations(
+        {"testbed.bubbletea.service": {"testbed.bubbletea.emulated"}})  # a role importing the emulator
 
 
 def test_an_upward_arrow_is_a_violation():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from testbed.emu.bubbletea import DECODE_PORT
+from testbed.bubbletea.emulated import DECODE_PORT
 from testbed.emu.shaping import rate_change_commands
 from testbed.emu.train import KV_MINOR
 from testbed.plan.lower import BASE_PORT

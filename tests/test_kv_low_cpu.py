@@ -41,7 +41,7 @@ def test_slowdown_validation_pairs_each_emulated_slowdown_with_the_simulators():
 def test_the_kv_delay_line_takes_the_decode_ports_packets_both_ways_into_its_own_queues():
     from types import SimpleNamespace
 
-    from testbed.emu.kvdelay import KV_QUEUES, _rules
+    from testbed.bubbletea.kvdelay import KV_QUEUES, _rules
 
     w = SimpleNamespace(a="useast", b="uswest")
     rules = _rules(w, 7900)

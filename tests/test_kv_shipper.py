@@ -1,6 +1,6 @@
-"""The workers' KV-cache shipper (testbed/runtime/kvsend.py KvShipper, and KvProcess: the same in a child process)
+"""The workers' KV-cache shipper (testbed/bubbletea/kvsend.py KvShipper, and KvProcess: the same in a child process)
 against a real TCP receiver on loopback speaking the decode process's receive-only side
-(testbed/runtime/decode.py): filler is striped over the connections, every part is acknowledged, and the bounded
+(testbed/bubbletea/decode.py): filler is striped over the connections, every part is acknowledged, and the bounded
 drain counts what has not arrived."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import socket
 import threading
 import time
 
+from testbed.bubbletea.decode import discard
+from testbed.bubbletea.kvsend import KvProcess, KvShipper
 from testbed.runtime.config import Endpoint
-from testbed.runtime.decode import discard
-from testbed.runtime.kvsend import KvProcess, KvShipper
 from testbed.runtime.lowcpu import KV_NICE
 from testbed.runtime.wire import recv_ctrl
 

@@ -17,6 +17,8 @@ from testbed.launch.check import HEADER_ONLY_BYTES, check, match_transfers, repl
 from testbed.launch.dilation import floor_warnings, link_scale, links_table, transfer_dilation
 from testbed.launch.ranks import layout, rank_env
 from testbed.launch.wan import parse_scale
+from testbed.net.scale import link_mss
+from testbed.plan.network import covering_connections, lower_network
 from testbed.spec.topology import Topology
 
 W = 6 * 2**20
@@ -84,13 +86,28 @@ def test_k_is_the_smallest_grid_value_whose_demand_fits_the_headroom():
 
 def test_gloos_demand_is_the_rank_pairs_windows_up_to_the_link_rate():
     k = 100
-    win = emulated_window(W, k)
-    # one link direction east -> mid: 2 x 2 rank pairs, one connection each, a window per 28 ms round trip
+    # one link direction east -> mid: 2 x 2 rank pairs, one connection each, a window per 28 ms round trip; the
+    # window is the one the emulator builds (whole segments of the path's MTU at 100 Mbit/s)
     one = Topology.model_validate({**TOPO.model_dump(), "links": [TOPO.links[0].model_dump()]})
+    win = lower_network(one, k).emulated("east", "mid").window_bytes
+    assert win == emulated_window(W, k, link_mss(10e9 / k))
     assert wan_demand_bps(one, k, RANKS, None) == pytest.approx(2 * 4 * win / 0.028 * 8)
     assert wan_demand_bps(one, k, {"east": 1, "mid": 1}, None) == pytest.approx(2 * win / 0.028 * 8)
     # NCCL's sockets cover the bandwidth-delay product: the link's rate
     assert wan_demand_bps(one, k, RANKS, 32) == pytest.approx(2 * 10e9 / k)
+
+
+def test_nccls_demand_counts_the_connections_the_launch_opens():
+    """Every rank pair stripes over the one count `testbed launch` gives every rank (plan/network.py
+    covering_connections: the most any link needs), not a count of each link's own."""
+    k, conns = 100, 3
+    net = lower_network(TOPO, k)
+    n = covering_connections(net, conns)
+    assert n == conns  # the 33 ms link needs more than 3 windows in flight: the cap holds
+    expected = sum(2 * min(lk.emulated.capacity_bytes_s, 4 * n * lk.emulated.window_bytes / lk.rtt_s) * 8
+                   for lk in net.links)
+    assert wan_demand_bps(TOPO, k, RANKS, conns) == pytest.approx(expected)
+    assert wan_demand_bps(TOPO, k, RANKS, conns) > wan_demand_bps(TOPO, k, RANKS, None)
 
 
 def test_more_headroom_fewer_ranks_or_fewer_connections_never_need_a_larger_k():

@@ -76,19 +76,22 @@ def test_a_changing_wan_opens_at_least_every_iterations_connections():
     assert covering_connections(built, 10_000) >= max(lp.connections for lp in planned.values())
 
 
-# The emulator's modules read a link's rate, latency and window from the lowered network (Emulation.link), never
-# from the topology; emu/scale.py chooses k from the spec before anything is lowered, and launch/dilation.py
-# compares the spec with what was built, so those two read both.
-RE_READS = re.compile(r"\.gbps \* 1e9|latency_ms / 1e3|window_mb\(|\.topo\.link\(")
+# The emulator's modules and the simulator's changing WAN read a link's rate, latency, window and schedule from the
+# lowered network (Emulation.link, NetLink.changes), never from the topology; emu/scale.py and emu/headroom.py choose
+# k from the spec before anything is lowered, and launch/dilation.py compares the spec with what was built, so those
+# read both.
+RE_READS = re.compile(r"\.gbps \* 1e9|latency_ms / 1e3|window_mb\(|\.topo\.links?\b|"
+                      r"\blink\.(gbps|latency_ms|trace|events)\b")
 
 
 EMULATOR = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "testbed" / "emu").glob("*.py")
-                  if p.name != "scale.py")
+                  if p.name not in ("scale.py", "headroom.py"))
 
 
 @pytest.mark.parametrize("path", EMULATOR + ["testbed/launch/wan.py", "testbed/launch/windows.py",
                                              "testbed/launch/sharing.py", "testbed/runs/multitcp.py",
-                                             "testbed/runs/emulated.py"])
+                                             "testbed/runs/emulated.py", "testbed/sim/linkchange.py",
+                                             "testbed/bubbletea/emulated.py", "testbed/bubbletea/kvdelay.py"])
 def test_the_emulator_does_not_re_read_links_from_the_topology(path):
     hits = [line.strip() for line in (ROOT / path).read_text().splitlines() if RE_READS.search(line)]
     assert not hits, f"{path} re-derives a link from the topology: {hits}"

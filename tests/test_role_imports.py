@@ -17,7 +17,7 @@ class Block:
                 or name.startswith('testbed.emu'):  # the emulator's builder is not the roles' business
             raise ImportError('not in the role image: ' + name)
 sys.meta_path.insert(0, Block())
-import testbed.runtime.worker, testbed.runtime.sidecar, testbed.runtime.bubbletea_service
+import testbed.runtime.worker, testbed.runtime.sidecar, testbed.bubbletea.service
 print('ok')
 """
 

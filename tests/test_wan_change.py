@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from testbed.errors import SpecError
+from testbed.plan.network import link_changes, lower_network
 from testbed.sim.executor import simulate, simulate_changing
-from testbed.sim.linkchange import WanSchedule, WanState, link_states, union_length
+from testbed.sim.linkchange import WanSchedule, WanState, union_length
 from testbed.spec.load import validate
 from testbed.spec.topology import Topology, WanLink
 from tests.conftest import make_plan
@@ -113,11 +114,11 @@ def test_link_rates_are_recorded():
     assert rates == [(1.0, C1), (1.5, 0.5e9), (2.5, 0.0)]  # starts, re-rated at the step, ends
 
 
-def test_link_states_merge_trace_and_outages():
+def test_link_changes_merge_trace_and_outages():
     link = WanLink(between=("a", "b"), gbps=8, latency_ms=10,
                    trace=[{"t_s": 2, "gbps": 4, "latency_ms": 20}, {"t_s": 6, "gbps": 8, "latency_ms": 10}],
                    events=[{"at_s": 3, "down_for_s": 1}])
-    times, states = link_states(link)
+    times, states = [t for t, _ in link_changes(link)], [st for _, st in link_changes(link)]
     assert times == [0.0, 2.0, 3.0, 4.0, 6.0]
     assert [(s.gbps, s.latency_s, s.up) for s in states] == [
         (8, 0.01, True), (4, 0.02, True), (4, 0.02, False), (4, 0.02, True), (8, 0.01, True)]
@@ -221,7 +222,7 @@ def test_a_changing_wan_keeps_the_runs_placement():
     from testbed.spec.load import load_experiment
 
     exp = load_experiment(Path(__file__).resolve().parent.parent / "experiments" / "wan-change.yaml")[0][0]
-    wan = WanSchedule.from_topology(exp.topology)
+    wan = WanSchedule.from_net(lower_network(exp.topology))
     plans, *_ = simulate_changing_run(exp, "atlas", "keep", resolve_dp(exp), wan)
     assert len({tuple(map(tuple, p.stage_dc)) for p in plans}) == 1
     assert len({tuple(p.links[k].capacity_bytes_s for k in sorted(p.links)) for p in plans}) > 1  # re-planned

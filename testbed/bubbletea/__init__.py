@@ -1,1 +1,2 @@
-"""BubbleTea: serve LLM prefill requests inside training pipeline bubbles (used by sim and runtime)."""
+"""BubbleTea: serve LLM prefill requests inside training pipeline bubbles. Its policy, its simulated half, its role
+processes and its emulated half (docs/architecture.md, "BubbleTea, one package across the layers")."""

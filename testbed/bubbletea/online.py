@@ -6,7 +6,8 @@ median of its past openings and lasts the median of its past lengths, less a mar
 quantile, from the median up while training waits, of how much that prediction overestimated the recent
 gaps). The opening is only a hint for planning: a worker anchors the predicted length to the gap's live
 opening, and starts a job only if it fits what is predicted to remain of the gap less the guard band
-(testbed/runtime/prefill.py), since a gap's length varies far less from one iteration to the next than where it falls.
+(testbed/bubbletea/worker_side.py), since a gap's length varies far less from one iteration to the next than
+where it falls.
 
 At the start of every iteration k it re-plans: the requests not yet decided or not yet started (in
 arrival order) are placed by the simulator's scheduler (testbed/bubbletea/scheduler.py) into the predicted
@@ -80,7 +81,7 @@ class WindowModel:
     A worker runs the same program every iteration, so gap g recurs; what moves is when it opens (every
     delay upstream shifts it) and, much less, how long it lasts. A gap is predicted to open at the median
     of its past openings and to last the median of its past lengths (0 in an iteration without it);
-    the worker anchors the length to the gap's live opening (testbed/runtime/prefill.py). `margin_s` is
+    the worker anchors the length to the gap's live opening (testbed/bubbletea/worker_side.py). `margin_s` is
     the measured shortfall of that prediction: the `MARGIN_QUANTILE` of (predicted - realised length) over
     the gaps of the last `history` iterations long enough to hold a job (the smallest prefill), so a job
     admitted against it fits its real gap with that probability."""

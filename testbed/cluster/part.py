@@ -12,7 +12,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from testbed.cluster.placement import Half, Part, underlay_mtu_needed
-from testbed.emu.build import MTU, Emulation, build_dc, build_wan, prepare_machine, shape_egress, start_delayline
+from testbed.emu.build import (
+    MTU,
+    Emulation,
+    build_dc,
+    build_wan,
+    ever_delayed,
+    prepare_machine,
+    shape_egress,
+    start_delayline,
+)
 from testbed.emu.sh import EmuError, run
 
 
@@ -26,7 +35,7 @@ def builder(part: Part, vxlan_port: int):
         index = {dc.name: i for i, dc in enumerate(emu.topo.dcs)}
         gws = {dc: build_dc(emu, index[dc], dc) for dc in part.dcs}
         for k in part.links:
-            build_wan(emu, emu.addr.wans[k], emu.topo.links[k], gws)
+            build_wan(emu, emu.addr.wans[k], emu.net.links[k], gws)
         for half in part.halves:
             build_half(emu, half, gws, vxlan_port)
         emu.backend.start()
@@ -53,7 +62,7 @@ def check_underlay(half: Half, link_mtu: int) -> None:
 
 def build_half(emu: Emulation, half: Half, gws: dict, vxlan_port: int) -> None:
     """This machine's half of the WAN link `half.link`: gateway <-> WAN namespace <-> tunnel to the peer."""
-    be, w, link = emu.backend, emu.addr.wans[half.link], emu.topo.links[half.link]
+    be, w, link = emu.backend, emu.addr.wans[half.link], emu.net.links[half.link]
     check_underlay(half, emu.mtu(half.here, half.peer))
     wan = be.add_node(w.ns, "wan")
     emu.save()
@@ -73,5 +82,5 @@ def build_half(emu: Emulation, half: Half, gws: dict, vxlan_port: int) -> None:
     be.run(wan, ["ip", "addr", "add", f"{half.tunnel_ip}/30", "dev", half.peer])
     be.run(wan, ["ip", "route", "add", emu.addr.lan_subnet[half.peer], "via", half.peer_tunnel_ip])
     shape_egress(emu, wan, half.peer, link)
-    if emu.delay == "nfqueue" and max([link.latency_ms, *(p.latency_ms for p in link.trace or [])]) > 0:
-        start_delayline(emu, wan, half.here, half.peer, link.latency_ms, both=False)
+    if emu.delay == "nfqueue" and ever_delayed(link):
+        start_delayline(emu, wan, half.here, half.peer, emu.link(*link.between).delay_ms, both=False)

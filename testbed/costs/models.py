@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from testbed.errors import SpecError
 
-if TYPE_CHECKING:
-    from testbed.spec.workload import CustomModel
+
+class ModelShape(Protocol):
+    """A model described by its shape (the spec's `workload.model` mapping, testbed/spec/workload.py CustomModel)."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int | None
+    ffn_hidden: int | None
+    vocab: int
+    seq_len: int
+    gated_mlp: bool
 
 
 @dataclass(frozen=True)
@@ -74,8 +85,8 @@ MODELS: dict[str, ModelConfig] = {
 }
 
 
-def resolve_model(model: str | CustomModel, seq_len: int | None = None, field: str = "workload.model") -> ModelConfig:
-    if not isinstance(model, str):  # a CustomModel
+def resolve_model(model: str | ModelShape, seq_len: int | None = None, field: str = "workload.model") -> ModelConfig:
+    if not isinstance(model, str):
         cfg = ModelConfig(
             model.name,
             model.layers,

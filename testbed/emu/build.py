@@ -24,13 +24,13 @@ from testbed.emu.rungroup import run_gid, secure_dir
 from testbed.emu.scale import FOREIGN_SHARE, MAX_LAN_BPS, check_scale, receive_buffer, window_notes  # noqa: F401
 from testbed.emu.sh import EmuError
 from testbed.emu.shaping import htb_commands, lan_commands
-from testbed.net.links import NetPlan
+from testbed.net.links import NetLink, NetPlan
 from testbed.net.scale import MIN_WINDOW, MSS, MTU, TCP_HEADERS, EmulatedLink, emulated_window, link_mss  # noqa: F401
 from testbed.net.units import gbps_to_bps
 from testbed.net.wire import GSO_SEGMENTS
 from testbed.plan.network import lower_network
 from testbed.spec.experiment import warm_windows as default_warm_windows
-from testbed.spec.topology import Topology, WanLink
+from testbed.spec.topology import Topology
 
 
 @dataclass
@@ -238,7 +238,7 @@ def peer_routes(emu: Emulation, dc: str) -> dict[str, list[str]]:
 def _build(emu: Emulation) -> None:
     prepare_machine(emu)
     gws = {dc.name: build_dc(emu, i, dc.name) for i, dc in enumerate(emu.topo.dcs)}
-    for w, link in zip(emu.addr.wans, emu.topo.links, strict=True):
+    for w, link in zip(emu.addr.wans, emu.net.links, strict=True):
         build_wan(emu, w, link, gws)
     emu.backend.start()
 
@@ -280,7 +280,7 @@ def build_dc(emu: Emulation, i: int, dc: str) -> Node:
     return gw
 
 
-def build_wan(emu: Emulation, w: WanAddr, link: WanLink, gws: dict[str, Node]) -> None:
+def build_wan(emu: Emulation, w: WanAddr, link: NetLink, gws: dict[str, Node]) -> None:
     """A WAN link whose two DCs are both here: its WAN node between the gateways, each direction shaped on its
     way out and delayed."""
     be = emu.backend
@@ -297,11 +297,16 @@ def build_wan(emu: Emulation, w: WanAddr, link: WanLink, gws: dict[str, Node]) -
     for dev in (w.a, w.b):  # egress towards that DC
         shape_egress(emu, wan, dev, link)
     e = emu.link(w.a, w.b)
-    if emu.delay == "nfqueue" and max([e.latency_s, *(p.latency_ms for p in link.trace or [])]) > 0:
+    if emu.delay == "nfqueue" and ever_delayed(link):
         start_delayline(emu, wan, w.a, w.b, e.delay_ms)
 
 
-def shape_egress(emu: Emulation, wan: Node, dev: str, link: WanLink) -> None:
+def ever_delayed(link: NetLink) -> bool:
+    """Whether a link needs a delay line: it has a latency now or its schedule gives it one later."""
+    return max([link.latency_s, *(st.latency_s for _, st in link.changes)]) > 0
+
+
+def shape_egress(emu: Emulation, wan: Node, dev: str, link: NetLink) -> None:
     """HTB at the link's emulated rate (and netem's delay, where the kernel has it) on `dev`'s way out."""
     e = emu.link(*link.between)
     netem = e.delay_ms if emu.delay == "netem" else None

@@ -1,6 +1,7 @@
 """`topology check`: measure every WAN pair against its spec: RTT by ping, TCP throughput by iperf3 and by the
 training workers' own transport (window-clamped connections, striped and corked sends: `bulk`), the latter
-against the window model min(C, n W / RTT)."""
+against the window model min(C, n W / RTT), with the RTT TCP itself measured on the path during the transfer (on a
+loaded machine the path's RTT grows past the configured one, and a window-bound transfer slows with it)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from testbed.net.units import bytes_s_to_mbps, bytes_to_kib, mbps_to_bytes_s
 
 LINKS_HEADER = ("link", "configured_mbps", "measured_mbps_1", "measured_mbps_n", "workers_mbps_1", "workers_mbps_n",
                 "streams", "model_mbps_1", "model_mbps_n", "configured_rtt_ms", "rtt_min_ms", "rtt_avg_ms",
-                "rtt_p99_ms", "delay_method", "scale", "window_kib")
+                "rtt_p99_ms", "workers_rtt_ms_1", "workers_rtt_ms_n", "delay_method", "scale", "window_kib")
 
 
 def ping(emu: Emulation, src: str, dst_ip: str, count: int) -> dict:
@@ -86,31 +87,48 @@ def check_links(emu: Emulation, streams: int = 8, seconds: float = 3.0, pings: i
         one = iperf(emu, src, dst, 5201 + k, seconds, 1)
         many = iperf(emu, src, dst, 5201 + k, seconds, streams)
         cap, win, rtt_s = bytes_s_to_mbps(e.capacity_bytes_s), e.window_bytes, e.rtt_s
-        ours = {n: bulk(emu, src, dst, 5301 + k, seconds, n, win, WORKERS_WARMUP_S)["received_mbps"]
-                for n in (1, streams)}
+        ours = {n: bulk(emu, src, dst, 5301 + k, seconds, n, win, WORKERS_WARMUP_S) for n in (1, streams)}
         model = {n: bytes_s_to_mbps(striped_rate(mbps_to_bytes_s(cap), n, win, rtt_s)) for n in (1, streams)}
         rows.append({
             "link": f"{a}-{b}", "configured_mbps": round(cap, 3),
             "measured_mbps_1": round(one["received_mbps"], 3), "measured_mbps_n": round(many["received_mbps"], 3),
-            "workers_mbps_1": round(ours[1], 3), "workers_mbps_n": round(ours[streams], 3),
+            "workers_mbps_1": round(ours[1]["received_mbps"], 3),
+            "workers_mbps_n": round(ours[streams]["received_mbps"], 3),
             "streams": streams, "model_mbps_1": round(model[1], 3), "model_mbps_n": round(model[streams], 3),
             "configured_rtt_ms": 2 * e.delay_ms, **{k2: (round(v, 3) if v is not None else "") for k2, v in
                                                         rtt.items() if k2 != "samples"},
+            "workers_rtt_ms_1": round(ours[1]["tcp_rtt_ms"], 3),
+            "workers_rtt_ms_n": round(ours[streams]["tcp_rtt_ms"], 3),
             "delay_method": emu.delay, "scale": emu.scale, "window_kib": round(bytes_to_kib(win), 1),
         })
     return rows
 
 
+def model_at_rtt_mbps(row: dict, connections: int, rtt_ms: float) -> float:
+    """The window model of a links.csv row at another RTT: min(capacity, n W / RTT)."""
+    window_mbit = bytes_s_to_mbps(float(row["window_kib"]) * 1024)
+    return min(float(row["configured_mbps"]), connections * window_mbit / (rtt_ms / 1e3))
+
+
 def below_model(rows: list[dict], share: float = MODEL_SHARE) -> list[str]:
-    """One line per link whose workers' throughput, on 1 or on n connections, is under `share` of its model."""
+    """One line per link whose workers' throughput, on 1 or on n connections, is under `share` of its model, naming
+    the cause: the path's RTT as TCP measured it (the transport gets the model at that RTT: the path is slower than
+    configured), or the transport itself (it falls short of the model even at that RTT)."""
     lines = []
     for r in rows:
-        misses = []
+        misses, path_slow = [], True
         for n, col in ((1, "1"), (r["streams"], "n")):
             got, model = float(r[f"workers_mbps_{col}"]), float(r[f"model_mbps_{col}"])
             if got < share * model:
-                misses.append(f"{got:.1f} Mbit/s on {n} connection(s), {got / model:.1%} of the model's {model:.1f}")
+                rtt = float(r[f"workers_rtt_ms_{col}"])
+                at_rtt = model_at_rtt_mbps(r, n, rtt)
+                path_slow = path_slow and got >= share * at_rtt
+                misses.append(f"{got:.1f} Mbit/s on {n} connection(s), {got / model:.1%} of the model's {model:.1f} "
+                              f"(TCP measured an RTT of {rtt:.1f} ms, the model there {at_rtt:.1f})")
         if misses:
+            why = (f"the path's RTT is longer than the configured {float(r['configured_rtt_ms']):g} ms (a loaded "
+                   f"machine, or a delay line that cannot keep up)" if path_slow else
+                   "the transport falls short of the model even at the RTT it measured")
             lines.append(f"{r['link']}: the workers' transport gets {' and '.join(misses)}: this link is slower than "
-                         f"the simulator assumes (a loaded machine, or a delay line that cannot keep up)")
+                         f"the simulator assumes: {why}")
     return lines

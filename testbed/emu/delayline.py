@@ -20,7 +20,7 @@ No fail-open flag and no --queue-bypass: if this process dies, the link stops in
 losing its delay. Packet ids are 32-bit; at 10k packets/s they wrap after about 5 days (not handled).
 
 `--nice N` sets the process's CPU priority (default -10: the emulated link ahead of the workload; BubbleTea's KV
-caches get a line of their own at 19, testbed/emu/kvdelay.py).
+caches get a line of their own at 19, testbed/bubbletea/kvdelay.py).
 
 Usage: python -m testbed.emu.delayline [--stats-file F] [--control PATH] [--nice N] QNUM:DELAY_MS [QNUM:DELAY_MS ...]
 """

@@ -266,7 +266,7 @@ def lag_over(before: dict[str, tuple[int, float, float]], after: dict[str, tuple
     return (s / n if n > 0 else 0.0), worst
 
 
-BUBBLETEA_ROLES = ("testbed.runtime.bubbletea_service", "testbed.runtime.decode", "testbed.runtime.kvsend")
+BUBBLETEA_ROLES = ("testbed.bubbletea.service", "testbed.bubbletea.decode", "testbed.bubbletea.kvsend")
 KV_LINE_MARK = ".kv.delay.json"  # a KV delay line's stats file (testbed/emu/kvdelay.py)
 
 
@@ -298,7 +298,7 @@ def bubbletea_cpu_s(table: dict[int, tuple[int, str, float]], run_dir: str) -> d
     out = {}
     for pid, (ppid, cmd, cpu) in table.items():
         parent = table.get(ppid, (0, "", 0.0))[1]
-        if ours(cmd) or ("testbed.runtime.kvsend" in cmd and run_dir in parent):
+        if ours(cmd) or ("testbed.bubbletea.kvsend" in cmd and run_dir in parent):
             out[pid] = cpu
     return out
 

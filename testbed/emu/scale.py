@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import math
 
+from testbed.costs.tcp import striped_rate
 from testbed.errors import SpecError
 from testbed.net.scale import MIN_WINDOW, MSS, MTU, TCP_HEADERS, emulated_window  # noqa: F401
-from testbed.net.units import gbps_to_bps, gbps_to_bytes_s, mib_to_bytes, ms_to_s
+from testbed.net.units import bytes_s_to_bps, gbps_to_bps, mib_to_bytes
+from testbed.plan.network import covering_connections, lower_network
 from testbed.spec.topology import Topology
 
 # Linux advertises the share of a receive buffer that it measures per connection (scaling_ratio: a received
@@ -62,21 +64,19 @@ def k_grid(k_max: float = 1e7) -> list[float]:
 
 def wan_demand_bps(topo: Topology, scale: float, ranks_per_dc: dict[str, int], max_connections: int | None) -> float:
     """Bits/s the emulated WAN carries at scale k when every rank talks to every rank of the other DCs at
-    once (an all-to-all exchange: the most a job's traffic asks of the WAN). Each link direction carries its
-    rate, or what the rank pairs across it keep in flight if less: ranks(a) x ranks(b) pairs, each over one
-    connection (gloo), or over the launch's multi-TCP count when `max_connections` is given (NCCL's sockets,
-    as many as cover the link's bandwidth-delay product), each connection a window per round trip
-    (testbed.costs.tcp)."""
-    from testbed.costs.tcp import connections_for, striped_rate
-
+    once (an all-to-all exchange: the most a job's traffic asks of the WAN). Each link direction, as the emulator
+    builds it at k (testbed/plan/network.py lower_network), carries its rate, or what the rank pairs across it keep
+    in flight if less: ranks(a) x ranks(b) pairs, each over one connection (gloo), or over the launch's multi-TCP
+    count when `max_connections` is given (NCCL's sockets: plan/network.py covering_connections, the count `testbed
+    launch` gives every rank), each connection a window per round trip (testbed.costs.tcp)."""
+    net = lower_network(topo, scale)
+    per_pair = covering_connections(net, max_connections) if max_connections else 1
     total = 0.0
-    for link in topo.links:
-        a, b = link.between
-        cap = gbps_to_bytes_s(link.gbps) / scale
-        win, rtt = emulated_window(mib_to_bytes(topo.window_mb(link)), scale), ms_to_s(2 * link.latency_ms)
-        per_pair = connections_for(cap, win, rtt, max_connections) if max_connections else 1
-        pairs = ranks_per_dc.get(a, 0) * ranks_per_dc.get(b, 0)
-        total += 2 * striped_rate(cap, pairs * per_pair, win, rtt) * 8 if pairs else 0.0
+    for link in net.links:
+        e = net.emulated(link.a, link.b)
+        pairs = ranks_per_dc.get(link.a, 0) * ranks_per_dc.get(link.b, 0)
+        if pairs:
+            total += 2 * bytes_s_to_bps(striped_rate(e.capacity_bytes_s, pairs * per_pair, e.window_bytes, e.rtt_s))
     return total
 
 

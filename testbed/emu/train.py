@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from testbed.bubbletea.worker_side import KV_DRAIN_S
 from testbed.emu import state
 from testbed.emu.build import Emulation
 from testbed.emu.flowwatch import FlowSampler
@@ -30,7 +31,6 @@ from testbed.program import collective_exchanges, ring_collectives
 from testbed.runtime.access import grant, listen_unix, log, peer_cred
 from testbed.runtime.config import Endpoint, WorkerConfig
 from testbed.runtime.htb import IDLE_PRIO, JUMBO_MTU, class_args, kv_class, trickle_bps
-from testbed.runtime.prefill import KV_DRAIN_S
 from testbed.runtime.wire import ProtocolError, recv_ctrl, recv_ctrl_skipping, send_ctrl
 from testbed.timeline import Interval, Timeline, group_gaps, group_name, sort_intervals
 
@@ -424,7 +424,7 @@ def torch_config(plan: Plan, exp_model, lr: float) -> dict[int, dict]:
 
 
 def start_bubbletea(emu: Emulation, service: dict) -> tuple[subprocess.Popen, str, str]:
-    """The BubbleTea service (testbed/runtime/bubbletea_service.py) with its configuration."""
+    """The BubbleTea service (testbed/bubbletea/service.py) with its configuration."""
     rdir = state.run_dir(emu.prefix) / "bubbletea"  # the service's own directory: it may run unprivileged
     rdir.mkdir(exist_ok=True)
     gid, uid = run_gid(emu.backend), worker_uid(emu.backend)
@@ -433,7 +433,7 @@ def start_bubbletea(emu: Emulation, service: dict) -> tuple[subprocess.Popen, st
     path = rdir / "bubbletea.json"
     path.write_text(json.dumps({**service, "socket": sock, "results": results, "gid": gid, "peer_uids": [uid]}))
     log = open(rdir / "bubbletea.log", "w")  # noqa: SIM115 (owned by the child)
-    p = emu.backend.spawn(None, "testbed.runtime.bubbletea_service", [str(path)],
+    p = emu.backend.spawn(None, "testbed.bubbletea.service", [str(path)],
                           stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
     if p.stdout.readline().strip() != "ready":  # type: ignore[union-attr]
         raise EmuError("the BubbleTea service did not start")
@@ -443,10 +443,10 @@ def start_bubbletea(emu: Emulation, service: dict) -> tuple[subprocess.Popen, st
 
 def start_decoders(plan: Plan, emu: Emulation, sock: str, model: str, steps: int, compute: str = "torch",
                    procs: list[subprocess.Popen] | None = None) -> tuple[list[subprocess.Popen], dict[str, Endpoint]]:
-    """One decode process per DC (testbed/runtime/decode.py) on the DC's first host: KV caches cross the
+    """One decode process per DC (testbed/bubbletea/decode.py) on the DC's first host: KV caches cross the
     emulated WAN to it (modeled compute: it receives them and decodes nothing). Returns the processes (appended
     to `procs` as they start) and each DC's address."""
-    from testbed.emu.bubbletea import DECODE_PORT
+    from testbed.bubbletea.emulated import DECODE_PORT
 
     rdir = state.run_dir(emu.prefix)
     procs, where = [] if procs is None else procs, {}
@@ -456,7 +456,7 @@ def start_decoders(plan: Plan, emu: Emulation, sock: str, model: str, steps: int
         path.write_text(json.dumps({"ip": h.ip, "port": DECODE_PORT, "service": sock, "model": model,
                                     "decode_tokens": steps, "dc": dc, "compute": compute}))
         log = open(rdir / f"decode-{dc}.log", "w")  # noqa: SIM115 (owned by the child)
-        p = emu.backend.spawn(emu.node(h.ns), "testbed.runtime.decode", [str(path)], stdout=subprocess.PIPE,
+        p = emu.backend.spawn(emu.node(h.ns), "testbed.bubbletea.decode", [str(path)], stdout=subprocess.PIPE,
                               stderr=log, text=True, start_new_session=True)
         procs.append(p)
         if p.stdout.readline().strip() != "ready":  # type: ignore[union-attr]
@@ -560,13 +560,13 @@ def serve_bubbletea(stack: contextlib.ExitStack, plan: Plan, emu: Emulation, bub
     serving = Serving()
     if bubbletea is None:
         return cfgs, serving
-    from testbed.emu.bubbletea import DECODE_PORT
-    from testbed.emu.kvdelay import start_kv_delaylines, stop_kv_delaylines
+    from testbed.bubbletea.emulated import DECODE_PORT
+    from testbed.bubbletea.kvdelay import start_kv_delaylines, stop_kv_delaylines
     from testbed.runtime.config import PrefillConfig
 
     stack.callback(remove_kv_classes, emu, serving.kv_hops)
     classify_kv(plan, emu, serving.kv_hops, DECODE_PORT)
-    kv_lines: list[str] = []  # WAN nodes whose KV caches have a delay line of their own (testbed/emu/kvdelay.py)
+    kv_lines: list[str] = []  # WAN nodes whose KV caches have a delay line of their own (testbed/bubbletea/kvdelay.py)
     stack.callback(lambda: kv_lines and stop_kv_delaylines(emu, DECODE_PORT, kv_lines))
     procs: list[subprocess.Popen] = []
     stack.callback(stop_processes, procs)
@@ -702,7 +702,7 @@ def run_training(plan: Plan, emu: Emulation, iterations: int, progress=None, com
                  torch_cfg: dict[int, dict] | None = None, bubbletea: dict | None = None,
                  capture: bool = False, live=None, replan=None, conns: dict | None = None) -> TrainingRun:
     """Run `iterations` iterations of `plan` on `emu`; return the emulated timeline (barrier gaps removed).
-    `bubbletea`: the BubbleTea service's configuration (testbed/emu/bubbletea.py), to serve prefill.
+    `bubbletea`: the BubbleTea service's configuration (testbed/bubbletea/emulated.py), to serve prefill.
     `capture`: packet headers on every WAN link for the whole run (testbed/emu/capture.py) instead of the
     HTB class counters of one iteration. On a changing WAN, `live` (wanchange.LiveWan) applies the link
     schedule, `replan(clock)` gives each iteration's plan (its programs go out with the iteration's go) and

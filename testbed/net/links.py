@@ -1,6 +1,8 @@
 """The lowered network: every WAN link once, in real-world units, as both engines run it. The simulator's per-direction
 link plans (testbed/plan/plan.py LinkPlan) and the emulator's links, delays and flow classes are read from it; nothing
-downstream re-reads a link from the topology. Built by testbed/plan/network.py.
+downstream re-reads a link from the topology. A link that changes during a run carries its schedule (`changes`: the
+state in force from each time on), which both engines replay (testbed/sim/linkchange.py WanSchedule). Built by
+testbed/plan/network.py.
 
 Ground floor: the standard library only."""
 
@@ -9,8 +11,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from testbed.net.scale import EmulatedLink
+from testbed.net.units import bytes_s_to_gbps
 
 Pair = tuple[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class WanState:
+    """What a link is from some time on (both directions)."""
+
+    capacity_bytes_s: float  # bytes/s when up
+    latency_s: float  # one way
+    up: bool = True
+
+    @property
+    def gbps(self) -> float:
+        return bytes_s_to_gbps(self.capacity_bytes_s)
 
 
 @dataclass(frozen=True)
@@ -26,6 +42,9 @@ class NetLink:
     window_bytes: float  # one TCP connection's
     turn_bytes: float  # a fair-shared link's round-robin turn
     emulated: EmulatedLink | None = None
+    # a changing link's schedule: (seconds of training since the first iteration began, the state from then on),
+    # the first at 0; empty when the link never changes
+    changes: tuple[tuple[float, WanState], ...] = ()
 
     @property
     def between(self) -> Pair:

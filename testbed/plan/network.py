@@ -1,20 +1,22 @@
-"""Spec -> the lowered network (testbed/net/links.py NetPlan), and the one place connection counts are decided: a
-stage boundary's connections (NCCL's sockets, Atlas's multi-TCP), the most a changing WAN's plans open, and the
-fewest that cover a link's bandwidth-delay product for a foreign job."""
+"""Spec -> the lowered network (testbed/net/links.py NetPlan, a changing link's schedule included), and the one place
+connection counts are decided: a stage boundary's connections (NCCL's sockets, Atlas's multi-TCP), the most a changing
+WAN's plans open, and the fewest that cover a link's bandwidth-delay product for a foreign job."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import bisect
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
 from testbed.costs.tcp import connections_for
-from testbed.net.links import NetLink, NetPlan, Pair
+from testbed.net.links import NetLink, NetPlan, Pair, WanState
 from testbed.net.scale import emulate_link
-from testbed.net.units import gbps_to_bytes_s, mib_to_bytes, ms_to_s
+from testbed.net.units import gbps_to_bytes_s, mib_to_bytes, ms_to_s, s_to_ms
 from testbed.net.wire import FRAME_BYTES
 from testbed.plan.mechanisms import Mechanisms
 from testbed.plan.plan import LinkPlan
 from testbed.spec.experiment import Experiment
-from testbed.spec.topology import Topology
+from testbed.spec.topology import Topology, WanLink
 
 
 def lower_network(topo: Topology, scale: float | None = None, built: NetPlan | None = None) -> NetPlan:
@@ -22,7 +24,7 @@ def lower_network(topo: Topology, scale: float | None = None, built: NetPlan | N
     the emulated link really carries (at least 64 KiB and whole segments after scaling, k x the HTB quantum), so the
     simulator's prediction of an emulated run models the network the emulator builds. `built`: the network as the
     emulator built it, whose windows and turns a link keeps when its rate or latency changes (its hosts' routes and
-    HTB classes stay as built); rates and latencies come from `topo`."""
+    HTB classes stay as built); rates, latencies and schedules come from `topo`."""
     out = []
     for link in topo.links:
         cap, lat = gbps_to_bytes_s(link.gbps), ms_to_s(link.latency_ms)
@@ -34,8 +36,42 @@ def lower_network(topo: Topology, scale: float | None = None, built: NetPlan | N
         elif scale is not None:
             emulated = emulate_link(cap, lat, win, scale)
             win, turn = emulated.real_window_bytes, emulated.real_turn_bytes
-        out.append(NetLink(*link.between, cap, lat, win, turn, emulated))
+        out.append(NetLink(*link.between, cap, lat, win, turn, emulated, link_changes(link)))
     return NetPlan(tuple(out), built.scale if built is not None else scale)
+
+
+def link_changes(link: WanLink) -> tuple[tuple[float, WanState], ...]:
+    """A link's schedule from its spec: its trace's steps and its outages merged, each state in force from its time on
+    (the first at 0, consecutive states different); empty for a link that never changes. The spec keeps trace points
+    and outages in time order, outages apart."""
+    if not link.changes:
+        return ()
+    base = WanState(gbps_to_bytes_s(link.gbps), ms_to_s(link.latency_ms))
+    step_t = [p.t_s for p in link.trace or []]
+    steps = [WanState(gbps_to_bytes_s(p.gbps), ms_to_s(p.latency_ms)) for p in link.trace or []]
+    downs = [(e.at_s, e.at_s + e.down_for_s) for e in link.events]
+    starts = [a for a, _ in downs]
+    out: list[tuple[float, WanState]] = []
+    for t in sorted({0.0, *step_t, *(t for d in downs for t in d)}):
+        i, j = bisect.bisect_right(step_t, t) - 1, bisect.bisect_right(starts, t) - 1
+        state = replace(steps[i] if i >= 0 else base, up=not (j >= 0 and t < downs[j][1]))
+        if not out or out[-1][1] != state:
+            out.append((t, state))
+    return tuple(out)
+
+
+def topology_at(topo: Topology, states: Mapping[Pair, WanState]) -> Topology:
+    """The topology with these links' rates and latencies and no schedule: what a plan made at some time of a changing
+    WAN sees (build_plan places and lowers from a spec). A link that is down keeps its rate: a planner does not re-plan
+    for an outage."""
+    links = []
+    for link in topo.links:
+        st = states.get(tuple(link.between))  # type: ignore[call-overload]
+        if st is not None:
+            link = link.model_copy(update={"gbps": st.gbps, "latency_ms": s_to_ms(st.latency_s), "trace": None,
+                                           "events": []})
+        links.append(link)
+    return topo.model_copy(update={"links": links})
 
 
 def boundary_connections(mech: Mechanisms, tp: int, net) -> int:

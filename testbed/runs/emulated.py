@@ -61,14 +61,14 @@ def changing_run(exp: Experiment, plan, sched: str, dp: int, emu, scale: float, 
     simulated timeline, events, the simulator's record, the emulator's record)."""
     from testbed.emu.wanchange import LiveWan
     from testbed.plan.build import build_plan, kept_placement
-    from testbed.plan.network import opened_connections
+    from testbed.plan.network import opened_connections, topology_at
     from testbed.sim.linkchange import Pair
 
     keep = kept_placement(plan)
 
     def replan(t: float):
         """This iteration's plan from the WAN as it is now, on the run's placement (hosts do not move)."""
-        at = exp.model_copy(update={"topology": wan.topology_at(exp.topology, t)})
+        at = exp.model_copy(update={"topology": topology_at(exp.topology, wan.states_at(t))})
         return build_plan(at, sched, run_id=plan.run_id, dp=dp, built=emu.net, **keep)
 
     hops: list[Pair] = []
@@ -293,7 +293,7 @@ def run_point(exp: Experiment, index: int, sweep: dict, progress=None, capture: 
     exp = host_per_group(exp, dp)
     out = PointResult()
     emu, take_down = bring_up(exp, dp, scale, capture, cluster)
-    wan = WanSchedule.from_topology(exp.topology)
+    wan = WanSchedule.from_net(emu.net)
     try:
         if on_up is not None:
             on_up(emu)
@@ -318,7 +318,7 @@ def _service(exp: Experiment, plan, out: PointResult) -> tuple[dict | None, list
     real compute, the CPU's prefill is calibrated once per point."""
     if not plan.mech.bubbletea:
         return None, []
-    from testbed.emu.bubbletea import DECODE_TOKENS, calibrate_cpu, service_config
+    from testbed.bubbletea.emulated import DECODE_TOKENS, calibrate_cpu, service_config
 
     em = exp.emulation
     if em.compute == "torch" and out.cpu is None:
@@ -391,7 +391,7 @@ def _predict(exp: Experiment, plan, svc: dict | None, sweep: dict, scale: float,
         a, b = float(row_sim[m]), float(row_emu[m])
         out.validation.append((plan.run_id, sched, m, a, b, round((a - b) / b, 6) if b else "", note))
     if svc is not None:  # like with like: the same requests (the engines' runs last different times)
-        from testbed.emu.bubbletea import served_same_requests
+        from testbed.bubbletea.emulated import served_same_requests
 
         a, b, _n = served_same_requests(sim_reqs, out.results[-1].requests)
         out.validation.append((plan.run_id, sched, "served_in_bubbles@same_requests", round(a, 6), round(b, 6),
@@ -403,7 +403,7 @@ def _predict(exp: Experiment, plan, svc: dict | None, sweep: dict, scale: float,
 def _slowdowns_vs_alone(out: PointResult) -> None:
     """Each emulated `X+bubbletea` row's training slowdown against `X` alone in the same point (median and spread of
     the paired steady iterations)."""
-    from testbed.emu.bubbletea import slowdown
+    from testbed.bubbletea.emulated import slowdown
 
     for r in out.results:
         name = str(r.summary["scheduler"])
@@ -451,8 +451,8 @@ def _slowdown_in_run(plan, timeline) -> dict:
 def _emulated_requests(plan, exp: Experiment, svc: dict, reqs: list, run, real_compute: bool
                        ) -> tuple[dict, list[tuple]]:
     """The emulated run's serving metrics and requests.csv rows, from what its BubbleTea service recorded."""
+    from testbed.bubbletea.emulated import served_requests
     from testbed.costs.prefill import inference_model, kv_bytes_per_token
-    from testbed.emu.bubbletea import served_requests
 
     homes = {int(r[0]): r[4] for r in svc["requests"]}
     rows, metrics = served_requests(plan, exp, reqs, homes, run.bubbletea, run.starts, run.timeline.iteration_s,
@@ -537,7 +537,7 @@ def check_cluster_point(exp: Experiment, dp: int, capture: bool) -> None:
     if capture or em.compute != "modeled" or em.backend != "netns":
         raise NotYetError("on a cluster: not yet with --capture, torch compute or a container backend "
                           "(docs/cluster.md)")
-    if WanSchedule.from_topology(exp.topology) is not None:
+    if WanSchedule.from_net(lower_network(exp.topology)) is not None:
         raise NotYetError("a changing WAN on a cluster: not yet")
     for sched in exp.schedulers:
         plan = build_plan(exp, sched, dp=dp)

@@ -29,6 +29,7 @@ from testbed.costs.prefill import inference_model, kv_bytes_per_token
 from testbed.errors import SpecError
 from testbed.net.links import NetPlan
 from testbed.plan.build import build_plan, kept_placement, resolve_dp
+from testbed.plan.network import lower_network, topology_at
 from testbed.plan.plan import Plan
 from testbed.results import fmt, write_csv
 from testbed.sim.executor import paused_gc, simulate_changing
@@ -82,7 +83,7 @@ def simulate_changing_run(exp: Experiment, scheduler: str, run_id: str, dp: int,
     rec = WanRecord()
     keep: dict | None = None  # the first iteration's placement, for every later one
     for _k in range(exp.iterations):
-        at = exp.model_copy(update={"topology": wan.topology_at(exp.topology, t)})
+        at = exp.model_copy(update={"topology": topology_at(exp.topology, wan.states_at(t))})
         plan = build_plan(at, scheduler, run_id=run_id, dp=dp, built=built, **(keep or {}))
         if keep is None:
             keep = kept_placement(plan)
@@ -155,7 +156,7 @@ def _run_scheduler(exp: Experiment, index: int, sweep: dict, keep_timeline: bool
                    bounds: dict[tuple, float]) -> RunResult:
     """One scheduler at one point; `bounds` shares a lower bound between schedulers that differ only in
     the network."""
-    wan = WanSchedule.from_topology(exp.topology)
+    wan = WanSchedule.from_net(lower_network(exp.topology))
     rec = None
     if wan is None:
         plan = build_plan(exp, sched, run_id=f"p{index:02d}-{sched}", dp=dp)

@@ -26,6 +26,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from testbed.bubbletea.worker_side import KV_DRAIN_S, PrefillClient
 from testbed.program import (
     AllGather,
     AllReduce,
@@ -48,7 +49,6 @@ from testbed.program import (
 )
 from testbed.runtime.config import WorkerConfig
 from testbed.runtime.htb import ALLREDUCE_TOS
-from testbed.runtime.prefill import KV_DRAIN_S, PrefillClient
 from testbed.runtime.wire import DATA, chunk_offset, chunk_sizes, recv_ctrl, send_ctrl
 
 ZEROS = bytes(4 * 2**20)

@@ -1,65 +1,33 @@
 """A WAN that changes during a run: each link's schedule of states, and its replay inside a simulation.
 
-A link's schedule comes from its spec (testbed/spec/topology.py): `trace` points set its rate and latency from
-their time on, `events` take it down for a while. Times are seconds of training since the first iteration began
-(the timeline's clock: iterations back to back, the optimizer step between them untimed), so the simulator and
-the emulator place a change at the same point of the same iteration.
+A link's schedule comes from the lowered network (testbed/net/links.py NetLink.changes, lowered from the spec's
+`trace` points, which set its rate and latency from their time on, and `events`, which take it down for a while, by
+testbed/plan/network.py). Times are seconds of training since the first iteration began (the timeline's clock:
+iterations back to back, the optimizer step between them untimed), so the simulator and the emulator place a change
+at the same point of the same iteration.
 
 `LiveLinks` replays a schedule inside one simulated iteration that starts at `t0`: at each change it calls the
 link's `set_capacity` (0 while down: flows stall at rate 0, then resume) and `set_rtt`, and updates the link
 plan new transfers are capped by. Transfers in flight keep their connections; the plan of the next iteration
 (connection counts, replica stagger, warm-up) is made from the link as it is when that iteration starts
-(testbed/runs/simulated.py). It also records each link's throughput and the time transfers spent stalled on a down link.
+(`states_at`, testbed/runs/simulated.py). It also records each link's throughput and the time transfers spent
+stalled on a down link.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
-from testbed.net.units import gbps_to_bytes_s, ms_to_s
+from testbed.net.links import NetPlan, Pair, WanState
 
 if TYPE_CHECKING:
     from testbed.plan.plan import LinkPlan
     from testbed.sim.network import LinkState
-    from testbed.spec.topology import Topology, WanLink
 
-Pair = tuple[str, str]  # a link as the topology names it (`between`)
-
-
-@dataclass(frozen=True, slots=True)
-class WanState:
-    """What a link is from some time on (both directions)."""
-
-    capacity_bytes_s: float  # bytes/s when up
-    latency_s: float  # one way
-    up: bool = True
-
-    @property
-    def gbps(self) -> float:
-        return self.capacity_bytes_s * 8 / 1e9
-
-
-def link_states(link: WanLink) -> tuple[list[float], list[WanState]]:
-    """A link's change times and the state in force from each: the trace's steps and its outages, merged."""
-    base = WanState(gbps_to_bytes_s(link.gbps), ms_to_s(link.latency_ms))
-    steps = [(p.t_s, WanState(gbps_to_bytes_s(p.gbps), ms_to_s(p.latency_ms))) for p in link.trace or []]
-    downs = [(e.at_s, e.at_s + e.down_for_s) for e in link.events]
-    times = sorted({0.0, *(t for t, _ in steps), *(t for d in downs for t in d)})
-    out_t, out_s = [], []
-    for t in times:
-        rate = base
-        for ts, st in steps:
-            if ts <= t:
-                rate = st
-        up = not any(a <= t < b for a, b in downs)
-        state = replace(rate, up=up)
-        if not out_s or out_s[-1] != state:
-            out_t.append(t)
-            out_s.append(state)
-    return out_t, out_s
+__all__ = ["LiveLinks", "Pair", "WanSchedule", "WanState", "union_length"]
 
 
 class WanSchedule:
@@ -73,10 +41,11 @@ class WanSchedule:
         self.change_times = [c[0] for c in self.changes]
 
     @classmethod
-    def from_topology(cls, topo: Topology) -> WanSchedule | None:
-        """None when no link changes: the run is the same iteration repeated."""
-        links = {tuple(link.between): link_states(link) for link in topo.links if link.changes}
-        return cls(links) if links else None  # type: ignore[arg-type]
+    def from_net(cls, net: NetPlan) -> WanSchedule | None:
+        """The lowered network's changing links; None when no link changes: the run is the same iteration repeated."""
+        links = {link.between: ([t for t, _ in link.changes], [st for _, st in link.changes])
+                 for link in net.links if link.changes}
+        return cls(links) if links else None
 
     def state_at(self, pair: Pair, t: float) -> WanState:
         times, states = self.links[pair]
@@ -86,17 +55,9 @@ class WanSchedule:
         """Index of the first change later than t."""
         return bisect.bisect_right(self.change_times, t)
 
-    def topology_at(self, topo: Topology, t: float) -> Topology:
-        """The topology with each changing link's rate and latency at time t (what a plan made then sees; a
-        link that is down keeps the rate it had, since a planner does not re-plan for an outage)."""
-        links = []
-        for link in topo.links:
-            pair = tuple(link.between)
-            if pair in self.links:
-                st = self.state_at(pair, t)  # type: ignore[arg-type]
-                link = link.model_copy(update={"gbps": st.gbps, "latency_ms": st.latency_s * 1e3})
-            links.append(link)
-        return topo.model_copy(update={"links": links})
+    def states_at(self, t: float) -> dict[Pair, WanState]:
+        """Every changing link's state at time t (what a plan made then sees: testbed/plan/network.py topology_at)."""
+        return {pair: self.state_at(pair, t) for pair in self.links}
 
     def outages(self) -> list[tuple[Pair, float, float]]:
         """Every down period: (link, from, to)."""

@@ -5,7 +5,7 @@ Compute times and transfer delays draw from a seeded jitter distribution, and pr
 the predicted timeline occupy their group from their planned start. A job starts only while its group is
 idle and never after its latest start (else it is skipped); when training needs the group during a job,
 the job pauses at its next layer boundary and resumes at the group's next idle time, as the emulated
-workers do (testbed/runtime/prefill.py). Training then waits at most one layer.
+workers do (testbed/bubbletea/worker_side.py). Training then waits at most one layer.
 
 A prefill job can take any idle moment of its group, so here every step of every group is an event at the
 simulation's clock (the plan's iteration, testbed/sim/executor.py, runs groups ahead of the clock instead),

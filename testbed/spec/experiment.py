@@ -7,6 +7,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from testbed.costs.calibration import load_calibration, register_gpus
+from testbed.errors import SpecError
 from testbed.spec.bounds import (
     FILL_BATCH,
     FILL_DEADLINE_S,
@@ -197,9 +199,6 @@ class Experiment(Strict):
     @classmethod
     def _register_gpus(cls, data: object) -> object:
         """Register `costs.gpus` and `costs.calibration` first: the topology's DCs may name those GPUs."""
-        from testbed.costs.calibration import load_calibration, register_gpus
-        from testbed.errors import SpecError
-
         costs = data.get("costs") if isinstance(data, dict) else None
         if isinstance(costs, dict):
             try:

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from testbed.costs.gpus import GPUS
 from testbed.spec.bounds import (
     DC_GPUS,
     GPUS_PER_NODE,
@@ -62,9 +63,7 @@ class DC(Strict):
     @field_validator("gpu")
     @classmethod
     def _gpu(cls, v: str) -> str:
-        from testbed.costs.gpus import GPUS  # the zoo plus any GPU registered from costs.gpus
-
-        up = v.upper()
+        up = v.upper()  # GPUS: the zoo plus any GPU registered from costs.gpus
         if up not in GPUS:
             raise ValueError(f"unknown GPU {v!r}; use one of {', '.join(GPUS)}, or describe it under costs.gpus")
         return up

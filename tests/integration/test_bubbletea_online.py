@@ -74,7 +74,7 @@ def test_bubbletea_service_rejects_malformed_requests(tmp_path):
         "workers": {"s0r0": {"dc": "a", "gpu": "H100", "tp": 1, "max_tokens": 10000}},
         "kv": {"a|a": [0.0001, 1e10]}, "kv_bytes_per_token": 1000.0, "calibration": None,
         "requests": [[0, 0.0, 100, 10, "a"]]}))
-    p = subprocess.Popen([sys.executable, "-m", "testbed.runtime.bubbletea_service", str(cfg)], stdout=subprocess.PIPE,
+    p = subprocess.Popen([sys.executable, "-m", "testbed.bubbletea.service", str(cfg)], stdout=subprocess.PIPE,
                          text=True)
     assert p.stdout.readline().strip() == "ready"
     try:

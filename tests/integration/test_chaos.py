@@ -97,7 +97,7 @@ def test_a_killed_delay_line_ends_the_run_with_one_line_naming_it(tmp_path):
 
 def test_a_killed_bubbletea_service_leaves_a_degraded_row_naming_it(tmp_path):
     with _running(tmp_path, "gdtbcb", "emu-bubbletea.yaml", "schedulers=[atlas+bubbletea]", "iterations=5") as p:
-        _kill_when_running("gdtbcb", "testbed.runtime.bubbletea_service", _rng())
+        _kill_when_running("gdtbcb", "testbed.bubbletea.service", _rng())
         _out, err = p.communicate(timeout=120)
     assert p.returncode == 0, err
     emu = [r for r in csv.DictReader((tmp_path / "summary.csv").read_text().splitlines()) if r["source"] == "emu"]

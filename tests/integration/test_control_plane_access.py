@@ -125,7 +125,7 @@ def test_bubbletea_service_refuses_users_the_run_does_not_run_as(emu, tmp_path):
                                "workers": {"s0r0": {"dc": "a", "gpu": "H100", "tp": 1, "max_tokens": 10000}},
                                "kv": {"a|a": [0.0001, 1e10]}, "kv_bytes_per_token": 1000.0,
                                "requests": [[7, 0.0, 100, 10, "a"]]}))
-    svc = subprocess.Popen([sys.executable, "-m", "testbed.runtime.bubbletea_service", str(cfg)],
+    svc = subprocess.Popen([sys.executable, "-m", "testbed.bubbletea.service", str(cfg)],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert first_line(svc) == "ready"

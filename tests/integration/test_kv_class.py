@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from testbed.emu.bubbletea import DECODE_PORT
+from testbed.bubbletea.emulated import DECODE_PORT
 from testbed.emu.build import down, up
 from testbed.emu.check import iperf
 from testbed.emu.flowctl import FlowControl

@@ -44,14 +44,15 @@ def start_kv_delaylines(emu: Emulation, port: int) -> list[str]:
     if emu.delay != "nfqueue":
         return []
     done = []
-    for w, link in zip(emu.addr.wans, emu.topo.links, strict=True):
-        if link.trace or link.latency_ms <= 0 or w.ns not in emu.delaylines:
+    for w, link in zip(emu.addr.wans, emu.net.links, strict=True):
+        delay_ms = emu.link(*link.between).delay_ms
+        if link.changes or delay_ms <= 0 or w.ns not in emu.delaylines:
             continue
         wan = emu.node(w.ns)
         rdir = state.run_dir(emu.prefix)
         log = open(rdir / f"{key(w.ns)}.delay.log", "w")  # noqa: SIM115 (owned by the child)
         args = ["--stats-file", str(rdir / f"{key(w.ns)}.delay.json"), "--nice", str(KV_NICE),
-                *(f"{q}:{link.latency_ms}" for q in KV_QUEUES)]
+                *(f"{q}:{delay_ms}" for q in KV_QUEUES)]
         p = emu.backend.spawn(wan, "testbed.emu.delayline", args, stdout=subprocess.PIPE, stderr=log, text=True,
                               start_new_session=True)
         emu.delaylines[key(w.ns)] = p

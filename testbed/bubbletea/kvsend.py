@@ -1,4 +1,4 @@
-"""Shipping finished KV caches to the decode process of each request's home DC (testbed/runtime/decode.py).
+"""Shipping finished KV caches to the decode process of each request's home DC (testbed/bubbletea/decode.py).
 
 `KvShipper` moves the caches: per home DC `connections` TCP connections through the emulated WAN, a thread each.
 A modeled run (filler of the cache's size over k) runs it in a process of its own at the lowest CPU priority,
@@ -23,7 +23,7 @@ from testbed.runtime.config import Endpoint
 from testbed.runtime.lowcpu import lowest_cpu_priority
 from testbed.runtime.wire import chunk_sizes, recv_ctrl, recv_exact, send_ctrl
 
-MODULE = "testbed.runtime.kvsend"
+MODULE = "testbed.bubbletea.kvsend"
 
 
 class KvShipper:

@@ -25,7 +25,7 @@ Protocol (Unix socket, length-prefixed JSON, one reply per message):
 A malformed request gets {"error": ...} and the connection is closed; the service keeps serving.
 On SIGTERM it writes its results file.
 
-Usage: python -m testbed.runtime.bubbletea_service CONFIG.json
+Usage: python -m testbed.bubbletea.service CONFIG.json
 """
 
 from __future__ import annotations

@@ -125,7 +125,7 @@ def served_requests(plan: Plan, exp: Experiment, reqs: list[Request], homes: dic
     arrival, and the metrics
     add the KV bytes sent across the WAN (the model's size, not over k), the shipping time across the WAN
     (prefill end to arrival) and `kv_not_arrived`: caches of served requests that had not arrived when the
-    run stopped (after the workers' bounded wait, testbed/runtime/prefill.py KV_DRAIN_S).
+    run stopped (after the workers' bounded wait, testbed/bubbletea/worker_side.py KV_DRAIN_S).
     Otherwise the fallback pool (same size as the simulator's) serves it, queued from when the service
     sent it there (its arrival, or the re-plan or skip that gave up on the bubbles)."""
     opts = exp.bubbletea

@@ -11,12 +11,12 @@
   the service can predict the next iteration's windows from the live ones (testbed/bubbletea/online.py).
 - compute `modeled`: a job waits its predicted time; with `bubbletea.ship_kv`, after a request's last chunk
   its KV cache (filler of the modeled size over the emulation's scale) crosses the emulated WAN to the decode
-  process of its home DC (testbed/runtime/decode.py, receive-only), as the real one does; a cache whose home is
+  process of its home DC (testbed/bubbletea/decode.py, receive-only), as the real one does; a cache whose home is
   this worker's DC is not shipped (it crosses no WAN link; the simulator's transfers inside a DC do not contend).
   compute `torch`: a real prefill of the request's prompt on a small Llama-style model
   (testbed/runtime/tiny_llama.py), chunk by chunk with the KV cache kept between chunks; after the last
   chunk the KV cache and the first token are shipped over the emulated WAN to the decode process of
-  the request's home DC (testbed/runtime/decode.py).
+  the request's home DC (testbed/bubbletea/decode.py).
 
 The service link is one Unix socket: notices (windows, reports) go through a queue and a thread of
 their own, in order, so they never hold the training loop; only the job fetch waits for its reply.
@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from testbed.runtime.kvsend import KvProcess, KvShipper
+from testbed.bubbletea.kvsend import KvProcess, KvShipper
 from testbed.runtime.wire import recv_ctrl, send_ctrl
 
 TRAINING = ("fwd", "bwd", "allreduce")

@@ -8,9 +8,9 @@ bytes of float32 K and V per layer (testbed/runtime/tiny_llama.py's layout), or 
 "modeled"` (`bubbletea.ship_kv`) `bytes` of filler, the modeled cache's size over the emulation's scale,
 received, timed and reported, with nothing decoded; such a cache may come in `parts` parts on as many
 connections, and is in when its last part is. Once a part is all in, one byte back (the sender's receipt:
-testbed/runtime/prefill.py KvShipper).
+testbed/bubbletea/worker_side.py KvShipper).
 
-Usage: python -m testbed.runtime.decode CONFIG.json   (prints `ready` once listening)
+Usage: python -m testbed.bubbletea.decode CONFIG.json   (prints `ready` once listening)
 """
 
 from __future__ import annotations
