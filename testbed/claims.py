@@ -30,8 +30,8 @@ import yaml
 from pydantic import Field, model_validator
 
 from testbed.errors import SpecError
-from testbed.plan.mechanisms import is_baseline
 from testbed.spec.load import _read_yaml, experiment_data, set_dotted, validate
+from testbed.spec.mechanisms import is_baseline
 from testbed.spec.topology import Strict
 
 CLAIMS_HEADER = ("claim", "source", "published", "ours", "unit", "accept", "verdict", "where", "baseline",

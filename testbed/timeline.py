@@ -12,12 +12,21 @@ from collections import defaultdict
 from itertools import groupby
 from operator import itemgetter
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from testbed.results import fmt, write_csv, write_json
 
-if TYPE_CHECKING:
-    from testbed.plan.plan import Plan
+
+class Plan(Protocol):
+    """What a simulated timeline reads of its plan (testbed/plan/plan.py Plan has it): the timeline sits below the
+    plan in the layers, so it names the fields instead of importing the type."""
+
+    run_id: str
+    pp: int
+    dp: int
+    stage_dc: list[list[str]]  # [replica][stage] -> DC
+    optimizer_s: list[list[float]]  # [replica][stage] -> seconds
+    diloco: Any  # None, or the sync period's settings (its programs hold their own optimizer steps)
 
 COMPUTE = ("fwd", "bwd")
 BUSY = ("fwd", "bwd", "allreduce", "optimizer", "prefill", "fill")  # what occupies the GPU; the rest is idle

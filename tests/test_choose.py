@@ -10,10 +10,10 @@ from testbed.errors import NotYetError, SpecError
 from testbed.plan import choose
 from testbed.plan.build import boundary_connections, build_plan
 from testbed.plan.choose import Pick, candidates, label, resolved
-from testbed.plan.mechanisms import AUTO_ALL, parse_scheduler
 from testbed.runs.emulated import emulated_experiment
 from testbed.sim.executor import simulate
 from testbed.spec.load import load_experiment
+from testbed.spec.mechanisms import AUTO_ALL, parse_scheduler
 from tests.conftest import ROOT, make_plan
 
 

@@ -17,10 +17,10 @@ import pytest
 
 from testbed.plan.build import build_plan
 from testbed.plan.lower import dry_run, lower
-from testbed.plan.mechanisms import parse_scheduler
 from testbed.program import AllGather, AllReduce, Await, Backward, Forward, ReduceScatter
 from testbed.sim.executor import simulate
 from testbed.spec.load import load_experiment
+from testbed.spec.mechanisms import parse_scheduler
 from tests.conftest import ROOT
 
 # emu-3dc's model on two layers, one stage, two replicas in each of three DCs: a hierarchical reduce-scatter

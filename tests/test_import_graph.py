@@ -42,10 +42,6 @@ BUBBLETEA = {
 }
 # Known arrows that break the rules, each kept until a move that touches many files: the test fails on any other.
 ALLOWED = {
-    # the scheduler names are validated where the spec is (a validator), but registered by the plan
-    ("testbed.spec.experiment", "testbed.plan.mechanisms"),
-    # type only: Timeline.from_sim and optimizer_steps take a Plan
-    ("testbed.timeline", "testbed.plan.plan"),
     # the BubbleTea service predicts a prefill's time with the simulator's cost model (costs/prefill.py)
     ("testbed.bubbletea.service", "testbed.costs.prefill"),
     # the role processes' models take their shapes from the model zoo (costs/models.py, standard library only)
@@ -53,8 +49,6 @@ ALLOWED = {
     ("testbed.bubbletea.decode", "testbed.costs.models"),
     ("testbed.bubbletea.worker_side", "testbed.costs.models"),
     ("testbed.runtime.tiny_llama", "testbed.costs.models"),
-    # the memory model counts the microbatches in flight under Megatron's interleaved schedule (its warm-up)
-    ("testbed.costs.stage", "testbed.plan.schedules"),
     # Atlas's choice of mechanisms simulates each candidate plan (plan/choose.py), as its placement heuristic does:
     # until the choice moves above the simulator (runs/) with build_plan's callers
     ("testbed.plan.choose", "testbed.sim.executor"),

@@ -188,8 +188,8 @@ def test_what_the_workers_cannot_run_yet_is_refused_before_anything_starts():
 def test_the_planner_estimates_the_published_layout_as_the_simulator_runs_it():
     from testbed.costs.models import resolve_model
     from testbed.plan.estimate import Estimator, Layout
-    from testbed.plan.mechanisms import parse_scheduler
     from testbed.sim.executor import simulate
+    from testbed.spec.mechanisms import parse_scheduler
 
     (exp, _), = load_experiment(LLAMA)
     w = exp.workload

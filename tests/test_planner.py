@@ -13,10 +13,10 @@ from testbed.errors import NotYetError, SpecError
 from testbed.plan.build import build_plan
 from testbed.plan.estimate import Estimator, Layout
 from testbed.plan.layers import balance_layers, slowest, stage_layers
-from testbed.plan.mechanisms import parse_scheduler
 from testbed.runs.select import chains, search, stage_counts
 from testbed.sim.executor import simulate
 from testbed.spec.experiment import Experiment
+from testbed.spec.mechanisms import parse_scheduler
 from testbed.spec.topology import Topology
 
 SMALL = {"name": "small", "layers": 8, "hidden": 256, "heads": 8, "vocab": 1000, "seq_len": 128}

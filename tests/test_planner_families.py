@@ -16,12 +16,12 @@ from testbed.errors import SpecError
 from testbed.plan.build import build_plan
 from testbed.plan.estimate import Layout
 from testbed.plan.estimate_dp import FamilyEstimator
-from testbed.plan.mechanisms import parse_scheduler
 from testbed.results import write_csv
 from testbed.runs.families import FAMILIES, dc_sets, dp_layouts, parse_families, split_replicas
 from testbed.runs.plan_sweep import search_points
 from testbed.runs.select import PLAN_HEADER, plan_rows, search
 from testbed.spec.experiment import Experiment
+from testbed.spec.mechanisms import parse_scheduler
 from testbed.spec.topology import Topology
 
 SMALL = {"name": "small", "layers": 8, "hidden": 256, "heads": 8, "vocab": 1000, "seq_len": 128}

@@ -7,8 +7,8 @@ from statistics import mean
 from testbed.analysis.wanbytes import wan_bytes
 from testbed.costs.gpus import GPUS
 from testbed.net.units import bytes_s_to_gbps, s_to_ms
-from testbed.plan.mechanisms import is_baseline
 from testbed.plan.plan import Plan
+from testbed.spec.mechanisms import is_baseline
 from testbed.timeline import COMPUTE, Timeline
 
 SUMMARY_HEADER = (

@@ -172,13 +172,19 @@ def layer_costs(
     )
 
 
+def interleaved_warmup(stage: int, pp: int, m: int, v: int) -> int:
+    """Forwards before the steady one-forward-one-backward phase of Megatron-LM's interleaved 1F1B, counted in
+    (microbatch, chunk) steps: 2 (pp - stage - 1) + (v - 1) pp, all m v of them when that is more
+    (NVIDIA/Megatron-LM, megatron/core/pipeline_parallel/schedules.py, get_pp_rank_microbatches as
+    forward_backward_pipelining_with_interleaving calls it, microbatch_group_size_per_vp_stage = pp)."""
+    return min(2 * (pp - stage - 1) + (v - 1) * pp, m * v)
+
+
 def in_flight(stage: int, pp: int, microbatches: int, schedule: str, virtual_stages: int = 1) -> float:
     """Microbatches whose activations a stage holds at its peak, in whole-stage microbatches: 1F1B keeps
     pp - stage, GPipe all, zero-bubble pp on every stage. Interleaved 1F1B holds its warm-up forwards plus one,
     each on one of the stage's v chunks (a v-th of its layers on average): (warm-up + 1) / v."""
     if virtual_stages > 1:
-        from testbed.plan.schedules import interleaved_warmup
-
         total = microbatches * virtual_stages
         return min(interleaved_warmup(stage, pp, microbatches, virtual_stages) + 1, total) / virtual_stages
     if schedule == "zb":  # any stage may hold pp microbatches (1F1B's peak, on its first stage)

@@ -18,12 +18,12 @@ from testbed.plan.choose import Pick, candidates, choose, fingerprint, label, re
 from testbed.plan.diloco import resolve as resolve_diloco
 from testbed.plan.efficiency import token_efficiency
 from testbed.plan.layers import chunk_layers, empty_chunk, stage_layers
-from testbed.plan.mechanisms import Mechanisms, parse_scheduler
 from testbed.plan.network import boundary_connections, link_plans, lower_network
 from testbed.plan.placement import place
 from testbed.plan.plan import MAX_STAGE_MICROBATCHES, IntraDC, Plan
 from testbed.plan.schedules import build_schedule, check_interleaving
 from testbed.spec.experiment import Experiment
+from testbed.spec.mechanisms import Mechanisms, parse_scheduler
 from testbed.spec.topology import Topology
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from testbed.errors import SpecError
-from testbed.plan.mechanisms import BASES, Mechanisms
+from testbed.spec.mechanisms import BASES, Mechanisms
 
 if TYPE_CHECKING:
     from testbed.plan.plan import Plan

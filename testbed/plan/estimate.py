@@ -19,11 +19,11 @@ from testbed.costs.stage import ADAMW_BYTES_PER_PARAM, BF16, WORKSPACE_GB, Layer
 from testbed.errors import NotYetError
 from testbed.net.units import gbps_to_bytes_s
 from testbed.plan.layers import choose_layers, chunk_layers, empty_chunk
-from testbed.plan.mechanisms import Mechanisms
 from testbed.plan.network import link_plans
 from testbed.plan.plan import LinkPlan
 from testbed.plan.schedules import check_interleaving
 from testbed.spec.experiment import Experiment
+from testbed.spec.mechanisms import Mechanisms
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from testbed.costs.stage import BF16
 from testbed.plan.buckets import bucket_bytes
 from testbed.plan.diloco import resolve as resolve_diloco
 from testbed.plan.estimate import Estimate, Estimator, Layout
-from testbed.plan.mechanisms import Mechanisms
 from testbed.spec.experiment import Experiment
+from testbed.spec.mechanisms import Mechanisms
 
 
 class FamilyEstimator:

@@ -13,9 +13,9 @@ from testbed.net.links import NetLink, NetPlan, Pair, WanState
 from testbed.net.scale import emulate_link
 from testbed.net.units import gbps_to_bytes_s, mib_to_bytes, ms_to_s, s_to_ms
 from testbed.net.wire import FRAME_BYTES
-from testbed.plan.mechanisms import Mechanisms
 from testbed.plan.plan import LinkPlan
 from testbed.spec.experiment import Experiment
+from testbed.spec.mechanisms import Mechanisms
 from testbed.spec.topology import Topology, WanLink
 
 

@@ -6,7 +6,7 @@ import math
 
 from testbed.errors import SpecError
 from testbed.plan.groups import place_groups
-from testbed.plan.mechanisms import Placement
+from testbed.spec.mechanisms import Placement
 from testbed.spec.topology import Topology
 
 StageDC = list[list[str]]  # [replica][stage] -> DC name

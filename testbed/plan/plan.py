@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 
 from testbed.net.links import NetPlan
 from testbed.net.wire import FRAME_BYTES
-from testbed.plan.mechanisms import Mechanisms
 from testbed.plan.period import DiLoCoPlan
 from testbed.plan.schedules import Action
+from testbed.spec.mechanisms import Mechanisms
 
 # (stage, microbatch) pairs in one replica's program: the simulator runs at least one replica's whole program
 # (testbed/sim/aggregate.py stands one replica for many, not one microbatch for many), and past this many replicas

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
+from testbed.costs.stage import interleaved_warmup
+
 
 class Action(NamedTuple):
     # F forward; B backward (under "zb" its input gradient only); W the weight gradient ("zb")
@@ -39,14 +41,6 @@ def one_f_one_b(stage: int, pp: int, m: int, extra: int = 0) -> list[Action]:
         b += 1
     acts += [Action("B", i) for i in range(b, m)]
     return acts
-
-
-def interleaved_warmup(stage: int, pp: int, m: int, v: int) -> int:
-    """Forwards before the steady one-forward-one-backward phase of Megatron-LM's interleaved 1F1B, counted in
-    (microbatch, chunk) steps: 2 (pp - stage - 1) + (v - 1) pp, all m v of them when that is more
-    (NVIDIA/Megatron-LM, megatron/core/pipeline_parallel/schedules.py, get_pp_rank_microbatches as
-    forward_backward_pipelining_with_interleaving calls it, microbatch_group_size_per_vp_stage = pp)."""
-    return min(2 * (pp - stage - 1) + (v - 1) * pp, m * v)
 
 
 def virtual_step(k: int, pp: int, v: int, forward: bool) -> tuple[int, int]:

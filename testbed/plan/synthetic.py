@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from testbed.plan.mechanisms import Mechanisms
 from testbed.plan.plan import IntraDC, LinkPlan, Plan
 from testbed.plan.schedules import build_schedule
+from testbed.spec.mechanisms import Mechanisms
 
 INF = float("inf")
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 from testbed.plan.build import build_plan
 from testbed.plan.diloco import resolve as resolve_diloco
 from testbed.plan.efficiency import token_efficiency
-from testbed.plan.mechanisms import parse_scheduler
 from testbed.plan.period import DiLoCoPlan
 from testbed.spec.experiment import Experiment
+from testbed.spec.mechanisms import parse_scheduler
 
 
 def timed(exp: Experiment, scheduler: str, dp: int, order: list[str] | None = None, counts: list[int] | None = None,

@@ -30,11 +30,11 @@ from testbed.plan.diloco import resolve as resolve_diloco
 from testbed.plan.efficiency import token_efficiency
 from testbed.plan.estimate import Estimator, Layout
 from testbed.plan.estimate_dp import FamilyEstimator
-from testbed.plan.mechanisms import parse_scheduler
 from testbed.results import fmt
 from testbed.runs.families import FAMILIES, dp_layouts
 from testbed.runs.period import timed
 from testbed.spec.experiment import Experiment
+from testbed.spec.mechanisms import parse_scheduler
 from testbed.spec.topology import DC, Topology
 
 MICROBATCHES = (1, 2, 4, 8)  # microbatch sizes searched unless pinned

@@ -25,6 +25,7 @@ from testbed.spec.bounds import (
     TRACE_START_S,
     TTFT_SLO_MS,
 )
+from testbed.spec.mechanisms import parse_scheduler
 from testbed.spec.topology import Strict, Topology
 from testbed.spec.workload import Workload
 
@@ -213,8 +214,6 @@ class Experiment(Strict):
     @field_validator("schedulers")
     @classmethod
     def _known(cls, v: list[str]) -> list[str]:
-        from testbed.plan.mechanisms import parse_scheduler
-
         for name in v:
             parse_scheduler(name)  # raises ValueError naming the valid choices
         if len(set(v)) != len(v):
