@@ -167,6 +167,7 @@ class RemoteSidecar(RemoteProcess):
 
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
         out, err = super().communicate(timeout)
+        self.agents.call(self.machine, "close_side_relays")
         for line in (err or "").strip().splitlines()[-3:]:
             print(f"Atlas sidecar {self.what} on {self.machine}: {line}", file=sys.stderr)
         return out, err
@@ -231,11 +232,12 @@ class ClusterBackend(Backend):
 
         w = next(w for w in self.addr.wans if w.ns == node.ns)
         rdir = state.run_dir(self.prefix)
+        fwd = str(rdir / f"sidecar-{node.ns}.fwd.sock")
         if node.extra["machine"] is not None:
             halves = {node.extra["machine"]: cfg}
-        else:
-            fwd = str(rdir / f"sidecar-{node.ns}.fwd.sock")
-            halves = {node.extra["by_dev"][dev]: {**cfg, "devs": {dev: classes}, "forward": fwd}
+        else:  # a half whose device has no classes runs no sidecar; then the other half forwards nothing
+            split = len(cfg["devs"]) == 2
+            halves = {node.extra["by_dev"][dev]: {**cfg, "devs": {dev: classes}, **({"forward": fwd} if split else {})}
                       for dev, classes in cfg["devs"].items()}
         procs = []
         for machine, half in halves.items():

@@ -57,9 +57,7 @@ class MachineAgent:
         from testbed.emu.build import down
 
         self.close_relay()
-        for r in self.side_relays:
-            r.close()
-        self.side_relays = []
+        self.close_side_relays()
         for p in self.procs.values():
             if p.poll() is None:
                 p.kill()
@@ -130,6 +128,12 @@ class MachineAgent:
         from testbed.cluster.relay import AgentRelay
 
         self.side_relays.append(AgentRelay(fwd_path, self.name, tuple(inbox), secret, lambda: set(self.logs)))
+
+    def close_side_relays(self) -> None:
+        """The relays between split links' sidecars: closed when a run's sidecars stop."""
+        for r in self.side_relays:
+            r.close()
+        self.side_relays = []
 
     def stderr(self, pid: int) -> str:
         p = self.procs.get(pid)

@@ -67,6 +67,7 @@ class AgentRelay:
                 continue
             try:
                 up = socket.create_connection(self.driver, timeout=HEADER_TIMEOUT_S)
+                up.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # notices are small frames: no Nagle wait
                 up.settimeout(None)
                 up.sendall(json.dumps({"secret": self.secret, "machine": self.machine, "pid": pid}).encode() + b"\n")
             except OSError as e:
@@ -124,6 +125,7 @@ class DriverRelay:
             c.close()
             return
         c.settimeout(None)
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.vouched(c, machine, pid)
 
     def close(self) -> None:
