@@ -4,11 +4,12 @@ with an error naming it; nothing left anywhere.
 
 Steps: start the machines (testbed/cluster/local.py); `testbed experiment run EXP --check --cluster` from machine
 0 (every WAN link between two machines measured first: ping, iperf3, the workers' transport on 1 and 8
-connections; then training, with the fair-sharing schedulers: Atlas on a cluster is not yet); the same run on this
-machine with the same prefix; compare (each scheduler's emulated iteration time within 5 % of the single
-machine's, each link's workers' throughput within 10 % of its model and of the single machine's, its RTT within
-5 %); `topology up --cluster` held and one machine killed: the error must name it and the others must be clean;
-`testbed clean --cluster`; every machine checked for leftovers; the containers and their network removed.
+connections; then training, with the fair-sharing schedulers and Atlas, whose split links run a sidecar per
+machine); the same run on this machine with the same prefix; compare (each scheduler's emulated iteration time
+within 5 % of the single machine's, each link's workers' throughput within 10 % of its model and of the single
+machine's, its RTT within 5 %); `topology up --cluster` held and one machine killed: the error must name it and
+the others must be clean; `testbed clean --cluster`; every machine checked for leftovers; the containers and their
+network removed.
 
 Writes OUT/cluster/ and OUT/single/ (each run's CSVs) and OUT/cluster-demo.csv. Exit 0: passed or skipped (no
 root, no Docker engine, no role image, no Ray: the reason is printed); exit 1: a check failed (named).
@@ -69,12 +70,12 @@ def testbed_argv() -> list[str]:
     return [str(Path(sys.executable).with_name("testbed"))]
 
 
-FAIR = "schedulers=[pp-wan, pp-wan+mtcp]"  # Atlas on a cluster is not yet (its sidecars span both machines)
+SCHEDULERS = "schedulers=[pp-wan, pp-wan+mtcp, atlas]"  # fair sharing, and Atlas' turns (a sidecar per tunnel half)
 ITERATIONS = "iterations=6"  # five steady iterations a run: the comparison is of their mean
 
 
 def experiment_argv(exp: Path, prefix: str, out: Path) -> list[str]:
-    return [*testbed_argv(), "experiment", "run", str(exp), "--check", "--prefix", prefix, "--set", FAIR,
+    return [*testbed_argv(), "experiment", "run", str(exp), "--check", "--prefix", prefix, "--set", SCHEDULERS,
             "--set", ITERATIONS, "--out", str(out)]
 
 

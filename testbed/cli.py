@@ -693,7 +693,7 @@ def _training_run(points: list, out: Path, check: bool, spec: dict, capture: boo
 
 
 def _cluster_training_run(points: list, experiment: Path, sets: list[str], sweep, out: Path, check: bool,
-                          strict: bool, timing_budget: float, cluster_path: Path) -> None:
+                          strict: bool, timing_budget: float, cluster_path: Path, capture: bool = False) -> None:
     from testbed.spec.load import load_cluster, resolved_spec
 
     if points[0][0].multitcp is not None or len(points) > 1:
@@ -702,7 +702,7 @@ def _cluster_training_run(points: list, experiment: Path, sets: list[str], sweep
     points = [(exp.model_copy(update={"emulation": exp.emulation.model_copy(update={"prefix": held})}), pt)
               for exp, pt in points]
     spec = resolved_spec(experiment, [*sets, f"emulation.prefix={held}"], sweep)
-    _training_run(points, out, check, spec, False, strict, timing_budget, load_cluster(cluster_path))
+    _training_run(points, out, check, spec, capture, strict, timing_budget, load_cluster(cluster_path))
 
 
 experiment_app = typer.Typer(no_args_is_help=True, help="Experiments on the emulated WAN (and the simulator).")
@@ -768,7 +768,8 @@ def experiment_run(
     signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill` tears down like Ctrl-C does
     asked = points[0][0].emulation.prefix
     if cluster is not None:  # each machine's agent holds the prefix there (docs/cluster.md)
-        return _cluster_training_run(points, experiment, sets, sweep, out, check, strict, timing_budget, cluster)
+        return _cluster_training_run(points, experiment, sets, sweep, out, check, strict, timing_budget, cluster,
+                                     capture)  # refused there: a capture on a cluster is not yet
     with owner.owned(check_prefix(asked) if asked else None) as held:
         if not asked:
             console.print(f"emulation prefix: {held} (free; --prefix picks one)")

@@ -77,3 +77,29 @@ def test_the_driver_refuses_a_machines_secret_from_another_address() -> None:
             got.get(timeout=1)
     finally:
         driver.close()
+
+
+def test_a_split_links_forwarded_notices_reach_the_other_halfs_sidecar_socket(tmp_path) -> None:
+    """One half's sidecar writes to its agent's outbox; the other agent's inbox hands the bytes to its own
+    sidecar's Unix socket (`to_unix`), and nothing else."""
+    from testbed.cluster.relay import to_unix
+
+    side = socket.socket(socket.AF_UNIX)  # the other half's sidecar
+    side.bind(str(tmp_path / "sidecar.sock"))
+    side.listen()
+    inbox = DriverRelay("127.0.0.1", {"m0": "127.0.0.1"}, "l1nk", to_unix(str(tmp_path / "sidecar.sock")))
+    outbox = AgentRelay(str(tmp_path / "fwd.sock"), "m0", tuple(inbox.address), "l1nk", lambda: {os.getpid()})
+    try:
+        w = socket.socket(socket.AF_UNIX)
+        w.connect(outbox.path)
+        w.sendall(b"end")
+        side.settimeout(10)
+        c, _ = side.accept()
+        c.settimeout(10)
+        assert c.recv(3) == b"end"
+        for s in (w, c):
+            s.close()
+    finally:
+        outbox.close()
+        inbox.close()
+        side.close()

@@ -134,3 +134,51 @@ def test_a_shorter_latency_never_lets_an_end_overtake_its_start():
     assert side.drained()
     assert side.active["useast"] == {}  # started, then ended: nothing left ranked
     assert side.errors == []
+
+
+def test_a_split_links_halves_hand_the_receivers_end_to_the_half_that_shapes_the_transfer(tmp_path):
+    """On a cluster each half of a link shapes one device; a worker's end reaches the half on its own machine, which
+    forwards it (over a real Unix socket, as the agent's relay would carry it) to the half that heard the start."""
+    import socket
+    import threading
+
+    from testbed.runtime.sidecar import Sidecar
+    from testbed.runtime.wire import recv_ctrl
+
+    path = str(tmp_path / "fwd.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen()
+    base = {"turn_order": [0, 1], "link_bps": 200e6, "min_rate_bps": 2e6, "mtu": 9000}
+    nl_a, nl_b = FakeNetlink(), FakeNetlink()
+    a = Sidecar({**base, "devs": {"uswest": {"0": 0x100, "1": 0x101}}}, nl_a, tc=nl_a)  # sends towards uswest
+    b = Sidecar({**base, "devs": {"useast": {"0": 0x100, "1": 0x101}}, "forward": path}, nl_b, tc=nl_b)
+    got: list[dict] = []
+
+    def carry() -> None:  # the relay: whatever b forwards, a hears
+        c, _ = srv.accept()
+        for _ in range(2):
+            got.append(recv_ctrl(c))
+            a.handle(got[-1])
+
+    t = threading.Thread(target=carry)
+    t.start()
+    a.handle({"op": "start", "dev": "uswest", "replica": 1, "mb": 0, "id": "1a0.0"})
+    assert a.drained() and set(a.active["uswest"]) == {"1a0.0"}
+    b.handle({"op": "end", "id": "1a0.0"})  # the receiver, on b's machine
+    b.handle({"op": "end", "id": "nope"})  # an unknown transfer: forwarded too, and ignored there
+    t.join(5)
+    assert [m["fwd"] for m in got] == [True, True] and b.forwarded == 2 and not b.errors
+    assert a.drained() and a.active["uswest"] == {}  # the transfer ended on the half that shapes it
+    assert nl_b.calls == []  # b never touched its own classes for it
+    srv.close()
+
+
+def test_an_end_that_cannot_be_forwarded_is_counted_not_fatal(tmp_path):
+    from testbed.runtime.sidecar import Sidecar
+
+    nl = FakeNetlink()
+    side = Sidecar({"devs": {"useast": {"0": 0x100}}, "turn_order": [0], "link_bps": 200e6, "min_rate_bps": 2e6,
+                    "mtu": 9000, "forward": str(tmp_path / "absent.sock")}, nl, tc=nl)
+    side.handle({"op": "end", "id": "0a0.0"})
+    assert side.forwarded == 0 and side.errors and "forward" in side.errors[0]

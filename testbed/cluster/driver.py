@@ -153,6 +153,25 @@ class RemoteProcess:
     def kill(self) -> None:
         self.agents.call(self.machine, "kill", self.pid)
 
+    def terminate(self) -> None:
+        self.agents.call(self.machine, "terminate", self.pid)
+
+
+class RemoteSidecar(RemoteProcess):
+    """An Atlas sidecar on a machine of the cluster; once it has ended, its last lines (class changes, notices
+    forwarded, reaction times) are printed here, naming its link and machine (its log stays on that machine)."""
+
+    def __init__(self, agents: Agents, machine: str, pid: int, what: str) -> None:
+        super().__init__(agents, machine, pid)
+        self.what = what
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        out, err = super().communicate(timeout)
+        self.agents.call(self.machine, "close_side_relays")
+        for line in (err or "").strip().splitlines()[-3:]:
+            print(f"Atlas sidecar {self.what} on {self.machine}: {line}", file=sys.stderr)
+        return out, err
+
 
 class ClusterBackend(Backend):
     """Commands in a namespace run on the machine that holds it (a link's WAN namespace: its first DC's)."""
@@ -202,6 +221,36 @@ class ClusterBackend(Backend):
         files = {a: Path(a).read_text() for a in args if Path(a).is_file() and state.STATE_DIR in Path(a).parents}
         machine = self.machine(node)
         return RemoteProcess(self.agents, machine, self.agents.call(machine, "spawn", node.ns, module, args, files))
+
+    def start_sidecar(self, node: Node, cfg: dict) -> list[RemoteSidecar]:
+        """A WAN link's Atlas sidecar on its machine; a split link's, one per half on the machine whose device it
+        shapes, each half's end notices carried to the other (testbed/runtime/sidecar.py `forward`,
+        testbed/cluster/relay.py) with a secret made for the link."""
+        import secrets
+
+        from testbed.emu import state
+
+        w = next(w for w in self.addr.wans if w.ns == node.ns)
+        rdir = state.run_dir(self.prefix)
+        fwd = str(rdir / f"sidecar-{node.ns}.fwd.sock")
+        if node.extra["machine"] is not None:
+            halves = {node.extra["machine"]: cfg}
+        else:  # a half whose device has no classes runs no sidecar; then the other half forwards nothing
+            split = len(cfg["devs"]) == 2
+            halves = {node.extra["by_dev"][dev]: {**cfg, "devs": {dev: classes}, **({"forward": fwd} if split else {})}
+                      for dev, classes in cfg["devs"].items()}
+        procs = []
+        for machine, half in halves.items():
+            pid = self.agents.call(machine, "spawn_sidecar", node.ns, half, str(rdir / f"sidecar-{node.ns}.json"),
+                                   half["gid"])
+            procs.append(RemoteSidecar(self.agents, machine, pid, f"{w.a}-{w.b}"))
+        if len(halves) == 2:
+            secret = secrets.token_hex(16)
+            for here, there in itertools.permutations(halves):
+                inbox = self.agents.call(here, "sidecar_inbox", cfg["socket"], self.agents.machines[here].address,
+                                         there, self.agents.machines[there].address, secret)
+                self.agents.call(there, "sidecar_outbox", fwd, inbox, secret)
+        return procs
 
     def delay_stats(self) -> dict[str, dict]:
         """`link|machine` -> the stats of that machine's delay line of the link (each half delays one direction)."""

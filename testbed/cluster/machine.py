@@ -4,6 +4,7 @@ cleans its leftovers. Plain Python: Ray only places it (testbed/cluster/driver.p
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -35,6 +36,8 @@ class MachineAgent:
         self.driver_python = driver_python  # role commands name the driver's interpreter: this machine runs its own
         self.emu = None
         self.procs: dict[int, subprocess.Popen] = {}
+        self.logs: dict[int, str] = {}  # pid -> its log: the Atlas sidecars
+        self.side_relays: list = []  # the sidecars' relays between the halves of split links
 
     def info(self) -> dict:
         return {"name": self.name, "euid": os.geteuid(), "hostname": socket.gethostname(), "pid": os.getpid(),
@@ -54,6 +57,7 @@ class MachineAgent:
         from testbed.emu.build import down
 
         self.close_relay()
+        self.close_side_relays()
         for p in self.procs.values():
             if p.poll() is None:
                 p.kill()
@@ -90,8 +94,53 @@ class MachineAgent:
         self.procs[p.pid] = p
         return p.pid
 
+    def spawn_sidecar(self, ns: str, cfg: dict, cfg_path: str, gid: int) -> int:
+        """An Atlas sidecar (testbed/runtime/sidecar.py) in namespace `ns`, its configuration written here and
+        its stderr to a log beside it; returns once it listens, its socket given to the run's group."""
+        from pathlib import Path
+
+        from testbed.runtime.access import grant
+
+        Path(cfg_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg_path).write_text(json.dumps(cfg))
+        log_path = str(Path(cfg_path).with_suffix(".log"))
+        with open(log_path, "w") as log:
+            p = subprocess.Popen(self._argv(ns, [sys.executable, "-m", "testbed.runtime.sidecar", cfg_path]),
+                                 stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
+        self.procs[p.pid] = p
+        self.logs[p.pid] = log_path
+        if p.stdout.readline().strip() != "ready":  # type: ignore[union-attr]
+            raise EmuError(f"machine {self.name}: the Atlas sidecar in {ns} did not start: {self.stderr(p.pid)}")
+        grant(cfg["socket"], gid)
+        return p.pid
+
+    def sidecar_inbox(self, sock_path: str, bind_ip: str, peer: str, peer_ip: str, secret: str) -> tuple[str, int]:
+        """Listen on `bind_ip` for machine `peer`'s forwarded end notices (its half of a split link), each
+        connection carried to this half's sidecar at `sock_path`; returns the address to give `peer`."""
+        from testbed.cluster.relay import DriverRelay, to_unix
+
+        inbox = DriverRelay(bind_ip, {peer: peer_ip}, secret, to_unix(sock_path))
+        self.side_relays.append(inbox)
+        return tuple(inbox.address)
+
+    def sidecar_outbox(self, fwd_path: str, inbox: tuple[str, int], secret: str) -> None:
+        """Carry this machine's sidecars' forwarded notices (at `fwd_path`) to the other half's inbox."""
+        from testbed.cluster.relay import AgentRelay
+
+        self.side_relays.append(AgentRelay(fwd_path, self.name, tuple(inbox), secret, lambda: set(self.logs)))
+
+    def close_side_relays(self) -> None:
+        """The relays between split links' sidecars: closed when a run's sidecars stop."""
+        for r in self.side_relays:
+            r.close()
+        self.side_relays = []
+
     def stderr(self, pid: int) -> str:
         p = self.procs.get(pid)
+        if pid in self.logs:
+            from pathlib import Path
+
+            return Path(self.logs[pid]).read_text() if p is None or p.poll() is not None else ""
         return p.stderr.read() if p is not None and p.stderr and p.poll() is not None else ""
 
     def relay(self, path: str, driver: tuple[str, int], secret: str) -> None:
@@ -135,11 +184,17 @@ class MachineAgent:
     def communicate(self, pid: int, timeout: float | None) -> tuple[str, str, int]:
         """The process's output and exit status; raises subprocess.TimeoutExpired if it runs past `timeout`."""
         out, err = self.procs[pid].communicate(timeout=timeout)
+        err = self.stderr(pid) if pid in self.logs else err
         rc = self.procs.pop(pid).returncode
         return out, err, rc
 
     def poll(self, pid: int) -> int | None:
         return self.procs[pid].poll() if pid in self.procs else 0
+
+    def terminate(self, pid: int) -> None:
+        p = self.procs.get(pid)
+        if p is not None and p.poll() is None:
+            p.terminate()
 
     def kill(self, pid: int) -> None:
         p = self.procs.pop(pid, None)

@@ -3,7 +3,12 @@ run's control socket path, as the driver's Controller does on its own (testbed/e
 process it started (SO_PEERCRED's pid) running as root, then carries its bytes over one TCP connection to the
 driver, which opens with a line naming the run's secret, the machine and the worker's pid. The driver accepts a
 connection only from that machine's address with that secret, and hands it to the Controller as the process the
-agent vouched for."""
+agent vouched for.
+
+A WAN link split between two machines runs an Atlas sidecar on each half (testbed/runtime/sidecar.py): the
+agent that holds a half listens on the cluster network as the driver does (`DriverRelay`, only the other half's
+machine with the link's secret) and hands each connection to its sidecar's socket (`to_unix`); the other agent
+carries its own sidecar's forwarded end notices there (`AgentRelay`, from that sidecar's pid only)."""
 
 from __future__ import annotations
 
@@ -62,6 +67,7 @@ class AgentRelay:
                 continue
             try:
                 up = socket.create_connection(self.driver, timeout=HEADER_TIMEOUT_S)
+                up.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # notices are small frames: no Nagle wait
                 up.settimeout(None)
                 up.sendall(json.dumps({"secret": self.secret, "machine": self.machine, "pid": pid}).encode() + b"\n")
             except OSError as e:
@@ -119,8 +125,25 @@ class DriverRelay:
             c.close()
             return
         c.settimeout(None)
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.vouched(c, machine, pid)
 
     def close(self) -> None:
         self.stopped.set()
         self.srv.close()
+
+
+def to_unix(path: str) -> Callable[[socket.socket, str, int], None]:
+    """A `DriverRelay` hand-off that carries each admitted connection to the Unix socket at `path`."""
+
+    def vouched(c: socket.socket, machine: str, _pid: int) -> None:
+        try:
+            u = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            u.connect(path)
+        except OSError as e:
+            log(f"relay to {path} (from machine {machine}): {e}")
+            c.close()
+            return
+        splice(c, u)
+
+    return vouched

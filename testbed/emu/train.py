@@ -192,6 +192,10 @@ def start_sidecars(plan: Plan, emu: Emulation, hops: dict, procs: list[subproces
                "min_rate_bps": trickle_bps(lp.capacity_bytes_s * 8 / emu.scale),
                "mtu": emu.mtu(a, b),  # the link's packet size (its HTB quantum), whatever its rate later
                "gid": run_gid(emu.backend), "peer_uids": [worker_uid(emu.backend)]}
+        remote = emu.backend.start_sidecar(emu.node(w.ns), cfg)  # a cluster: on the machines holding its devices
+        if remote is not None:
+            procs.extend(remote)
+            continue
         path = rdir / f"sidecar-{w.ns}.json"
         path.write_text(json.dumps(cfg))
         log = open(rdir / f"sidecar-{w.ns}.log", "w")  # noqa: SIM115 (owned by the child)

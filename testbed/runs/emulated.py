@@ -543,9 +543,6 @@ def check_cluster_point(exp: Experiment, dp: int, capture: bool) -> None:
         plan = build_plan(exp, sched, dp=dp)
         if plan.mech.bubbletea:
             raise NotYetError(f"{sched} on a cluster: not yet (the BubbleTea service and its decoders)")
-        if any(lp.temporal for lp in plan.links.values()):
-            raise NotYetError(f"{sched} on a cluster: not yet (its Atlas sidecars take notices from both machines of "
-                              f"a link); run the fair-sharing schedulers (--set 'schedulers=[pp-wan]')")
 
 
 def run_experiment(points: list[tuple[Experiment, dict]], check: bool, capture: bool,

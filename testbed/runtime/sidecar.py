@@ -44,6 +44,12 @@ Control protocol (a Unix socket, length-prefixed JSON, see wire.py), fire-and-fo
   {"op": "start", "dev": DEV, "replica": R, "mb": I, "kind": "a"|"g", "id": ID}   {"op": "end", "id": ID}
   {"op": "link", "link_bps": BITS_PER_S[, "notice_delay_s": S]}
 A transfer's issue time is the order its start notice arrived in.
+
+On a cluster (testbed/cluster/driver.py) a WAN link split between two machines has a sidecar on each, shaping the
+one device that half sends into: the sender's start notice reaches its own machine's half, but the receiver's end
+is heard on the other machine. With `forward` (a Unix socket the machine's agent carries to the other half's
+sidecar, testbed/cluster/relay.py) every end a worker sends here goes there, marked `"fwd": true`; an end so
+marked is applied here.
 A malformed message closes that client's connection; the sidecar keeps serving the others.
 
 Usage: python -m testbed.runtime.sidecar CONFIG.json
@@ -55,6 +61,7 @@ import contextlib
 import heapq
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -63,7 +70,7 @@ from collections import defaultdict
 from testbed.net.turns import TURN_KEYS
 from testbed.runtime.ctlserver import serve_frames
 from testbed.runtime.htb import IDLE_PRIO, MIN_RATE_BPS, ClassChanger, trickle_bps
-from testbed.runtime.wire import ProtocolError
+from testbed.runtime.wire import ProtocolError, send_ctrl
 
 
 def priorities(transfers) -> dict[int, int]:
@@ -103,6 +110,8 @@ class Sidecar:
         self.busy = False  # the timer thread is applying a notice
         self.last_due = 0.0  # due times never decrease, even when the notice delay does
         self.errors: list[str] = []  # deferred notices that failed (the thread goes on with the rest)
+        self.fwd: socket.socket | None = None  # to the other half's sidecar (cfg "forward": a split link)
+        self.forwarded = 0  # end notices sent there
         self.wake = threading.Condition()
         threading.Thread(target=self._run_deferred, daemon=True).start()
 
@@ -171,10 +180,27 @@ class Sidecar:
                     self.apply(dev)
         elif op == "end":
             tid = str(msg["id"])
+            if self.cfg.get("forward") and not msg.get("fwd"):
+                self.forward(msg)  # the transfer's device is the other half's: its sidecar applies the end
+                return
             sent = self._later(msg.get("t")) if self.drain_s == 0 else None
             self.defer(self.drain_s + self.notice_delay_s, self.end, tid, sent)
         else:
             raise ProtocolError(f"unknown op {op!r}")
+
+    def forward(self, msg: dict) -> None:
+        """Send a worker's end to the other half's sidecar; one that cannot be sent is counted and dropped (the
+        other half keeps the transfer ranked: work-conserving, so training goes on)."""
+        try:
+            if self.fwd is None:
+                self.fwd = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self.fwd.connect(self.cfg["forward"])
+            send_ctrl(self.fwd, {**msg, "fwd": True})
+            self.forwarded += 1
+        except OSError as e:
+            self.fwd = None
+            self.errors.append(f"forward: {e}")
+            print(f"sidecar: an end notice could not be forwarded to the other half ({e})", file=sys.stderr)
 
     def _later(self, sent: float | None) -> float | None:
         """A notice's send time moved by the notice delay: the reaction it measures is this process's own."""
@@ -232,7 +258,8 @@ def main() -> None:
         stats = "".join(f"; {what} {quantiles(xs)}" for what, xs in (
             ("reaction (notice sent to class changed)", side.reaction_s), ("notice delivery", side.delivery_s),
             ("one netlink change", side.netlink_s)) if xs)
-        print(f"sidecar: {side.changes} class changes, {rejected} rejected messages{stats}", file=sys.stderr)
+        fwd = f", {side.forwarded} end notices forwarded" if cfg.get("forward") else ""
+        print(f"sidecar: {side.changes} class changes, {rejected} rejected messages{fwd}{stats}", file=sys.stderr)
     finally:
         ipr.close()
 

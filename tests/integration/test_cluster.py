@@ -1,7 +1,7 @@
 """A cluster emulation's failure paths on two local machines (containers with Ray: testbed/cluster/local.py):
 a cluster network too small for the tunnels' packets fails the build naming the link and the machine and leaves
 nothing on either machine; a driver killed outright leaves its parts behind, and `testbed clean --cluster`
-removes them from every machine; Atlas' sidecars on a cluster are refused before anything is built; a training
+removes them from every machine; a capture on a cluster is refused before anything is built; a training
 run across the two machines counts each replica's traffic on both halves of each tunnel.
 (`make cluster-demo` runs the measured three-machine case.)"""
 
@@ -93,11 +93,11 @@ def test_clean_cluster_removes_what_a_killed_driver_left_on_every_machine(machin
     assert leftovers(lc) == []
 
 
-def test_atlas_on_a_cluster_says_not_yet_before_building(machines) -> None:
+def test_a_capture_on_a_cluster_says_not_yet_before_building(machines) -> None:
     lc, out = machines
     p = run_testbed(lc, "experiment", "run", str(ROOT / "experiments" / "emu-3dc.yaml"), "--cluster",
-                   str(out / "cluster.yaml"), "--out", str(out / "exp"))
-    assert p.returncode != 0 and "atlas on a cluster: not yet" in p.stdout + p.stderr, p.stdout + p.stderr
+                    str(out / "cluster.yaml"), "--capture", "--out", str(out / "exp"))
+    assert p.returncode == 3 and "not yet with --capture" in p.stdout + p.stderr, p.stdout + p.stderr
     assert not (out / "exp").exists()
     assert leftovers(lc) == []
 

@@ -63,6 +63,11 @@ class Backend(ABC):
         nothing: every worker is on this machine."""
         return NoRelay()
 
+    def start_sidecar(self, node: Node, cfg: dict) -> list | None:
+        """Start a WAN link's Atlas sidecar elsewhere (a cluster's machines) and return its processes; None: the
+        caller starts it here (testbed/emu/train.py)."""
+        return None
+
     def delay_stats(self) -> dict[str, dict] | None:
         """The delay lines' stats where they run elsewhere (a cluster's machines); None: here, read them."""
         return None
