@@ -373,15 +373,17 @@ def clean(cluster: Cluster, prefix: str | None, force: bool,
         warnings.extend(f"Ray lists node {ip} as dead: not cleaned (a machine that died took its namespaces and "
                         f"links with it; run `testbed clean` there if it comes back)" for ip in dead_nodes())
     removed: dict[str, list[str]] = {}
-    if not machines:
-        return removed, errors
+    # a machine the user listed and that fails is an error; an unlisted node (every alive node) only warns, like
+    # one Ray already marks dead: Ray may list a node that just died as alive for a while
+    failed = errors if cluster.machines else warnings
     for m in machines:  # one agent each: a machine that Ray still lists but that died fails alone
         try:
             removed[m.name] = start_agents([m]).call(m.name, "clean", prefix, force)
         except EmuError as e:
-            errors.append(str(e))
+            failed.append(f"not cleaned: {e}" if failed is warnings else str(e))
         except Exception as e:  # noqa: BLE001 - Ray's own errors for a node it has just marked dead
-            errors.append(f"machine {m.name} ({m.address}) died or left the cluster ({type(e).__name__})")
+            failed.append(f"{'not cleaned: ' if failed is warnings else ''}machine {m.name} ({m.address}) died or "
+                          f"left the cluster ({type(e).__name__})")
     return removed, errors
 
 

@@ -128,8 +128,9 @@ def test_a_training_run_across_two_machines_shapes_each_replica_on_both_halves_o
 
 
 def test_a_machine_killed_mid_run_is_named_and_the_others_are_cleaned(machines) -> None:
-    """Last in this file: it kills m1 for good. The held run must end naming m1; `clean --cluster` must clean m0
-    and end with a one-line error naming m1 (and no other machine)."""
+    """Last in this file: it kills m1 for good. The held run must end naming m1; `clean --cluster` must clean m0:
+    with every alive node it warns about m1 (dead, or not answering while Ray still lists it), with the machines
+    listed it ends with a one-line error naming m1 (and no other machine)."""
     lc, out = machines
     with held_up(lc, out) as p:
         subprocess.run(["docker", "kill", lc.name(1)], check=True, stdout=subprocess.DEVNULL)
@@ -139,7 +140,7 @@ def test_a_machine_killed_mid_run_is_named_and_the_others_are_cleaned(machines) 
     said = c.stdout + c.stderr
     assert c.returncode == 0 and "1 machine(s)" in said, said[-1000:]
     deadline = time.monotonic() + 60  # Ray marks the node dead after its missed heartbeats
-    while lc.address(1) not in said and time.monotonic() < deadline:
+    while f"node {lc.address(1)} as dead" not in said and time.monotonic() < deadline:
         time.sleep(5)
         said = (c := run_testbed(lc, "clean", "--cluster", str(out / "cluster.yaml"), "--prefix", PREFIX)).stderr
     assert f"node {lc.address(1)} as dead: not cleaned" in said, said[-1000:]
