@@ -16,8 +16,9 @@ from testbed.analysis.flows import FLOWS_HEADER
 from testbed.emu.build import down, up
 from testbed.emu.train import run_training
 from testbed.figures.draw import draw_all
-from testbed.plan.build import build_plan, resolve_dp
+from testbed.plan.build import resolve_dp
 from testbed.results import write_csv
+from testbed.sim.choose import build_plan
 from testbed.spec.load import load_experiment
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,8 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fidelity  # noqa: E402  (bench/fidelity.py: the same cases from the same seed)
 
-from testbed.plan.build import build_plan, resolve_dp  # noqa: E402
+from testbed.plan.build import resolve_dp  # noqa: E402
 from testbed.plan.network import lower_network  # noqa: E402
+from testbed.sim.choose import build_plan  # noqa: E402
 from testbed.sim.executor import simulate  # noqa: E402
 from testbed.sim.realised import Jitter, realise  # noqa: E402
 

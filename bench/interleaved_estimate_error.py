@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testbed.costs.models import resolve_model  # noqa: E402
 from testbed.errors import SpecError  # noqa: E402
-from testbed.plan.build import build_plan  # noqa: E402
 from testbed.plan.estimate import Estimator, Layout  # noqa: E402
+from testbed.sim.choose import build_plan  # noqa: E402
 from testbed.sim.executor import simulate  # noqa: E402
 from testbed.spec.experiment import Experiment  # noqa: E402
 from testbed.spec.mechanisms import parse_scheduler  # noqa: E402

@@ -18,7 +18,7 @@ from pathlib import Path
 from testbed.costs import gpus
 from testbed.costs.models import resolve_model
 from testbed.errors import SpecError
-from testbed.plan.build import build_plan
+from testbed.sim.choose import build_plan
 from testbed.sim.executor import simulate
 from testbed.spec.load import load_experiment
 from testbed.timeline import COMPUTE

@@ -17,8 +17,8 @@ from testbed.bubbletea.realised import realised_run
 from testbed.bubbletea.run import group_cost_table, home_dcs, kv_transfer, requests_for
 from testbed.bubbletea.without_prefill import paired_slowdowns
 from testbed.costs.prefill import inference_model, kv_bytes_per_token
-from testbed.plan.build import build_plan
 from testbed.plan.lower import lower
+from testbed.sim.choose import build_plan
 from testbed.sim.executor import simulate
 from testbed.spec.load import load_experiment
 

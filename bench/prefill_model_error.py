@@ -48,7 +48,7 @@ def describe(r: dict) -> str:
 
 def shipped_models() -> list[tuple[str, str, str, int]]:
     """(experiment, inference model, GPU, TP) for every experiment with a +bubbletea scheduler."""
-    from testbed.plan.build import build_plan
+    from testbed.sim.choose import build_plan
     from testbed.spec.load import load_experiment
 
     out = []

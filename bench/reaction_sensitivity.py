@@ -21,8 +21,9 @@ import fidelity  # noqa: E402  (the bench's own case draw)
 
 import testbed.sim.executor as executor  # noqa: E402
 from testbed.emu.scale import auto_scale  # noqa: E402
-from testbed.plan.build import build_plan, resolve_dp  # noqa: E402
+from testbed.plan.build import resolve_dp  # noqa: E402
 from testbed.plan.network import lower_network  # noqa: E402
+from testbed.sim.choose import build_plan  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

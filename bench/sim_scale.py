@@ -25,8 +25,8 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
-from testbed.plan.build import build_plan
 from testbed.runs.simulated import run_point
+from testbed.sim.choose import build_plan
 from testbed.sim.executor import replica_classes
 from testbed.sim.period import simulate
 from testbed.spec.load import load_experiment

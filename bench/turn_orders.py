@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 import sys
 
-from testbed.plan.build import build_plan
 from testbed.plan.turns import TURN_KEYS
+from testbed.sim.choose import build_plan
 from testbed.sim.executor import simulate
 from testbed.spec.experiment import Experiment
 

@@ -13,9 +13,9 @@ from pydantic import ValidationError
 
 from testbed.errors import SpecError
 from testbed.plan.batch_split import pipeline_s, split_by_speed
-from testbed.plan.build import build_plan
 from testbed.plan.lower import dry_run, lower
 from testbed.program import Forward
+from testbed.sim.choose import build_plan
 from testbed.sim.executor import simulate
 from testbed.spec.experiment import Experiment
 from testbed.spec.topology import Topology

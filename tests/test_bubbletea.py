@@ -31,7 +31,7 @@ from testbed.costs.prefill import (
     prefill_time_s,
 )
 from testbed.errors import SpecError
-from testbed.plan.build import build_plan
+from testbed.sim.choose import build_plan
 from testbed.sim.executor import simulate
 from testbed.spec.load import load_experiment
 from tests.conftest import ROOT, SHARED_DATA

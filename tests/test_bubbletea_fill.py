@@ -11,7 +11,7 @@ from testbed.bubbletea.fill import FillJob, fill_metrics, run_fill, trace_jobs
 from testbed.bubbletea.run import run_bubbletea, train_mfu
 from testbed.costs.prefill import inference_model, prefill_time_s
 from testbed.errors import NotYetError, SpecError
-from testbed.plan.build import build_plan
+from testbed.sim.choose import build_plan
 from testbed.sim.executor import simulate
 from testbed.spec.experiment import FillOptions
 from testbed.spec.load import load_experiment

@@ -9,7 +9,7 @@ import pytest
 from testbed.bubbletea.run import kv_wan_metrics
 from testbed.bubbletea.scheduler import Placement
 from testbed.bubbletea.trace import Request
-from testbed.plan.build import build_plan
+from testbed.sim.choose import build_plan
 from testbed.sim.realised import PrefillJob, realise
 from testbed.spec.load import load_experiment
 from tests.conftest import ROOT

@@ -1,16 +1,18 @@
-"""Atlas's mechanisms chosen by simulating each candidate set (testbed/plan/choose.py), and the predictive
-sidecar that hands turns over without a notice's reaction (sim/executor.py)."""
+"""Atlas's mechanisms chosen by simulating each candidate set (testbed/plan/choose.py, testbed/sim/choose.py), and
+the predictive sidecar that hands turns over without a notice's reaction (sim/executor.py)."""
 
 from __future__ import annotations
 
 import pytest
 
+import testbed.sim.choose as chooser
 import testbed.sim.executor as executor
 from testbed.errors import NotYetError, SpecError
 from testbed.plan import choose
-from testbed.plan.build import boundary_connections, build_plan
 from testbed.plan.choose import Pick, candidates, label, resolved
+from testbed.plan.network import boundary_connections
 from testbed.runs.emulated import emulated_experiment
+from testbed.sim.choose import build_plan
 from testbed.sim.executor import simulate
 from testbed.spec.load import load_experiment
 from testbed.spec.mechanisms import AUTO_ALL, parse_scheduler
@@ -99,28 +101,28 @@ def _fake(times: dict[Pick, float], fail: set[Pick], monkeypatch) -> tuple:
     def sim(plan, key):
         return times.get(by_cap[plan.links[("a", "b")].capacity_bytes_s], 10.0)
 
-    monkeypatch.setattr(choose, "simulated_s", sim)
+    monkeypatch.setattr(chooser, "simulated_s", sim)
     return build
 
 
 def test_choose_keeps_the_fastest_candidate_and_ties_go_to_the_simpler(monkeypatch):
     fast, slow = Pick(True, True, True, False, True, "microbatch"), Pick(False, True, False, False, False)
     build = _fake({fast: 1.0, slow: 2.0}, set(), monkeypatch)
-    plan, pick, n = choose.choose(parse_scheduler("atlas"), 4, ("microbatch",), build)
+    plan, pick, n = chooser.choose(parse_scheduler("atlas"), 4, ("microbatch",), build)
     assert pick == fast and n == 3  # the two timed sets and one plan all the others share
     tie = Pick(False, False, False, False, True)
     build = _fake({tie: 10.0}, set(), monkeypatch)  # the same time as the shared plan
-    assert choose.choose(parse_scheduler("atlas"), 4, ("microbatch",), build)[1].size() == 0
+    assert chooser.choose(parse_scheduler("atlas"), 4, ("microbatch",), build)[1].size() == 0
 
 
 def test_a_candidate_that_does_not_fit_is_skipped_and_all_failing_raises(monkeypatch):
     every = set(candidates(parse_scheduler("atlas"), 4, ("microbatch",)))
     ok = Pick(True, False, False, False, False)
     build = _fake({ok: 1.0}, every - {ok}, monkeypatch)
-    assert choose.choose(parse_scheduler("atlas"), 4, ("microbatch",), build)[1] == ok
+    assert chooser.choose(parse_scheduler("atlas"), 4, ("microbatch",), build)[1] == ok
     build = _fake({}, every, monkeypatch)
     with pytest.raises(SpecError, match="does not fit"):
-        choose.choose(parse_scheduler("atlas"), 4, ("microbatch",), build)
+        chooser.choose(parse_scheduler("atlas"), 4, ("microbatch",), build)
 
 
 @pytest.mark.parametrize("sets", [(), ("topology.links.*.gbps=0.01",),
@@ -200,7 +202,7 @@ def test_the_emulated_wan_runs_the_reactive_sidecar_and_its_prediction_too():
 def test_plannable_builds_without_simulating_and_names_what_does_not_fit(monkeypatch):
     from testbed.plan.build import plannable
 
-    monkeypatch.setattr(choose, "simulated_s", lambda plan, key: pytest.fail("plannable simulated a plan"))
+    monkeypatch.setattr(chooser, "simulated_s", lambda plan, key: pytest.fail("plannable simulated a plan"))
     plannable(_exp(), "atlas")
     with pytest.raises(SpecError, match="global_batch"):
         plannable(_exp("workload.global_batch=2", "workload.dp=4"), "atlas")

@@ -12,9 +12,9 @@ import pytest
 from testbed.analysis.metrics import summary_row
 from testbed.analysis.wanbytes import program_wan_bytes, wan_bytes
 from testbed.errors import SpecError
-from testbed.plan.build import build_plan
 from testbed.plan.lower import dry_run, lower, lower_group
 from testbed.program import AllReduce, Forward, OuterSync, OuterWait, Program
+from testbed.sim.choose import build_plan
 from testbed.sim.executor import simulate
 from testbed.spec.load import load_experiment
 from tests.conftest import ROOT

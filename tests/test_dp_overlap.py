@@ -15,9 +15,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from testbed.plan.build import build_plan
 from testbed.plan.lower import dry_run, lower
 from testbed.program import AllGather, AllReduce, Await, Backward, Forward, ReduceScatter
+from testbed.sim.choose import build_plan
 from testbed.sim.executor import simulate
 from testbed.spec.load import load_experiment
 from testbed.spec.mechanisms import parse_scheduler

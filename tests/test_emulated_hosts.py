@@ -2,9 +2,9 @@
 that share a host share one group's NIC and reach each other unshaped through its loopback, which the simulator
 does not model (docs/fidelity.md, "Groups sharing a host")."""
 
-from testbed.plan.build import build_plan
 from testbed.plan.lower import host_index
 from testbed.runs.emulated import MAX_HOSTS, host_per_group
+from testbed.sim.choose import build_plan
 from testbed.spec.experiment import Experiment
 
 

@@ -7,9 +7,9 @@ import pytest
 
 from testbed.analysis.wanbytes import wan_bytes
 from testbed.errors import SpecError
-from testbed.plan.build import build_plan
 from testbed.plan.lower import allreduce, dry_run, lower
 from testbed.program import OuterSync, Send
+from testbed.sim.choose import build_plan
 from testbed.sim.executor import simulate
 from testbed.spec.experiment import Experiment
 from testbed.spec.topology import Topology

@@ -49,9 +49,6 @@ ALLOWED = {
     ("testbed.bubbletea.decode", "testbed.costs.models"),
     ("testbed.bubbletea.worker_side", "testbed.costs.models"),
     ("testbed.runtime.tiny_llama", "testbed.costs.models"),
-    # Atlas's choice of mechanisms simulates each candidate plan (plan/choose.py), as its placement heuristic does:
-    # until the choice moves above the simulator (runs/) with build_plan's callers
-    ("testbed.plan.choose", "testbed.sim.executor"),
 }
 
 

@@ -9,12 +9,12 @@ from hypothesis import strategies as st
 
 from testbed.analysis.invariants import check_timeline
 from testbed.errors import SpecError
-from testbed.plan.build import build_plan
 from testbed.plan.layers import chunk_layers
 from testbed.plan.lower import dry_run, lower
 from testbed.plan.schedules import Action, build_schedule, interleaved, interleaved_warmup
 from testbed.plan.synthetic import make_plan
 from testbed.program import Program, Recv, Send
+from testbed.sim.choose import build_plan
 from testbed.sim.executor import simulate
 from testbed.spec.load import load_experiment
 from tests.conftest import ROOT

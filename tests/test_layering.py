@@ -7,9 +7,7 @@ from pathlib import Path
 PLAN = Path(__file__).resolve().parent.parent / "testbed" / "plan"
 
 
-# Atlas's choice of mechanisms simulates each candidate plan, as its placement heuristic does: a known upward arrow
-# (tests/test_import_graph.py ALLOWED) until the choice moves above the simulator with build_plan's callers
-SIMULATES = {"choose.py": ("testbed.sim.executor",)}
+SIMULATES: dict[str, tuple[str, ...]] = {}  # none: Atlas's choice runs in testbed/sim/choose.py
 
 
 def test_plan_imports_neither_engine():

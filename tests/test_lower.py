@@ -8,9 +8,10 @@ import dataclasses
 import pytest
 
 from testbed.errors import SpecError
-from testbed.plan.build import build_plan, candidate_plans
+from testbed.plan.build import candidate_plans
 from testbed.plan.lower import dry_run, lower
 from testbed.program import AllReduce, Program, ProgramError, Send, exchanges
+from testbed.sim.choose import build_plan
 from testbed.spec.load import load_experiment
 from tests.conftest import ROOT
 

@@ -8,8 +8,9 @@ import re
 import pytest
 
 from testbed.net.scale import MIN_WINDOW, link_mss
-from testbed.plan.build import build_plan, resolve_dp
+from testbed.plan.build import resolve_dp
 from testbed.plan.network import covering_connections, link_plans, lower_network, opened_connections
+from testbed.sim.choose import build_plan
 from testbed.spec.load import load_experiment
 from tests.conftest import ROOT
 

@@ -173,7 +173,7 @@ def zoo(monkeypatch):
 
 
 def test_a_spec_describes_its_own_gpu_and_its_dcs_run_on_it(tmp_path, zoo):
-    from testbed.plan.build import build_plan
+    from testbed.sim.choose import build_plan
     from testbed.spec.load import load_experiment
     from tests.conftest import ROOT
 

@@ -13,7 +13,7 @@ from testbed.analysis.sweep import axes, parse_point, short_names, with_sweep_co
 from testbed.figures import sweep
 from testbed.figures.draw import draw_all
 from testbed.figures.gantt import common_iteration, wan_transfers, with_peers
-from testbed.plan.build import build_plan
+from testbed.sim.choose import build_plan
 from testbed.sim.executor import simulate
 from testbed.spec.load import load_experiment
 from testbed.timeline import HEADER

@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from testbed.costs.models import resolve_model
 from testbed.errors import NotYetError, SpecError
-from testbed.plan.build import build_plan
 from testbed.plan.estimate import Estimator, Layout
 from testbed.plan.layers import balance_layers, slowest, stage_layers
 from testbed.runs.select import chains, search, stage_counts
+from testbed.sim.choose import build_plan
 from testbed.sim.executor import simulate
 from testbed.spec.experiment import Experiment
 from testbed.spec.mechanisms import parse_scheduler

@@ -13,13 +13,13 @@ from hypothesis import strategies as st
 from testbed.answer import write_answer
 from testbed.costs.models import resolve_model
 from testbed.errors import SpecError
-from testbed.plan.build import build_plan
 from testbed.plan.estimate import Layout
 from testbed.plan.estimate_dp import FamilyEstimator
 from testbed.results import write_csv
 from testbed.runs.families import FAMILIES, dc_sets, dp_layouts, parse_families, split_replicas
 from testbed.runs.plan_sweep import search_points
 from testbed.runs.select import PLAN_HEADER, plan_rows, search
+from testbed.sim.choose import build_plan
 from testbed.spec.experiment import Experiment
 from testbed.spec.mechanisms import parse_scheduler
 from testbed.spec.topology import Topology

@@ -9,11 +9,11 @@ from dataclasses import replace
 
 import pytest
 
-from testbed.plan.build import build_plan
 from testbed.plan.lower import allreduce, lower_group, program_shape
 from testbed.plan.schedules import build_schedule
 from testbed.runs.simulated import lower_bound_s
 from testbed.sim import executor
+from testbed.sim.choose import build_plan
 from testbed.sim.executor import Simulation, compile_steps, replica_classes, simulate
 from testbed.spec.load import load_experiment
 from testbed.timeline import Timeline

@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from testbed.analysis.invariants import check_timeline
-from testbed.plan.build import build_plan
 from testbed.plan.schedules import build_schedule
+from testbed.sim.choose import build_plan
 from testbed.sim.executor import simulate
 from testbed.spec.load import load_experiment
 from tests.conftest import ROOT, make_plan

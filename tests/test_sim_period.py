@@ -9,8 +9,8 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed.plan.build import build_plan
 from testbed.sim.aggregate import FULL_STAGE_MICROBATCHES, stage_microbatches
+from testbed.sim.choose import build_plan
 from testbed.sim.executor import simulate as simulate_full
 from testbed.sim.period import PeriodTimeline, _shifts, compresses, kept_steps, simulate
 from testbed.spec.load import load_experiment

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from testbed.errors import SpecError
-from testbed.plan.build import build_plan
+from testbed.sim.choose import build_plan
 from testbed.spec.load import load_experiment, set_dotted, validate
 from testbed.spec.topology import Topology
 

@@ -56,7 +56,7 @@ def test_orders_differ_when_replicas_contend():
 
 
 def test_auto_order_lets_one_replica_at_a_time_have_a_link_the_job_saturates():
-    from testbed.plan.build import build_plan
+    from testbed.sim.choose import build_plan
     from testbed.spec.load import load_experiment
 
     for gbps, expect in ((0.001, "replica"), (50000, "microbatch")):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from testbed.bubbletea.without_prefill import ReplayError, iteration_without_prefill, paired_slowdowns, summary
-from testbed.plan.build import build_plan
 from testbed.plan.lower import lower
+from testbed.sim.choose import build_plan
 from testbed.sim.executor import simulate
 from testbed.sim.realised import Jitter, PrefillJob, realise
 from testbed.spec.load import load_experiment

@@ -7,11 +7,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from testbed.analysis.invariants import check_timeline
-from testbed.plan.build import build_plan
 from testbed.plan.lower import dry_run, lower
 from testbed.plan.schedules import Action, zero_bubble
 from testbed.plan.synthetic import make_plan
 from testbed.program import Backward, BackwardWeight, Program
+from testbed.sim.choose import build_plan
 from testbed.sim.executor import simulate
 from testbed.spec.load import load_experiment
 from tests.conftest import ROOT

@@ -14,11 +14,11 @@ from testbed.net.links import NetPlan
 from testbed.net.units import gbps_to_bytes_s
 from testbed.plan.batch_split import split_by_speed
 from testbed.plan.buckets import bucket_bytes
-from testbed.plan.choose import Pick, candidates, choose, fingerprint, label, resolved, turn_orders
+from testbed.plan.choose import Pick, candidates, fingerprint, resolved, turn_orders
 from testbed.plan.diloco import resolve as resolve_diloco
 from testbed.plan.efficiency import token_efficiency
 from testbed.plan.layers import chunk_layers, empty_chunk, stage_layers
-from testbed.plan.network import boundary_connections, link_plans, lower_network
+from testbed.plan.network import link_plans, lower_network
 from testbed.plan.placement import place
 from testbed.plan.plan import MAX_STAGE_MICROBATCHES, IntraDC, Plan
 from testbed.plan.schedules import build_schedule, check_interleaving
@@ -217,25 +217,6 @@ def kept_placement(plan: Plan) -> dict[str, list]:
     return {"order": order, "counts": counts}
 
 
-def build_plan(
-    exp: Experiment, scheduler: str, run_id: str = "run", dp: int | None = None, order: list[str] | None = None,
-    counts: list[int] | None = None, built: NetPlan | None = None,
-) -> Plan:
-    """`order` pins the pipeline's DC chain and `counts` its stages per DC (DC selection); by default the
-    scheduler's placement decides. Mechanisms the scheduler leaves to the plan (atlas) are chosen by
-    simulating each candidate set (plan/choose.py). `built`: the network as the emulator builds it
-    (testbed/plan/network.py lower_network with its k), whose windows and turns the plan models; None for a
-    simulation."""
-    mech = parse_scheduler(scheduler)
-    if not mech.auto:
-        return build_fixed(exp, scheduler, mech, run_id, dp, order, counts, built)
-    dp = dp or resolve_dp(exp)
-    orders, sidecars = _searched(exp, mech, dp)
-    plan, pick, _ = choose(mech, dp, orders, _builder(exp, scheduler, run_id, dp, order, counts, built), sidecars)
-    plan.meta["mechanisms"] = label(plan, pick, boundary_connections(mech, exp.workload.tp, exp.network))
-    return plan
-
-
 def candidate_plans(exp: Experiment, scheduler: str, dp: int | None = None) -> list[Plan]:
     """Every distinct plan build_plan chooses among (the one plan of a fixed composition), built and not
     simulated: what a check of lowering covers without the choice's simulations. A candidate that cannot be
@@ -244,8 +225,8 @@ def candidate_plans(exp: Experiment, scheduler: str, dp: int | None = None) -> l
     if not mech.auto:
         return [build_fixed(exp, scheduler, mech, dp=dp)]
     dp = dp or resolve_dp(exp)
-    orders, sidecars = _searched(exp, mech, dp)
-    build, plans, seen, failed = _builder(exp, scheduler, "run", dp), [], set(), None
+    orders, sidecars = searched(exp, mech, dp)
+    build, plans, seen, failed = builder(exp, scheduler, "run", dp), [], set(), None
     for pick in candidates(mech, dp, orders, sidecars):
         try:
             plan = build(resolved(mech, pick), pick)
@@ -261,7 +242,7 @@ def candidate_plans(exp: Experiment, scheduler: str, dp: int | None = None) -> l
     return plans
 
 
-def _searched(exp: Experiment, mech: Mechanisms, dp: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def searched(exp: Experiment, mech: Mechanisms, dp: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The turn orders and sidecars a plan with mechanisms left to it searches."""
     w = exp.workload
     m = max(1, w.global_batch // (w.microbatch * dp))
@@ -272,7 +253,7 @@ def _searched(exp: Experiment, mech: Mechanisms, dp: int) -> tuple[tuple[str, ..
     return orders, sidecars
 
 
-def _builder(exp: Experiment, scheduler: str, run_id: str, dp: int, order: list[str] | None = None,
+def builder(exp: Experiment, scheduler: str, run_id: str, dp: int, order: list[str] | None = None,
              counts: list[int] | None = None, built: NetPlan | None = None) -> Callable[[Mechanisms, Pick], Plan]:
     """A candidate's plan: the fixed composition, with the pick's turn order and sidecar where it takes turns."""
     def build(resolved: Mechanisms, pick: Pick) -> Plan:

@@ -1,5 +1,6 @@
-"""Which of Atlas's mechanisms a plan uses: the plan builds every candidate set of mechanisms, simulates each
-once (the simulator is deterministic and fast) and keeps the fastest.
+"""Which of Atlas's mechanisms a plan may use: every candidate set of mechanisms, each a fixed composition the plan
+builds (testbed/sim/choose.py simulates each once, the simulator being deterministic and fast, and keeps the
+fastest).
 
 The `atlas` base leaves every mechanism to the plan (Mechanisms.auto); a `+mechanism` or `-mechanism` in a
 scheduler's name pins that one (`atlas-temporal` never takes turns). A candidate is a fixed composition on the
@@ -22,12 +23,9 @@ or reactive: the emulated sidecar's, a notice and its reaction before each hando
 from __future__ import annotations
 
 import dataclasses
-from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from testbed.errors import SpecError
 from testbed.spec.mechanisms import BASES, Mechanisms
 
 if TYPE_CHECKING:
@@ -35,9 +33,6 @@ if TYPE_CHECKING:
 
 # fields of a Plan that do not change what the simulator does (names, the chosen set's label)
 _NOT_SIMULATED = frozenset({"run_id", "scheduler", "mech", "meta"})
-# simulated iteration times kept per process, by plan content: a bench's ablations share Atlas's candidates
-_CACHE_SIZE = 512
-_simulated: OrderedDict[str, float] = OrderedDict()
 
 
 def turn_order(dp: int, microbatches: int, schedule: str) -> str:
@@ -106,48 +101,6 @@ def resolved(mech: Mechanisms, pick: Pick) -> Mechanisms:
 def fingerprint(plan: Plan) -> str:
     """The plan as the simulator sees it: every field but the names and the label."""
     return repr([getattr(plan, f.name) for f in dataclasses.fields(plan) if f.name not in _NOT_SIMULATED])
-
-
-def simulated_s(plan: Plan, key: str) -> float:
-    """The plan's simulated iteration time, once per process per plan content."""
-    if key in _simulated:
-        _simulated.move_to_end(key)
-        return _simulated[key]
-    from testbed.sim.executor import simulate
-
-    t = simulate(plan)[0].iteration_s[0]
-    _simulated[key] = t
-    if len(_simulated) > _CACHE_SIZE:
-        _simulated.popitem(last=False)
-    return t
-
-
-def choose(mech: Mechanisms, dp: int, orders: tuple[str, ...], build: Callable[[Mechanisms, Pick], Plan],
-           sidecars: tuple[str, ...] = ("",)) -> tuple[Plan, Pick, int]:
-    """The fastest candidate's plan (built by `build` from a resolved Mechanisms and the pick, for its turn
-    order and sidecar), its pick, and how many
-    distinct plans were simulated (candidates whose plans coincide, e.g. the warm-up where it asks for no
-    extra microbatch or greedy placement on equal DCs, are simulated once and the simpler one kept)."""
-    best: tuple[float, Plan, Pick] | None = None
-    seen: set[str] = set()
-    failed: SpecError | None = None
-    for pick in candidates(mech, dp, orders, sidecars):
-        try:
-            plan = build(resolved(mech, pick), pick)
-        except SpecError as e:  # e.g. a placement that does not fit: the other candidates may
-            failed = e  # the last: the candidate with most mechanisms (greedy placement's message for atlas)
-            continue
-        key = fingerprint(plan)
-        if key in seen:
-            continue
-        seen.add(key)
-        t = simulated_s(plan, key)
-        if best is None or t < best[0]:
-            best = (t, plan, pick)
-    if best is None:
-        assert failed is not None  # every mechanism has at least one option
-        raise failed
-    return best[1], best[2], len(seen)
 
 
 def label(plan: Plan, pick: Pick, base_connections: int) -> str:

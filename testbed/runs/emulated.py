@@ -15,10 +15,11 @@ from testbed.emu.health import DEFAULT_BUDGET, PathLink, budget, critical_steps,
 from testbed.emu.scale import auto_scale, check_scale, check_transfer_bytes
 from testbed.emu.train import run_training
 from testbed.errors import NotYetError, SpecError
-from testbed.plan.build import build_plan, resolve_dp
+from testbed.plan.build import resolve_dp
 from testbed.plan.network import lower_network
 from testbed.results import fmt, write_csv
 from testbed.runs.simulated import RunResult, WanRecord, lower_bound_s, simulate_changing_run, stall_rows
+from testbed.sim.choose import build_plan
 from testbed.sim.executor import simulate
 from testbed.sim.linkchange import WanSchedule, union_length
 from testbed.spec.experiment import Experiment
@@ -60,8 +61,9 @@ def changing_run(exp: Experiment, plan, sched: str, dp: int, emu, scale: float, 
     """An emulated run on a WAN that changes, and the simulator's run of it; returns (emulated run, the
     simulated timeline, events, the simulator's record, the emulator's record)."""
     from testbed.emu.wanchange import LiveWan
-    from testbed.plan.build import build_plan, kept_placement
+    from testbed.plan.build import kept_placement
     from testbed.plan.network import opened_connections, topology_at
+    from testbed.sim.choose import build_plan
     from testbed.sim.linkchange import Pair
 
     keep = kept_placement(plan)

@@ -10,10 +10,10 @@ it; `testbed sim` still simulates the whole period (its timeline holds every ste
 
 from __future__ import annotations
 
-from testbed.plan.build import build_plan
 from testbed.plan.diloco import resolve as resolve_diloco
 from testbed.plan.efficiency import token_efficiency
 from testbed.plan.period import DiLoCoPlan
+from testbed.sim.choose import build_plan
 from testbed.spec.experiment import Experiment
 from testbed.spec.mechanisms import parse_scheduler
 

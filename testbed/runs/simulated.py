@@ -28,10 +28,11 @@ from testbed.bubbletea.run import REQUESTS_HEADER, request_rows, run_bubbletea, 
 from testbed.costs.prefill import inference_model, kv_bytes_per_token
 from testbed.errors import SpecError
 from testbed.net.links import NetPlan
-from testbed.plan.build import build_plan, kept_placement, resolve_dp
+from testbed.plan.build import kept_placement, resolve_dp
 from testbed.plan.network import lower_network, topology_at
 from testbed.plan.plan import Plan
 from testbed.results import fmt, write_csv
+from testbed.sim.choose import build_plan
 from testbed.sim.executor import paused_gc, simulate_changing
 from testbed.sim.linkchange import WanSchedule, union_length
 from testbed.sim.period import simulate

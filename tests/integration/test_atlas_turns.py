@@ -27,7 +27,8 @@ from collections import defaultdict
 from testbed.analysis.flows import leader_shares, pending_bins
 from testbed.emu.build import down, up
 from testbed.emu.train import run_training
-from testbed.plan.build import build_plan, resolve_dp
+from testbed.plan.build import resolve_dp
+from testbed.sim.choose import build_plan
 from testbed.spec.load import load_experiment
 from tests.conftest import ROOT
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import csv
 from collections import defaultdict
 
-from testbed.plan.build import build_plan
 from testbed.plan.lower import lower
 from testbed.program import ReduceScatter
+from testbed.sim.choose import build_plan
 from testbed.spec.load import load_experiment
 from tests.conftest import ROOT
 from tests.integration.conftest import cli, snapshot_of
