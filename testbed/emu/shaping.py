@@ -80,7 +80,7 @@ def ack_bps(link_bps: float, mtu: int) -> float:
     every packet at once: `quickack`). The link's default class is guaranteed the whole link, so while the other
     direction's data fills it HTB's parent has no tokens to lend and the ACK class gets only its guarantee: at the
     1,500-byte packets of a slow emulated link the acknowledgements take 2-5 % of the data's rate, and a 1 %
-    guarantee held them back and slowed the acknowledged direction by 16 % (docs/fidelity.md, "Acknowledgements
+    guarantee held them back and slowed the acknowledged direction by 12-16 % (docs/fidelity.md, "Acknowledgements
     of a two-way link"). At least `trickle_bps`."""
     return max(link_bps * (ACK_MAX_IP_BYTES + 14) / (mtu + 14), trickle_bps(link_bps))
 

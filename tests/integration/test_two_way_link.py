@@ -1,7 +1,7 @@
 """A WAN link busy in both directions carries each at its rate: each direction's acknowledgements leave on the
 other's egress, whose default class is guaranteed the whole link, so the ACK class gets only its own guarantee
 there (emu/shaping.py ack_bps). In the 1,500-byte packets of a slow emulated link the acknowledgements take 2-5 %
-of the data's rate; with a 1 % guarantee one direction's messages took about 16 % longer than their fluid time.
+of the data's rate; with a 1 % guarantee one direction's messages took 12-16 % longer than their fluid time.
 Six connections each way with the workers' striped transport (bench/tcp_probe.py), as a ring's groups across a
 link exchange at once."""
 
