@@ -99,6 +99,24 @@ def test_tcp_control_packets_go_to_the_ack_class_before_any_flow_class():
     assert cls[cls.index("prio") + 1] == "0" and cls[cls.index("ceil") + 1] == cmds[1][cmds[1].index("ceil") + 1]
 
 
+@pytest.mark.parametrize("mtu", [1500, 4000, 9000])
+def test_the_ack_class_is_guaranteed_the_other_directions_acknowledgements(mtu):
+    """The link's default class is guaranteed the whole link, so the ACK class cannot borrow while the other
+    direction's data fills it: its own guarantee (on the wire) carries one control packet of the largest size the
+    filter takes for every full segment the link's rate delivers, more than a 1 % trickle in 1,500-byte packets."""
+    from testbed.emu.shaping import ACK_MAX_IP_BYTES, ACK_MINOR
+    from testbed.runtime.htb import trickle_bps, wire_bps
+
+    link_bps = 13.2e6
+    cmds = htb_commands("west", link_bps, 0.04, None, mtu)
+    cls = next(c for c in cmds if f"1:{ACK_MINOR:x}" in c and c[1] == "class")
+    guaranteed_wire_bps = int(cls[cls.index("rate") + 1].removesuffix("bit"))
+    segments_s = link_bps / 8 / (mtu - 52)
+    assert guaranteed_wire_bps >= int(segments_s * (ACK_MAX_IP_BYTES + 14) * 8) - 1
+    if mtu == 1500:
+        assert guaranteed_wire_bps > 2 * wire_bps(trickle_bps(link_bps), mtu)
+
+
 @pytest.mark.parametrize("delay", ["netem", "nfqueue"])
 def test_every_flow_class_leaf_delays_where_the_run_delays_with_netem(delay):
     """A packet HTB files under a replica's, the sidecar's or the KV class never passes the default class's

@@ -73,16 +73,28 @@ ACK_MAX_IP_BYTES = 128  # a power of two: u32 matches the IP total length under 
 ACK_FILTER_PRIO = 1
 
 
+def ack_bps(link_bps: float, mtu: int) -> float:
+    """The ACK class's guaranteed rate on a link of `link_bps` (payload bits/s, as `class_args` takes rates): on the
+    wire, one control packet of the largest size the ACK filter takes (ACK_MAX_IP_BYTES and an Ethernet header) for
+    every segment the other direction's data can carry at the link's rate in packets of `mtu` (hosts acknowledge
+    every packet at once: `quickack`). The link's default class is guaranteed the whole link, so while the other
+    direction's data fills it HTB's parent has no tokens to lend and the ACK class gets only its guarantee: at the
+    1,500-byte packets of a slow emulated link the acknowledgements take 2-5 % of the data's rate, and a 1 %
+    guarantee held them back and slowed the acknowledged direction by 12-16 % (docs/fidelity.md, "Acknowledgements
+    of a two-way link"). At least `trickle_bps`."""
+    return max(link_bps * (ACK_MAX_IP_BYTES + 14) / (mtu + 14), trickle_bps(link_bps))
+
+
 def ack_class(verb: str, dev: str, rate_bps: float, mtu: int) -> list[str]:
-    """`tc class add|change` of the class for a link's TCP control packets: a trickle of the link guaranteed (its
-    ACKs are under 0.5 % of the other direction's data), the link as ceiling, HTB's first priority. In the class of
+    """`tc class add|change` of the class for a link's TCP control packets: `ack_bps` guaranteed (what the other
+    direction's acknowledgements take at most), the link as ceiling, HTB's first priority. In the class of
     the data they travel with (a replica's, or the default), the acknowledgements of one direction's transfers
     queued behind the other direction's window bursts, up to a window's time on the link (tens of ms), and held back
     the acknowledged transfer's next window: 1F1B sends activations and gradients across a link at once, and the
     emulated iteration of seed 131 topology 8 (pp-wan, dp 1) ran 10.5 % slower than simulated
     (docs/fidelity.md, "Acknowledgements behind data"). The simulator's links carry acknowledgements for free."""
     return ["tc", "class", verb, "dev", dev, "parent", "1:1", "classid", f"1:{ACK_MINOR:x}", "htb",
-            *class_args(trickle_bps(rate_bps), rate_bps, 0, mtu)]
+            *class_args(ack_bps(rate_bps, mtu), rate_bps, 0, mtu)]
 
 
 def leaf_command(dev: str, minor: int, rate_bps: float, rtt_s: float, netem_delay_ms: float | None,
