@@ -43,8 +43,8 @@ class Headroom:
 def probe(seconds: float = 1.0) -> Headroom:
     """Sleep PROBE_SLEEP_S again and again for `seconds`, timing each wake-up, while counting the machine's CPU time
     and run queue: what an emulated run's workers and delay lines would meet now."""
-    t_end = time.monotonic() + seconds
     before, t0 = cpu_times(), time.monotonic()
+    t_end = t0 + seconds  # the probe lasts `seconds` from the start it reports (probe_s >= seconds)
     late: list[float] = []
     runq: list[int] = []
     while time.monotonic() < t_end:
