@@ -20,12 +20,23 @@ def _spawn(tmp_path, role: str, run_dir: str, seconds: float) -> subprocess.Pope
     return subprocess.Popen([sys.executable, str(script), str(seconds), "-m", role, f"{run_dir}/cfg.json"])
 
 
+def _started(*procs: subprocess.Popen) -> None:
+    """Wait until each process runs its own command line (a child just forked still shows pytest's)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        table = proc_table()
+        if all((p.pid in table and str(p.args[1]) in table[p.pid][1]) or p.poll() is not None for p in procs):
+            return
+        time.sleep(0.01)
+
+
 def test_only_this_runs_bubbletea_processes_are_counted(tmp_path):
     run_dir, other = str(tmp_path / "gdtbx1"), str(tmp_path / "gdtbx2")
     ours = _spawn(tmp_path, "testbed.bubbletea.decode", run_dir, 0.3)
     kv_line = _spawn(tmp_path, "testbed.emu.delayline", f"{run_dir}/wan.kv.delay.json", 0.3)
     training_line = _spawn(tmp_path, "testbed.emu.delayline", f"{run_dir}/wan.delay.json", 0.3)
     foreign = _spawn(tmp_path, "testbed.bubbletea.decode", other, 0.3)
+    _started(ours, kv_line, training_line, foreign)
     before = bubbletea_cpu_s(proc_table(), run_dir)
     for p in (ours, kv_line, training_line, foreign):
         p.wait(30)
@@ -43,7 +54,9 @@ def test_a_workers_kv_sender_counts_as_its_child(tmp_path):
 def test_the_share_is_the_cpu_time_taken_over_the_machines_time(tmp_path):
     run_dir = str(tmp_path / "gdtbx4")
     p = _spawn(tmp_path, "testbed.bubbletea.kvsend", run_dir, 0.4)
+    _started(p)
     t0, before = time.monotonic(), bubbletea_cpu_s(proc_table(), run_dir)
+    after = before
     while time.monotonic() - t0 < 5 and p.poll() is None:
         after = bubbletea_cpu_s(proc_table(), run_dir)
         time.sleep(0.05)
