@@ -126,13 +126,6 @@ def kill_one(lc: LocalCluster, topo: Path, scale: float, out: Path) -> str:
     return ""
 
 
-def leftovers(lc: LocalCluster, alive: range) -> list[str]:
-    script = (f"ip netns list | grep '^{lc.prefix}-' ; ip -o link show | grep -o ' {lc.prefix}-[^:@]*' ; "
-              f"ls /run/gdtb/{lc.prefix}.json 2>/dev/null ; true")
-    return [f"{lc.name(i)}: {ln.strip()}" for i in alive for ln in lc.exec(i, ["sh", "-c", script]).splitlines()
-            if ln.strip()]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--experiment", type=Path, default=ROOT / "experiments" / "emu-3dc.yaml")
@@ -187,13 +180,9 @@ def main() -> int:
             alive = range(lc.count - 1)
         clean = subprocess.run(["docker", "exec", "-w", str(ROOT), lc.name(0), *testbed_argv(), "clean", "--cluster",
                                 str(out / "cluster.yaml"), "--prefix", args.prefix], capture_output=True, text=True)
-        said = (clean.stdout + clean.stderr).strip()
-        named = said.split("not cleaned:", 1)[1] if "not cleaned:" in said else ""
-        # the killed machine cannot be cleaned: clean may say so, naming it and no other, after cleaning the rest
-        if clean.returncode != 0 and (len(alive) == lc.count or not named
-                                      or any(f"machine m{i} " in named for i in alive)):
-            failures.append(f"testbed clean --cluster failed: {said[-300:]}")
-        failures += [f"left over: {x}" for x in leftovers(lc, alive)]
+        if clean.returncode != 0:  # every alive node (cluster.yaml lists none): the killed one only warns
+            failures.append(f"testbed clean --cluster failed: {(clean.stdout + clean.stderr).strip()[-300:]}")
+        failures += [f"left over: {x}" for x in lc.leftovers(alive, state=True)]
     failures += [f"left over: {x}" for x in stop(lc)]
     print(f"the demo took {time.monotonic() - t0:.0f} s (load {os.getloadavg()[0]:.1f}); wrote {out}/cluster-demo.csv")
     for f in failures:

@@ -3,8 +3,6 @@ effective tokens/s, a sweep that keeps earlier plans in play, and the one-page a
 
 from __future__ import annotations
 
-import itertools
-
 import pandas as pd
 import pytest
 from hypothesis import given, settings
@@ -23,14 +21,7 @@ from testbed.sim.choose import build_plan
 from testbed.spec.experiment import Experiment
 from testbed.spec.mechanisms import parse_scheduler
 from testbed.spec.topology import Topology
-
-SMALL = {"name": "small", "layers": 8, "hidden": 256, "heads": 8, "vocab": 1000, "seq_len": 128}
-
-
-def topo(dcs: list[tuple[str, str, int]], gbps: float = 100.0, latency_ms: float = 10.0) -> Topology:
-    return Topology(dcs=[{"name": n, "gpu": g, "gpus": k} for n, g, k in dcs],
-                    links=[{"between": [a[0], b[0]], "gbps": gbps, "latency_ms": latency_ms}
-                           for a, b in itertools.combinations(dcs, 2)])
+from tests.test_planner import SMALL, topo
 
 
 def experiment(t: Topology, **workload) -> Experiment:

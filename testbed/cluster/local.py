@@ -9,11 +9,13 @@ capabilities --privileged would give, spelled out for sandboxes that refuse --pr
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,6 +82,14 @@ class LocalCluster:
     def exec(self, i: int, argv: list[str], timeout: float = 600, check: bool = True) -> str:
         return docker("exec", self.name(i), *argv, timeout=timeout, check=check)
 
+    def leftovers(self, machines: Iterable[int] | None = None, state: bool = False) -> list[str]:
+        """What an emulation of this prefix left on the machines (all by default): namespaces and links, and with
+        `state` its state file, each line naming its machine."""
+        script = (f"ip netns list | grep '^{self.prefix}-' ; ip -o link show | grep -o ' {self.prefix}-[^:@]*' ; "
+                  + (f"ls /run/gdtb/{self.prefix}.json 2>/dev/null ; " if state else "") + "true")
+        return [f"{self.name(i)}: {ln.strip()}" for i in (range(self.count) if machines is None else machines)
+                for ln in self.exec(i, ["sh", "-c", script]).splitlines() if ln.strip()]
+
 
 def mounts(project: Path, out: Path) -> list[str]:
     """Read-only: the project (and its venv), the venv's Python (unless it is the system's, /usr: the image's
@@ -122,6 +132,17 @@ def wait_nodes(lc: LocalCluster, ray: str) -> None:
             return
         time.sleep(2)
     raise EmuError(f"the Ray cluster did not reach {lc.count} nodes within {RAY_START_S:g} s")
+
+
+@contextlib.contextmanager
+def running(lc: LocalCluster, project: Path, out: Path) -> Iterator[LocalCluster]:
+    """The machines started (an earlier run's of the same prefix removed first) and removed on the way out."""
+    stop(lc)
+    try:
+        start(lc, project, out)
+        yield lc
+    finally:
+        stop(lc)
 
 
 def stop(lc: LocalCluster) -> list[str]:

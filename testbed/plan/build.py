@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from testbed.costs.gpus import GPUS
 from testbed.costs.models import ModelConfig, resolve_model
@@ -113,15 +113,19 @@ def pinned_chain(exp: Experiment, mech: Mechanisms) -> tuple[list[str] | None, l
         return pinned_replicas(exp)
     if not w.stages_per_dc:
         return None, None
-    names = [d.name for d in exp.topology.dcs]
-    for d in w.stages_per_dc:
-        if d not in names:
-            raise SpecError("workload.stages_per_dc", f"unknown DC {d!r}",
-                            f"use DCs of the topology: {', '.join(names)}")
+    known_dcs(exp, "workload.stages_per_dc", w.stages_per_dc)
     if sum(w.stages_per_dc.values()) != w.pp:
         raise SpecError("workload.stages_per_dc", f"{sum(w.stages_per_dc.values())} stages but pp={w.pp}",
                         "make the stage counts add up to workload.pp")
     return list(w.stages_per_dc), list(w.stages_per_dc.values())
+
+
+def known_dcs(exp: Experiment, field: str, dcs: Iterable[str]) -> None:
+    """Raise, naming `field`, at the first of `dcs` that is not a DC of the topology."""
+    names = [d.name for d in exp.topology.dcs]
+    for d in dcs:
+        if d not in names:
+            raise SpecError(field, f"unknown DC {d!r}", f"use DCs of the topology: {', '.join(names)}")
 
 
 def pinned_replicas(exp: Experiment) -> tuple[list[str] | None, list[int] | None]:
@@ -129,11 +133,7 @@ def pinned_replicas(exp: Experiment) -> tuple[list[str] | None, list[int] | None
     w = exp.workload
     if not w.replicas_per_dc:
         return None, None
-    names = [d.name for d in exp.topology.dcs]
-    for d in w.replicas_per_dc:
-        if d not in names:
-            raise SpecError("workload.replicas_per_dc", f"unknown DC {d!r}",
-                            f"use DCs of the topology: {', '.join(names)}")
+    known_dcs(exp, "workload.replicas_per_dc", w.replicas_per_dc)
     total = sum(w.replicas_per_dc.values())
     if w.dp != "auto" and total != w.dp:
         raise SpecError("workload.replicas_per_dc", f"{total} replicas but dp={w.dp}",

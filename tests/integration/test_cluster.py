@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.cluster.local import LocalCluster, start, stop, unavailable
+from testbed.cluster.local import LocalCluster, running, unavailable
 from tests.conftest import ROOT
 
 WHY = unavailable()
@@ -29,13 +29,9 @@ TESTBED = str(Path(sys.executable).with_name("testbed"))
 def machines(tmp_path_factory):
     out = tmp_path_factory.mktemp("cluster")
     lc = LocalCluster(PREFIX, 2, subnet="10.250.33.0/24")
-    stop(lc)
-    try:
-        start(lc, ROOT, out)
+    with running(lc, ROOT, out):
         (out / "cluster.yaml").write_text("ray_address: auto\n")
         yield lc, out
-    finally:
-        stop(lc)
 
 
 def run_testbed(lc: LocalCluster, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -43,9 +39,6 @@ def run_testbed(lc: LocalCluster, *args: str, timeout: float = 300) -> subproces
                           text=True, timeout=timeout)
 
 
-def leftovers(lc: LocalCluster) -> list[str]:
-    script = f"ip netns list | grep '^{PREFIX}-'; ip -o link show | grep -o ' {PREFIX}-[^:@]*'; true"
-    return [ln for i in range(lc.count) for ln in lc.exec(i, ["sh", "-c", script]).splitlines() if ln.strip()]
 
 
 @contextlib.contextmanager
@@ -77,7 +70,7 @@ def test_a_cluster_network_without_jumbo_frames_fails_naming_the_machine_and_lea
         set_mtu(lc, lc.mtu)
     assert p.returncode != 0
     assert "machine m" in p.stdout + p.stderr and "MTU" in p.stdout + p.stderr, p.stdout + p.stderr
-    assert leftovers(lc) == []
+    assert lc.leftovers() == []
 
 
 def test_clean_cluster_removes_what_a_killed_driver_left_on_every_machine(machines) -> None:
@@ -85,12 +78,12 @@ def test_clean_cluster_removes_what_a_killed_driver_left_on_every_machine(machin
     with held_up(lc, out) as p:
         lc.exec(0, ["sh", "-c", "kill -9 $(cat /tmp/driver.pid)"])
         p.wait(30)
-    left = leftovers(lc)
+    left = lc.leftovers()
     assert any(f"{PREFIX}-useast-h0" in ln for ln in left) and any(f"{PREFIX}-uscentral-h0" in ln for ln in left)
     c = run_testbed(lc, "clean", "--cluster", str(out / "cluster.yaml"), "--prefix", PREFIX)
     assert c.returncode == 0, c.stdout + c.stderr
     assert "m0: removed" in c.stdout and "m1: removed" in c.stdout
-    assert leftovers(lc) == []
+    assert lc.leftovers() == []
 
 
 def test_a_capture_on_a_cluster_says_not_yet_before_building(machines) -> None:
@@ -99,7 +92,7 @@ def test_a_capture_on_a_cluster_says_not_yet_before_building(machines) -> None:
                     str(out / "cluster.yaml"), "--capture", "--out", str(out / "exp"))
     assert p.returncode == 3 and "not yet with --capture" in p.stdout + p.stderr, p.stdout + p.stderr
     assert not (out / "exp").exists()
-    assert leftovers(lc) == []
+    assert lc.leftovers() == []
 
 
 def test_a_training_run_across_two_machines_shapes_each_replica_on_both_halves_of_a_tunnel(machines) -> None:
@@ -124,7 +117,7 @@ def test_a_training_run_across_two_machines_shapes_each_replica_on_both_halves_o
         for towards in ends:  # each direction's classes live on the half that sends into the tunnel
             for replica in ("0", "1"):
                 assert sent.get((link, towards, replica), 0) > 0, (link, towards, replica, sorted(sent))
-    assert leftovers(lc) == []
+    assert lc.leftovers() == []
 
 
 def test_a_machine_killed_mid_run_is_named_and_the_others_are_cleaned(machines) -> None:
@@ -149,5 +142,4 @@ def test_a_machine_killed_mid_run_is_named_and_the_others_are_cleaned(machines) 
     c = run_testbed(lc, "clean", "--cluster", str(listed), "--prefix", PREFIX)
     said = c.stdout + c.stderr
     assert c.returncode != 0 and "not cleaned: machine m1 " in said and "machine m0 " not in said, said[-1000:]
-    script = f"ip netns list | grep '^{PREFIX}-'; ip -o link show | grep -o ' {PREFIX}-[^:@]*'; true"
-    assert lc.exec(0, ["sh", "-c", script]).strip() == ""
+    assert lc.leftovers([0]) == []

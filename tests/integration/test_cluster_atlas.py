@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.cluster.local import LocalCluster, start, stop, unavailable
+from testbed.cluster.local import LocalCluster, running, unavailable
 from tests.conftest import ROOT
 
 WHY = unavailable()
@@ -29,18 +29,11 @@ HALF = re.compile(r"Atlas sidecar (\S+) on (m\d): sidecar: (\d+) class changes, 
 def machines(tmp_path_factory):
     out = tmp_path_factory.mktemp("cluster-atlas")
     lc = LocalCluster(PREFIX, 2, subnet="10.250.34.0/24")
-    stop(lc)
-    try:
-        start(lc, ROOT, out)
+    with running(lc, ROOT, out):
         (out / "cluster.yaml").write_text("ray_address: auto\n")
         yield lc, out
-    finally:
-        stop(lc)
 
 
-def leftovers(lc: LocalCluster) -> list[str]:
-    script = f"ip netns list | grep '^{PREFIX}-'; ip -o link show | grep -o ' {PREFIX}-[^:@]*'; true"
-    return [ln for i in range(lc.count) for ln in lc.exec(i, ["sh", "-c", script]).splitlines() if ln.strip()]
 
 
 def test_atlas_across_two_machines_hands_turns_over_on_both_halves_of_each_tunnel(machines) -> None:
@@ -60,4 +53,4 @@ def test_atlas_across_two_machines_hands_turns_over_on_both_halves_of_each_tunne
             changes, forwarded = halves.get((link, machine), (0, 0))
             # every transfer the half's workers received ended there once: dp 2 x 8 microbatches x 2 iterations
             assert changes > 0 and forwarded == 2 * 8 * 2, (link, machine, halves, p.stderr[-3000:])
-    assert leftovers(lc) == []
+    assert lc.leftovers() == []
