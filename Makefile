@@ -29,13 +29,16 @@ lint: venv
 	$(BIN)/ruff check testbed tests bench
 
 unit: venv
-	$(BIN)/pytest -q -m "not integration"
+	$(BIN)/pytest -q -m "not integration" -n auto
 
 integration: venv sysdeps
 	$(BIN)/pytest -q -m integration
 
+# unit tests spread over the CPUs (pure logic: no shared state); integration tests one at a time (real kernel
+# state and timing), their slowest printed
 test: venv sysdeps lint
-	$(BIN)/pytest -q --durations=15
+	$(BIN)/pytest -q -m "not integration" -n auto --durations=5
+	$(BIN)/pytest -q -m integration --durations=15
 
 sim-paper: venv
 	$(TESTBED) sim experiments/paper-3dc.yaml --out $(RESULTS)/paper-3dc
