@@ -72,6 +72,14 @@ class Agents:
 
     def gather(self, calls: dict[str, tuple[str, tuple]], timeout: float = CALL_TIMEOUT_S) -> dict:
         """Run calls on several machines at once; the first failure (in machine order) raises, naming it."""
+        out, errors = self.gather_all(calls, timeout)
+        if errors:
+            raise EmuError(errors[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
+        return out
+
+    def gather_all(self, calls: dict[str, tuple[str, tuple]],
+                   timeout: float = CALL_TIMEOUT_S) -> tuple[dict, list[str]]:
+        """Run calls on several machines at once: the answers, and a line naming each machine that failed."""
         ray = _ray()
         refs = {n: getattr(self.handles[n], m).remote(*a) for n, (m, a) in calls.items()}
         out, errors = {}, []
@@ -80,9 +88,7 @@ class Agents:
                 out[n] = ray.get(ref, timeout=timeout)
             except Exception as e:  # noqa: BLE001 - every failure is reported with its machine
                 errors.append(self.describe(n, e))
-        if errors:
-            raise EmuError(errors[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
-        return out
+        return out, errors
 
     def describe(self, name: str, e: Exception) -> str:
         ray, m = _ray(), self.machines[name]
