@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.cluster.launch import MAX_CARRY_BYTES, carried_files, rank_envs
+from testbed.cluster.launch import MAX_CARRY_BYTES, carried_files, forwarded_env, rank_envs
 from testbed.cluster.placement import plan_cluster
 from testbed.cluster.ranks import place, rank_environ
 from testbed.emu.names import address_plan
@@ -67,7 +67,8 @@ def test_each_rank_gets_torchruns_environment_with_its_own_machines_cores_and_gp
     where = {s.rank: plan.dc_machine[s.dc] for s in slots}
     envs = rank_envs(slots, where, {"a": {"cpus": 8, "gpus": ["0", "1", "2", "3"]}, "b": {"cpus": 12, "gpus": []}},
                      master_port=29500, connections=1, dcs=["east", "west", "mid"], out_dir="/o", scale=50,
-                     links_file="/o/links.json")
+                     links_file="/o/links.json",
+                     forwarded=forwarded_env({"NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "lo", "PATH": "/x"}))
     assert sorted(envs) == list(range(10))
     assert {e["MASTER_ADDR"] for e in envs.values()} == {slots[0].ip} and slots[0].dc == "east"
     assert [envs[r]["RANK"] for r in range(10)] == [str(r) for r in range(10)]
@@ -78,6 +79,9 @@ def test_each_rank_gets_torchruns_environment_with_its_own_machines_cores_and_gp
     assert all(envs[r]["TESTBED_DEVICE"] == "cpu" and "CUDA_VISIBLE_DEVICES" not in envs[r] for r in on_b)
     assert {envs[r]["OMP_NUM_THREADS"] for r in on_b} == {"2"}  # 12 cores over 6 ranks
     assert {envs[r]["TESTBED_LINKS"] for r in range(10)} == {"/o/links.json"}
+    # the driver's NCCL_DEBUG reaches every rank; what the launch sets wins; the driver's PATH is its own
+    assert all(envs[r]["NCCL_DEBUG"] == "INFO" and envs[r]["NCCL_SOCKET_IFNAME"] == "eth0" and "PATH" not in envs[r]
+               for r in range(10))
 
 
 def test_options_a_cluster_cannot_run_yet_are_refused_naming_them():

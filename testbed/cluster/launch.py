@@ -13,6 +13,7 @@ the machines share, as the local containers do, gathers it).
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -26,6 +27,7 @@ from testbed.launch.ranks import Slot, device_env, layout, omp_threads, rank_env
 from testbed.launch.run import GRACE_S, PYTHONS, LaunchResult, RankExit, describe
 
 POLL_S = 0.2
+FORWARDED_PREFIXES = ("NCCL_", "GLOO_", "TORCH_")  # the driver's settings of the job's libraries reach every rank
 MAX_CARRY_BYTES = 4 * 2**20  # a file and the files carried beside it, in all
 MAX_SIBLINGS = 64
 
@@ -55,10 +57,18 @@ def carried_files(argv: list[str], cwd: str) -> list[Carried]:
     return out
 
 
+def forwarded_env(environ: dict[str, str]) -> dict[str, str]:
+    """The driver's variables every rank gets (NCCL_DEBUG, TORCH_DISTRIBUTED_DEBUG, ...): the rest of a rank's
+    environment is its machine's (its agent's, without Ray's settings)."""
+    return {k: v for k, v in environ.items() if k.startswith(FORWARDED_PREFIXES)}
+
+
 def rank_envs(slots: list[Slot], where: dict[int, str], resources: dict[str, dict], *, master_port: int,
-              connections: int, dcs: list[str], out_dir: str, scale: float, links_file: str) -> dict[int, dict]:
-    """Each rank's environment: `rank_env` with its machine's cores shared among that machine's ranks and its
-    machine's GPUs given round-robin to them (`resources`: machine -> {"cpus": n, "gpus": [index, ...]})."""
+              connections: int, dcs: list[str], out_dir: str, scale: float, links_file: str,
+              forwarded: dict[str, str] | None = None) -> dict[int, dict]:
+    """Each rank's environment: `forwarded` (the driver's), then `rank_env` with its machine's cores shared among
+    that machine's ranks and its machine's GPUs given round-robin to them (`resources`: machine -> {"cpus": n,
+    "gpus": [index, ...]})."""
     envs = {}
     for m, res in resources.items():
         mine = [s for s in slots if where[s.rank] == m]
@@ -67,7 +77,7 @@ def rank_envs(slots: list[Slot], where: dict[int, str], resources: dict[str, dic
             env = rank_env(s, slots, master_port=master_port, connections=connections, dcs=dcs, gpus=res["gpus"],
                            in_container=False, out_dir=out_dir, threads=threads, scale=scale, links_file=links_file)
             env.update(device_env(replace(s, rank=i), res["gpus"], in_container=False))
-            envs[s.rank] = env
+            envs[s.rank] = {**(forwarded or {}), **env}
     return envs
 
 
@@ -87,7 +97,7 @@ def run_cluster_job(emu, argv: list[str], *, nproc: int = 1, master_port: int = 
     out_dir.mkdir(parents=True, exist_ok=True)
     envs = rank_envs(slots, where, resources, master_port=master_port, connections=connections,
                      dcs=[d.name for d in emu.topo.dcs], out_dir=str(out_dir.resolve()), scale=emu.scale,
-                     links_file=links_file)
+                     links_file=links_file, forwarded=forwarded_env(dict(os.environ)))
     extra = {links_file: Path(links_file).read_bytes()} if links_file else {}
     carried = carried_files(argv, cwd)
     results: dict[int, RankExit] = {}
