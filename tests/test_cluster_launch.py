@@ -99,3 +99,17 @@ def test_a_rank_does_not_inherit_rays_settings(monkeypatch):
     monkeypatch.setenv("HOME", "/root")
     env = rank_environ()
     assert "RAY_ADDRESS" not in env and "CUDA_VISIBLE_DEVICES" not in env and env["HOME"] == "/root"
+
+
+def test_launch_cluster_refuses_a_capture_before_joining_any_cluster(tmp_path):
+    from typer.testing import CliRunner
+
+    from testbed.cli import app
+    from tests.conftest import ROOT
+
+    (tmp_path / "cluster.yaml").write_text("ray_address: 10.255.255.1:6379\n")  # nothing there: never reached
+    r = CliRunner().invoke(app, ["launch", str(ROOT / "experiments" / "emu-3dc-topology.yaml"), "--cluster",
+                                 str(tmp_path / "cluster.yaml"), "--capture", "--out", str(tmp_path / "o"), "--",
+                                 "python", "x.py"])
+    assert r.exit_code == 3 and "launch --cluster with --capture: not yet" in r.output, r.output
+    assert not (tmp_path / "o").exists()
