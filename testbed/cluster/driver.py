@@ -221,9 +221,9 @@ class ClusterBackend(Backend):
         """A role process on the node's machine, the run's files among `args` (configs) copied there first."""
         from testbed.emu import state
 
-        if node is None or module != "testbed.runtime.worker":
-            raise EmuError(f"{module} on a cluster is not yet supported (workers only: no Atlas sidecar, BubbleTea "
-                           f"or decoder)")
+        if node is None or module != "testbed.runtime.worker":  # Atlas' sidecars start through start_sidecar
+            raise NotYetError(f"{module} on a cluster: not yet (workers and Atlas sidecars only: BubbleTea's service "
+                              f"and decoders talk over one machine's Unix socket; docs/cluster.md)")
         files = {a: Path(a).read_text() for a in args if Path(a).is_file() and state.STATE_DIR in Path(a).parents}
         machine = self.machine(node)
         return RemoteProcess(self.agents, machine, self.agents.call(machine, "spawn", node.ns, module, args, files))
