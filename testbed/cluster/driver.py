@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -45,11 +46,16 @@ def reachable(cluster: Cluster) -> tuple[list[Machine], list[str]]:
     """Join the Ray cluster; the listed machines that are alive nodes, and a line naming each one that is not."""
     ray = _ray()
     if not ray.is_initialized():
+        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
             ray.init(address=cluster.ray_address, log_to_driver=False, logging_level="ERROR")
         except (ConnectionError, RuntimeError) as e:
             raise EmuError(f"no Ray cluster at {cluster.ray_address}: {e}; run testbed on a node of the cluster "
                            f"(ray start --address HEAD:6379 there)") from None
+        finally:  # Ray's core worker installs its own SIGTERM handler, which exits at once: `kill` must tear down
+            for sig, handler in handlers.items():
+                if callable(handler):
+                    signal.signal(sig, handler)
     nodes = sorted(n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"])
     if not cluster.machines:
         return [Machine(name=f"m{i}", address=ip) for i, ip in enumerate(nodes)], []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -37,9 +38,9 @@ links:
 JOB = f"""import os, runpy, socket, sys
 print(f"machine={{socket.gethostname()}} dc={{os.environ['TESTBED_DC']}} master={{os.environ['MASTER_ADDR']}} "
       f"nccl_debug={{os.environ.get('NCCL_DEBUG')}}", flush=True)
-if sys.argv[1] == "fail":  # the failure test: rank sys.argv[2] fails, the others would run forever
+if sys.argv[1] in ("fail", "hang"):  # `fail N`: rank N fails, the others would run forever; `hang`: all do
     import time
-    sys.exit(3) if os.environ["RANK"] == sys.argv[2] else time.sleep(600)
+    sys.exit(3) if sys.argv[1:] == ["fail", os.environ["RANK"]] else time.sleep(600)
 example = "{ROOT}/examples/diloco.py"
 sys.path.insert(0, os.path.dirname(example))
 sys.argv = [example, *sys.argv[1:]]
@@ -62,11 +63,14 @@ def machines(tmp_path_factory):
         yield lc, out
 
 
+def launch_argv(out: Path, name: str, *job: str) -> list[str]:
+    return [TESTBED, "launch", str(out / "topo.yaml"), "--cluster", str(out / "cluster.yaml"), "--prefix", PREFIX,
+            "--scale", "50", "--out", str(out / name), "--", "python", "job.py", *job]
+
+
 def launch(lc: LocalCluster, out: Path, name: str, *job: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["docker", "exec", "-w", "/job", "-e", "NCCL_DEBUG=WARN", lc.name(0), TESTBED,
-                           "launch", str(out / "topo.yaml"), "--cluster", str(out / "cluster.yaml"), "--prefix",
-                           PREFIX, "--scale", "50", "--out", str(out / name), "--", "python", "job.py", *job],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(["docker", "exec", "-w", "/job", "-e", "NCCL_DEBUG=WARN", lc.name(0),
+                           *launch_argv(out, name, *job)], capture_output=True, text=True, timeout=300)
 
 
 def tunnel_bytes(lc: LocalCluster) -> list[int]:
@@ -131,4 +135,23 @@ def test_a_rank_that_fails_stops_every_machines_ranks(machines) -> None:
     assert (rows["2"]["exit_code"], rows["2"]["stopped_by_launch"]) == ("3", "0")
     for r in ("0", "1"):  # killed by the launch's SIGTERM, on m2 and m0
         assert (rows[r]["exit_code"], rows[r]["stopped_by_launch"]) == ("143", "1"), rows[r]
+    assert_nothing_left(lc)
+
+
+def test_ctrl_c_on_the_driver_stops_every_machines_ranks(machines) -> None:
+    """SIGTERM (as Ctrl-C) to the driver once every rank has said where it runs: every rank is stopped, every
+    machine's part torn down."""
+    lc, out = machines
+    cmd = f"cd /job && echo $$ > /tmp/launch.pid && exec {shlex.join(launch_argv(out, 'hang', 'hang'))}"
+    with subprocess.Popen(["docker", "exec", lc.name(0), "sh", "-c", cmd], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True) as p:
+        seen = []
+        for line in p.stdout:  # type: ignore[union-attr]
+            seen.append(line)
+            if sum("machine=gdtbl-" in ln for ln in seen) == 3:
+                break
+        lc.exec(0, ["sh", "-c", "kill -TERM $(cat /tmp/launch.pid)"])
+        rest, _ = p.communicate(timeout=60)
+    said = "".join(seen) + rest
+    assert p.returncode == 130 and "interrupted: every rank stopped" in said, said[-3000:]
     assert_nothing_left(lc)
