@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -87,7 +86,7 @@ def run_cluster_job(emu, argv: list[str], *, nproc: int = 1, master_port: int = 
     """testbed.launch.run `run_job` on a cluster: start every rank on its DC's machine, stream their output, stop
     every machine's ranks when one fails (or on Ctrl-C, or when a machine dies); no rank is left behind."""
     if capture is not None:
-        raise NotYetError("launch --cluster --capture: not yet (docs/cluster.md)")
+        raise NotYetError("launch --cluster with --capture: not yet; a capture runs on one machine (docs/cluster.md)")
     agents, plan = emu.backend.agents, emu.cluster_plan
     slots = layout(emu.addr, nproc)
     by_rank = {s.rank: s for s in slots}
@@ -102,13 +101,11 @@ def run_cluster_job(emu, argv: list[str], *, nproc: int = 1, master_port: int = 
     carried = carried_files(argv, cwd)
     results: dict[int, RankExit] = {}
     failed: RankExit | None = None
-    lock = threading.Lock()
     log = open(out_dir / "launch.log", "w")  # noqa: SIM115 (closed below)
 
-    def say(line: str) -> None:
-        with lock:
-            echo(line)
-            log.write(line + "\n")
+    def say(line: str) -> None:  # one thread: lines come from the polls, in order
+        echo(line)
+        log.write(line + "\n")
 
     def show(lines: list[tuple[int, str]]) -> None:
         for rank, text in lines:
