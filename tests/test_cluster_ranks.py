@@ -111,3 +111,24 @@ def test_a_missing_working_folder_runs_the_ranks_in_the_launch_folder_with_the_s
     assert exits[0][1] == 0 and lines == [(0, str(host.launch_dir))]
     host.close()
     assert not host.launch_dir.exists()
+
+
+def test_what_the_ranks_wrote_comes_back_unless_the_folder_is_shared(tmp_path):
+    import os
+
+    from testbed.cluster.ranks import outputs
+
+    out = tmp_path / "out"
+    (out / "sub").mkdir(parents=True)
+    (out / "before.csv").write_text("old")
+    os.utime(out / "before.csv", (1.0, 1.0))  # written before the launch: not the ranks'
+    since = time.time() - 1
+    (out / "loss.csv").write_text("step,loss\n")
+    (out / "sub" / "big.bin").write_bytes(b"x" * 100)
+    files, left = outputs(out, since, ".testbed-launch-abc", max_bytes=50)
+    assert files == {"loss.csv": b"step,loss\n"} and left == [str(out / "sub" / "big.bin")]
+    files, left = outputs(out, since, ".testbed-launch-abc", max_bytes=1000)
+    assert set(files) == {"loss.csv", "sub/big.bin"} and left == []
+    (out / ".testbed-launch-abc").touch()  # the driver's own folder, seen from here: nothing to bring
+    assert outputs(out, since, ".testbed-launch-abc", max_bytes=1000) == ({}, [])
+    assert outputs(tmp_path / "none", since, ".testbed-launch-abc", max_bytes=1000) == ({}, [])

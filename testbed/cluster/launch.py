@@ -7,8 +7,8 @@ machine; the first rank that fails stops every machine's ranks; so do Ctrl-C and
 
 What reaches the machines: the command, and each argument that names a file here (`carried_files`: a Python
 script with the .py files beside it, its local imports); a machine whose same path holds the same bytes runs it in
-place. TESTBED_OUT is the same path on every machine: what a rank writes there stays on its machine (a folder
-the machines share, as the local containers do, gathers it).
+place. TESTBED_OUT is the same path on every machine; what the ranks wrote there on a machine that does not share
+the folder with the driver is brought back once they have ended (`fetch_outputs`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +27,7 @@ from testbed.launch.ranks import Slot, device_env, layout, omp_threads, rank_env
 from testbed.launch.run import GRACE_S, PYTHONS, LaunchResult, RankExit, describe
 
 POLL_S = 0.2
+MAX_OUTPUT_BYTES = 256 * 2**20  # what one machine's ranks wrote under TESTBED_OUT, brought back
 FORWARDED_PREFIXES = ("NCCL_", "GLOO_", "TORCH_")  # the driver's settings of the job's libraries reach every rank
 MAX_CARRY_BYTES = 4 * 2**20  # a file and the files carried beside it, in all
 MAX_SIBLINGS = 64
@@ -99,6 +101,8 @@ def run_cluster_job(emu, argv: list[str], *, nproc: int = 1, master_port: int = 
                      links_file=links_file, forwarded=forwarded_env(dict(os.environ)))
     extra = {links_file: Path(links_file).read_bytes()} if links_file else {}
     carried = carried_files(argv, cwd)
+    marker = out_dir / f".testbed-launch-{uuid.uuid4().hex[:12]}"  # a machine that sees it shares the folder
+    marker.touch()
     results: dict[int, RankExit] = {}
     failed: RankExit | None = None
     log = open(out_dir / "launch.log", "w")  # noqa: SIM115 (closed below)
@@ -113,25 +117,50 @@ def run_cluster_job(emu, argv: list[str], *, nproc: int = 1, master_port: int = 
 
     stop_errors: list[str] = []
     try:
-        calls = {m: ("start_ranks", ([s for s in slots if where[s.rank] == m], argv, envs, cwd, carried, extra))
-                 for m in machines}
-        for m, notes in agents.gather(calls).items():
-            for n in notes:
-                say(f"[{m}] {n}")
-        failed = follow(agents, machines, by_rank, results, show)
-        if failed is not None:
-            pending = len(slots) - len(results)
-            msg = (f"rank {failed.slot.rank} ({failed.slot.host}, {failed.slot.dc} on machine {where[failed.slot.rank]}"
-                   f") exited with {describe(failed.code)}; stopping the other {pending} rank(s)")
-            (on_failure or say)(msg)
-    finally:
-        stop_errors = stop_everywhere(agents, machines, by_rank, results, show)
-        log.close()
-    if stop_errors:
-        from testbed.emu.sh import EmuError
+        try:
+            calls = {m: ("start_ranks", ([s for s in slots if where[s.rank] == m], argv, envs, cwd, carried, extra))
+                     for m in machines}
+            for m, notes in agents.gather(calls).items():
+                for n in notes:
+                    say(f"[{m}] {n}")
+            failed = follow(agents, machines, by_rank, results, show)
+            if failed is not None:
+                pending = len(slots) - len(results)
+                msg = (f"rank {failed.slot.rank} ({failed.slot.host}, {failed.slot.dc} on machine "
+                       f"{where[failed.slot.rank]}) exited with {describe(failed.code)}; stopping the other "
+                       f"{pending} rank(s)")
+                (on_failure or say)(msg)
+        finally:
+            stop_errors = stop_everywhere(agents, machines, by_rank, results, show)
+            log.close()
+        if stop_errors:
+            from testbed.emu.sh import EmuError
 
-        raise EmuError(f"stopping the ranks: {stop_errors[0]}")
+            raise EmuError(f"stopping the ranks: {stop_errors[0]}")
+        for line in fetch_outputs(agents, machines, out_dir, marker.name):
+            echo(line)
+    finally:
+        marker.unlink(missing_ok=True)
     return LaunchResult([results[s.rank] for s in slots], failed)
+
+
+def fetch_outputs(agents, machines: list[str], out_dir: Path, marker: str) -> list[str]:
+    """Bring what the ranks wrote under TESTBED_OUT on machines that do not share the folder into it here: a file
+    this launch's driver already holds with other bytes lands beside it as NAME.MACHINE. A line per machine."""
+    got = agents.gather({m: ("rank_outputs", (str(out_dir.resolve()), marker, MAX_OUTPUT_BYTES))
+                         for m in machines})
+    lines = []
+    for m, (files, left) in got.items():
+        for rel, data in files.items():
+            dest = out_dir / rel
+            if dest.is_file() and dest.read_bytes() != data:
+                dest = dest.with_name(f"{dest.name}.{m}")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(data)
+        if files or left:
+            lines.append(f"[{m}] brought back {len(files)} file(s) the ranks wrote under {out_dir}"
+                         + (f"; left there (over {MAX_OUTPUT_BYTES // 2**20} MiB): {', '.join(left)}" if left else ""))
+    return lines
 
 
 def follow(agents, machines: list[str], by_rank: dict[int, Slot], results: dict[int, RankExit],

@@ -238,6 +238,17 @@ class MachineAgent:
         """Stop every rank still running; the lines and exits not yet given."""
         return self.ranks.stop(grace_s) if self.ranks is not None else ([], [])
 
+    def rank_outputs(self, out_dir: str, marker: str, max_bytes: int) -> tuple[dict[str, bytes], list[str]]:
+        """The files the ranks wrote under `out_dir` here, unless the driver shares the folder
+        (testbed/cluster/ranks.py `outputs`)."""
+        from pathlib import Path
+
+        from testbed.cluster.ranks import outputs
+
+        if self.ranks is None:
+            return {}, []
+        return outputs(Path(out_dir), self.ranks.started_s, marker, max_bytes)
+
     def close_ranks(self) -> None:
         """No rank left, nor the files carried for them."""
         if self.ranks is not None:

@@ -51,6 +51,25 @@ def place(carried: list[Carried], argv: list[str], launch_dir: Path) -> tuple[li
     return argv, notes
 
 
+def outputs(out_dir: Path, since_s: float, marker: str, max_bytes: int) -> tuple[dict[str, bytes], list[str]]:
+    """What the ranks wrote under `out_dir` here: each file modified since `since_s` (wall clock), by its path
+    relative to `out_dir`, up to `max_bytes` in all (the rest named, left here); nothing when the folder is the
+    driver's own (shared: its `marker` file is visible here)."""
+    if not out_dir.is_dir() or (out_dir / marker).exists():
+        return {}, []
+    files, left, total = {}, [], 0
+    for p in sorted(out_dir.rglob("*")):
+        if not p.is_file() or p.stat().st_mtime < since_s:
+            continue
+        size = p.stat().st_size
+        if total + size > max_bytes:
+            left.append(str(p))
+            continue
+        files[str(p.relative_to(out_dir))] = p.read_bytes()
+        total += size
+    return files, left
+
+
 def rank_environ() -> dict[str, str]:
     """The agent's environment without Ray's own settings (a rank is not a Ray worker)."""
     return {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k != "CUDA_VISIBLE_DEVICES"}
@@ -66,10 +85,12 @@ class RankHost:
         self.exits: list[tuple[int, int, float]] = []  # (rank, exit code, wall_s), not yet drained
         self.reported: set[int] = set()
         self.lock = threading.Lock()
+        self.started_s = 0.0
 
     def start(self, slots: list[Slot], argv: list[str], envs: dict[int, dict[str, str]], cwd: str,
               carried: list[Carried]) -> list[str]:
         """Start every slot's rank; returns the lines saying which files were copied here."""
+        self.started_s = time.time()  # wall clock, as files' modification times
         argv, notes = place(carried, resolve_command(argv, in_container=False), self.launch_dir)
         if not Path(cwd).is_dir():
             self.launch_dir.mkdir(parents=True, exist_ok=True)

@@ -2,8 +2,9 @@
 placed so that the first rank's DC is not on the driver's machine. The job is a script that exists only on the
 driver's machine (m0): it prints where it runs, then runs examples/diloco.py (DDP across the three DCs, a few
 steps). Every rank must run on its DC's machine, the script must reach m1 and m2 as a copy, the job's WAN traffic
-must cross the tunnels (a counter on each machine's VXLAN packets), every exit status must come back, and nothing
-may be left on any machine. A rank that fails must stop every machine's ranks."""
+must cross the tunnels (a counter on each machine's VXLAN packets), every exit status and rank 0's file must come
+back to the driver's machine, and nothing may be left on any machine. A rank that fails must stop every machine's
+ranks; so must SIGTERM to the driver."""
 
 from __future__ import annotations
 
@@ -63,14 +64,14 @@ def machines(tmp_path_factory):
         yield lc, out
 
 
-def launch_argv(out: Path, name: str, *job: str) -> list[str]:
+def launch_argv(out: Path, to: str, *job: str) -> list[str]:
     return [TESTBED, "launch", str(out / "topo.yaml"), "--cluster", str(out / "cluster.yaml"), "--prefix", PREFIX,
-            "--scale", "50", "--out", str(out / name), "--", "python", "job.py", *job]
+            "--scale", "50", "--out", to, "--", "python", "job.py", *job]
 
 
-def launch(lc: LocalCluster, out: Path, name: str, *job: str) -> subprocess.CompletedProcess:
+def launch(lc: LocalCluster, out: Path, to: str, *job: str) -> subprocess.CompletedProcess:
     return subprocess.run(["docker", "exec", "-w", "/job", "-e", "NCCL_DEBUG=WARN", lc.name(0),
-                           *launch_argv(out, name, *job)], capture_output=True, text=True, timeout=300)
+                           *launch_argv(out, to, *job)], capture_output=True, text=True, timeout=300)
 
 
 def tunnel_bytes(lc: LocalCluster) -> list[int]:
@@ -79,9 +80,8 @@ def tunnel_bytes(lc: LocalCluster) -> list[int]:
                 .splitlines()[-1].split()[1]) for i in range(lc.count)]
 
 
-def ranks(path: Path) -> dict[str, dict]:
-    with open(path) as f:
-        return {r["rank"]: r for r in csv.DictReader(f)}
+def ranks(text: str) -> dict[str, dict]:
+    return {r["rank"]: r for r in csv.DictReader(text.splitlines())}
 
 
 def assert_nothing_left(lc: LocalCluster) -> None:
@@ -98,7 +98,8 @@ def test_a_torch_job_runs_each_rank_on_its_dcs_machine_across_the_tunnels(machin
     for i in range(lc.count):
         lc.exec(i, ["iptables", "-I", *COUNT])
     try:
-        p = launch(lc, out, "ddp", "--method", "ddp", "--steps", "4", "--inner-steps", "2", "--layers", "1")
+        # --out in m0's own /tmp: the machines share no folder for it
+        p = launch(lc, out, "/tmp/ddp", "--method", "ddp", "--steps", "4", "--inner-steps", "2", "--layers", "1")
         sent = tunnel_bytes(lc)
     finally:
         for i in range(lc.count):
@@ -115,23 +116,26 @@ def test_a_torch_job_runs_each_rank_on_its_dcs_machine_across_the_tunnels(machin
     assert sorted(carried) == ["m1", "m2"], said[-3000:]  # m0 holds the script itself
     # DDP's gradients: at least 4 steps x 2/3 of the model (~200 KB) sent by each rank, through its VXLAN device
     assert all(b > 4 * 150_000 for b in sent), sent
-    rows = ranks(out / "ddp" / "ranks.csv")
+    rows = ranks(lc.exec(0, ["cat", "/tmp/ddp/ranks.csv"]))
     assert {r: (rows[r]["dc"], rows[r]["exit_code"], rows[r]["stopped_by_launch"]) for r in rows} == {
         "0": ("useast", "0", "0"), "1": ("uscentral", "0", "0"), "2": ("uswest", "0", "0")}
-    log = (out / "ddp" / "launch.log").read_text()
+    log = lc.exec(0, ["cat", "/tmp/ddp/launch.log"])
     assert all(f"[r{r} " in log for r in range(3))
-    with open(out / "ddp" / "ddp.csv") as f:  # rank 0's own record, written on m2 into the shared folder
-        assert len(list(csv.DictReader(f))) >= 1
+    # rank 0's own record, written on m2, brought back to the driver's folder on m0 (and only that file)
+    assert "[m2] brought back 1 file(s)" in said and "[m1] brought back" not in said, said[-3000:]
+    assert len(list(csv.DictReader(lc.exec(0, ["cat", "/tmp/ddp/ddp.csv"]).splitlines()))) >= 1
+    assert lc.exec(0, ["sh", "-c", "ls -A /tmp/ddp | grep -c testbed-launch || true"]).strip() == "0"
     assert_nothing_left(lc)
 
 
 def test_a_rank_that_fails_stops_every_machines_ranks(machines) -> None:
     lc, out = machines
-    p = launch(lc, out, "fail", "fail", "2")
+    p = launch(lc, out, str(out / "fail"), "fail", "2")  # a folder every machine shares
     said = p.stdout + p.stderr
     assert p.returncode == 3, said[-3000:]
     assert "rank 2 (uswest-h0, uswest on machine m1) exited with status 3" in said, said[-3000:]
-    rows = ranks(out / "fail" / "ranks.csv")
+    rows = ranks((out / "fail" / "ranks.csv").read_text())
+    assert "brought back" not in said
     assert (rows["2"]["exit_code"], rows["2"]["stopped_by_launch"]) == ("3", "0")
     for r in ("0", "1"):  # killed by the launch's SIGTERM, on m2 and m0
         assert (rows[r]["exit_code"], rows[r]["stopped_by_launch"]) == ("143", "1"), rows[r]
@@ -142,7 +146,7 @@ def test_ctrl_c_on_the_driver_stops_every_machines_ranks(machines) -> None:
     """SIGTERM (as Ctrl-C) to the driver once every rank has said where it runs: every rank is stopped, every
     machine's part torn down."""
     lc, out = machines
-    cmd = f"cd /job && echo $$ > /tmp/launch.pid && exec {shlex.join(launch_argv(out, 'hang', 'hang'))}"
+    cmd = f"cd /job && echo $$ > /tmp/launch.pid && exec {shlex.join(launch_argv(out, str(out / 'hang'), 'hang'))}"
     with subprocess.Popen(["docker", "exec", lc.name(0), "sh", "-c", cmd], stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True) as p:
         seen = []
