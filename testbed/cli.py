@@ -839,7 +839,10 @@ def launch_cmd(
     signal.signal(signal.SIGTERM, _raise_interrupt)
     cwd, out = os.getcwd(), out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    say = lambda m: console.print(m, highlight=False)  # noqa: E731
+
+    def say(line: str) -> None:
+        console.print(line, highlight=False)
+
     with console.status(f"bringing up {escape(sp.topology.name)} ({sp.backend}, prefix {sp.prefix}"
                         f"{', on the cluster' if cluster else ''})"):
         emu, built = bring_up(sp, [cwd, str(out)], nproc_per_host, say, cluster)

@@ -89,9 +89,8 @@ class RankProcess:
             self.tag = self.p.tag  # type: ignore[attr-defined]
         else:
             self.tag = uuid.uuid4().hex[:16]
-            self.p = emu.backend.popen(node, argv, env={**(os.environ if base_env is None else base_env), **env,
-                                            containers.TAG_ENV: self.tag}, cwd=cwd,
-                                       **kw)
+            base = os.environ if base_env is None else base_env
+            self.p = emu.backend.popen(node, argv, env={**base, **env, containers.TAG_ENV: self.tag}, cwd=cwd, **kw)
 
     def signal(self, sig: int) -> None:
         for pid in containers.tagged_pids(self.tag):
