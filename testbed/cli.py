@@ -824,8 +824,6 @@ def launch_cmd(
     from testbed.emu.kernel import require_root
     from testbed.launch.wan import bring_up, connections, load_spec, parse_scale
 
-    if cluster is not None:
-        raise NotYetError("launch --cluster: not yet; ranks run on one machine (docs/cluster.md)")
     if not ctx.args:
         raise SpecError("command", "nothing to launch", "add the command after --, e.g. -- python train.py")
     if sharing not in ("fair", "temporal"):
@@ -833,26 +831,52 @@ def launch_cmd(
     if nproc_per_host < 1:
         raise SpecError("--nproc-per-host", f"{nproc_per_host} is not a process count", "use 1 or more")
     sp = load_spec(spec, set_, backend, prefix, parse_scale(scale))
+    if cluster is not None:
+        from testbed.launch.wan import refuse_on_cluster
+
+        refuse_on_cluster(sp.backend, capture, check, sharing)
     require_root()
     signal.signal(signal.SIGTERM, _raise_interrupt)
     cwd, out = os.getcwd(), out.resolve()
     out.mkdir(parents=True, exist_ok=True)
+
+    def say(line: str) -> None:
+        console.print(line, highlight=False)
+
+    with console.status(f"bringing up {escape(sp.topology.name)} ({sp.backend}, prefix {sp.prefix}"
+                        f"{', on the cluster' if cluster else ''})"):
+        emu, built = bring_up(sp, [cwd, str(out)], nproc_per_host, say, cluster)
+    if cluster is not None:
+        where = ", ".join(f"{dc} on {m}" for dc, m in emu.cluster_plan.dc_machine.items())
+        say(f"up on {len(emu.cluster_plan.parts)} machine(s): {where}")
     code = 0
-    with console.status(f"bringing up {escape(sp.topology.name)} ({sp.backend}, prefix {sp.prefix})"):
-        emu, built = bring_up(sp, [cwd, str(out)], nproc_per_host, lambda m: console.print(m, highlight=False))
     try:
         code = _launch(emu, built, ctx.args, nproc_per_host, master_port, connections(emu, sp.max_connections), sharing,
                        capture or check, capture_seconds, out, cwd, check,
-                       machine_k=emu.scale if built and not sp.scale else None)
+                       machine_k=emu.scale if built and not sp.scale else None, on_cluster=cluster is not None)
     except KeyboardInterrupt:
         err_console.print("interrupted: every rank stopped", highlight=False)
         code = 130
     finally:
         if built:
-            from testbed.emu.build import down
-
-            down(emu)
+            _launch_down(emu, cluster is not None)
     raise typer.Exit(code)
+
+
+def _launch_down(emu, on_cluster: bool) -> None:
+    """Tear the launch's WAN down; on a cluster every machine's part, each machine that fails named."""
+    if not on_cluster:
+        from testbed.emu.build import down
+
+        return down(emu)
+    from testbed.cluster import driver
+
+    try:
+        errors = driver.down(emu)
+    finally:
+        driver.shutdown()
+    if errors:
+        raise EmuError("; ".join(errors) + "; the other machines tore their part down")
 
 
 def _announce_scale(emu, conns: int, out: Path, machine_k: float | None) -> tuple[list, Path]:
@@ -878,11 +902,15 @@ def _announce_scale(emu, conns: int, out: Path, machine_k: float | None) -> tupl
 
 
 def _launch(emu, built: bool, argv: list[str], nproc: int, master_port: int, conns: int, sharing: str, capture: bool,
-            capture_s: float, out: Path, cwd: str, check: bool = False, machine_k: float | None = None) -> int:
+            capture_s: float, out: Path, cwd: str, check: bool = False, machine_k: float | None = None,
+            on_cluster: bool = False) -> int:
     from testbed.launch import sharing as atlas
     from testbed.launch import windows
     from testbed.launch.ranks import nccl_striping
     from testbed.launch.run import run_job
+
+    if on_cluster:
+        from testbed.cluster.launch import run_cluster_job as run_job
 
     nt, ns = nccl_striping(conns)
     console.print(f"{escape(emu.topo.name)} on {emu.backend.name} (prefix {emu.prefix}, k={emu.scale:g}"

@@ -136,3 +136,15 @@ def test_the_drivers_commands_go_to_the_machine_that_holds_the_namespace() -> No
     assert be.machine(split, ["iptables", "-A", "POSTROUTING", "-o", "useast"]) == "m1"
     with pytest.raises(EmuError, match="not yet"):
         be.machine(split, ["tc", "-s", "qdisc", "show"])
+
+
+def test_bubbleteas_processes_on_a_cluster_are_refused_as_not_yet() -> None:
+    from testbed.cluster.driver import Agents, ClusterBackend
+    from testbed.errors import NotYetError
+
+    plan = plan_cluster(TOPO, Cluster(machines=THREE[:2]))
+    be = ClusterBackend("gdtbcl", plan, Agents({}, {}), TOPO)
+    host = be.nodes[address_plan(TOPO, "gdtbcl").hosts[0].ns]
+    for node, module in ((None, "testbed.bubbletea.service"), (host, "testbed.bubbletea.decode")):
+        with pytest.raises(NotYetError, match=f"{module} on a cluster: not yet"):
+            be.spawn(node, module, [])

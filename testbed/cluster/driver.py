@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -45,11 +46,16 @@ def reachable(cluster: Cluster) -> tuple[list[Machine], list[str]]:
     """Join the Ray cluster; the listed machines that are alive nodes, and a line naming each one that is not."""
     ray = _ray()
     if not ray.is_initialized():
+        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
             ray.init(address=cluster.ray_address, log_to_driver=False, logging_level="ERROR")
         except (ConnectionError, RuntimeError) as e:
             raise EmuError(f"no Ray cluster at {cluster.ray_address}: {e}; run testbed on a node of the cluster "
                            f"(ray start --address HEAD:6379 there)") from None
+        finally:  # Ray's core worker installs its own SIGTERM handler, which exits at once: `kill` must tear down
+            for sig, handler in handlers.items():
+                if callable(handler):
+                    signal.signal(sig, handler)
     nodes = sorted(n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"])
     if not cluster.machines:
         return [Machine(name=f"m{i}", address=ip) for i, ip in enumerate(nodes)], []
@@ -72,6 +78,14 @@ class Agents:
 
     def gather(self, calls: dict[str, tuple[str, tuple]], timeout: float = CALL_TIMEOUT_S) -> dict:
         """Run calls on several machines at once; the first failure (in machine order) raises, naming it."""
+        out, errors = self.gather_all(calls, timeout)
+        if errors:
+            raise EmuError(errors[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
+        return out
+
+    def gather_all(self, calls: dict[str, tuple[str, tuple]],
+                   timeout: float = CALL_TIMEOUT_S) -> tuple[dict, list[str]]:
+        """Run calls on several machines at once: the answers, and a line naming each machine that failed."""
         ray = _ray()
         refs = {n: getattr(self.handles[n], m).remote(*a) for n, (m, a) in calls.items()}
         out, errors = {}, []
@@ -80,9 +94,7 @@ class Agents:
                 out[n] = ray.get(ref, timeout=timeout)
             except Exception as e:  # noqa: BLE001 - every failure is reported with its machine
                 errors.append(self.describe(n, e))
-        if errors:
-            raise EmuError(errors[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
-        return out
+        return out, errors
 
     def describe(self, name: str, e: Exception) -> str:
         ray, m = _ray(), self.machines[name]
@@ -215,9 +227,9 @@ class ClusterBackend(Backend):
         """A role process on the node's machine, the run's files among `args` (configs) copied there first."""
         from testbed.emu import state
 
-        if node is None or module != "testbed.runtime.worker":
-            raise EmuError(f"{module} on a cluster is not yet supported (workers only: no Atlas sidecar, BubbleTea "
-                           f"or decoder)")
+        if node is None or module != "testbed.runtime.worker":  # Atlas' sidecars start through start_sidecar
+            raise NotYetError(f"{module} on a cluster: not yet (workers and Atlas sidecars only: BubbleTea's service "
+                              f"and decoders talk over one machine's Unix socket; docs/cluster.md)")
         files = {a: Path(a).read_text() for a in args if Path(a).is_file() and state.STATE_DIR in Path(a).parents}
         machine = self.machine(node)
         return RemoteProcess(self.agents, machine, self.agents.call(machine, "spawn", node.ns, module, args, files))

@@ -38,6 +38,7 @@ class MachineAgent:
         self.procs: dict[int, subprocess.Popen] = {}
         self.logs: dict[int, str] = {}  # pid -> its log: the Atlas sidecars
         self.side_relays: list = []  # the sidecars' relays between the halves of split links
+        self.ranks = None  # a launch's ranks here (testbed/cluster/ranks.py RankHost)
 
     def info(self) -> dict:
         return {"name": self.name, "euid": os.geteuid(), "hostname": socket.gethostname(), "pid": os.getpid(),
@@ -56,6 +57,7 @@ class MachineAgent:
     def down(self) -> None:
         from testbed.emu.build import down
 
+        self.close_ranks()
         self.close_relay()
         self.close_side_relays()
         for p in self.procs.values():
@@ -201,6 +203,57 @@ class MachineAgent:
         if p is not None and p.poll() is None:
             p.kill()
             p.wait()
+
+    def launch_resources(self) -> dict:
+        """What this machine's ranks of a launch share: its cores and its GPUs (nvidia-smi's indices)."""
+        from testbed.emu.containers import gpu_ids
+
+        return {"cpus": os.cpu_count() or 1, "gpus": gpu_ids()}
+
+    def start_ranks(self, slots: list, argv: list[str], envs: dict[int, dict[str, str]], cwd: str, carried: list,
+                    files: dict[str, bytes]) -> list[str]:
+        """A launch's ranks on this machine (testbed/cluster/ranks.py), `files` (path -> bytes: the launch's link
+        table) written first where this machine does not already hold them; returns the lines on files copied."""
+        from pathlib import Path
+
+        from testbed.cluster.ranks import RankHost
+        from testbed.emu import state
+
+        if self.emu is None:
+            raise EmuError(f"machine {self.name}: no emulation is up here to launch ranks in")
+        self.close_ranks()
+        for path, data in files.items():
+            p = Path(path)
+            if not (p.is_file() and p.read_bytes() == data):
+                p.parent.mkdir(parents=True, exist_ok=True)
+                p.write_bytes(data)
+        self.ranks = RankHost(self.emu, state.run_dir(self.emu.prefix) / "launch")
+        return self.ranks.start(slots, argv, envs, cwd, carried)
+
+    def rank_events(self) -> tuple[list, list]:
+        """The ranks' output lines and exits since the last call."""
+        return self.ranks.drain() if self.ranks is not None else ([], [])
+
+    def stop_ranks(self, grace_s: float) -> tuple[list, list]:
+        """Stop every rank still running; the lines and exits not yet given."""
+        return self.ranks.stop(grace_s) if self.ranks is not None else ([], [])
+
+    def rank_outputs(self, out_dir: str, marker: str, max_bytes: int) -> tuple[dict[str, bytes], list[str]]:
+        """The files the ranks wrote under `out_dir` here, unless the driver shares the folder
+        (testbed/cluster/ranks.py `outputs`)."""
+        from pathlib import Path
+
+        from testbed.cluster.ranks import outputs
+
+        if self.ranks is None:
+            return {}, []
+        return outputs(Path(out_dir), self.ranks.started_s, marker, max_bytes)
+
+    def close_ranks(self) -> None:
+        """No rank left, nor the files carried for them."""
+        if self.ranks is not None:
+            ranks, self.ranks = self.ranks, None
+            ranks.close()
 
     def clean(self, prefix: str | None, force: bool) -> list[str]:
         from testbed.emu.clean import clean

@@ -75,7 +75,9 @@ def resolve_command(argv: list[str], in_container: bool) -> list[str]:
 class RankProcess:
     """One rank: its process handle and the tag that finds everything it started."""
 
-    def __init__(self, emu: Emulation, slot: Slot, argv: list[str], env: dict[str, str], cwd: str) -> None:
+    def __init__(self, emu: Emulation, slot: Slot, argv: list[str], env: dict[str, str], cwd: str,
+                 base_env: dict[str, str] | None = None) -> None:
+        """`env` on top of `base_env` (default: this process's environment)."""
         self.slot, self.t0 = slot, time.monotonic()
         node = emu.node(slot.ns)
         kw = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "stdin": subprocess.DEVNULL,
@@ -87,8 +89,8 @@ class RankProcess:
             self.tag = self.p.tag  # type: ignore[attr-defined]
         else:
             self.tag = uuid.uuid4().hex[:16]
-            self.p = emu.backend.popen(node, argv, env={**os.environ, **env, containers.TAG_ENV: self.tag}, cwd=cwd,
-                                       **kw)
+            base = os.environ if base_env is None else base_env
+            self.p = emu.backend.popen(node, argv, env={**base, **env, containers.TAG_ENV: self.tag}, cwd=cwd, **kw)
 
     def signal(self, sig: int) -> None:
         for pid in containers.tagged_pids(self.tag):

@@ -80,11 +80,37 @@ def auto_scale(spec: LaunchSpec, nproc: int, say) -> float:
     return k
 
 
-def bring_up(spec: LaunchSpec, mounts: list[str], nproc: int = 1, say=print) -> tuple[Emulation, bool]:
+def refuse_on_cluster(backend: str, capture: bool, check: bool, sharing: str) -> None:
+    """What `launch --cluster` cannot do yet, refused before anything is built."""
+    from testbed.errors import NotYetError
+
+    if backend != "netns":
+        raise NotYetError(f"launch --cluster with --backend {backend}: not yet; a cluster builds netns on each machine")
+    for flag, on in (("--capture", capture), ("--check", check)):
+        if on:
+            raise NotYetError(f"launch --cluster with {flag}: not yet; a capture runs on one machine (docs/cluster.md)")
+    if sharing != "fair":
+        raise NotYetError(f"launch --cluster with --sharing {sharing}: not yet (docs/cluster.md)")
+
+
+def bring_up(spec: LaunchSpec, mounts: list[str], nproc: int = 1, say=print,
+             cluster: Path | None = None) -> tuple[Emulation, bool]:
     """(the WAN, whether this launch built it). A WAN already up under the prefix is used as it is, if it
-    is the same topology on the same backend."""
+    is the same topology on the same backend. With `cluster` (a cluster.yaml), the WAN is built for the launch
+    on the cluster's machines (docs/cluster.md); k, when auto, from this machine's headroom."""
     from testbed.emu.build import up
 
+    if cluster is not None:
+        from testbed.cluster import driver
+        from testbed.spec.load import load_cluster
+
+        spec_c = load_cluster(cluster)
+        k = spec.scale or auto_scale(spec, nproc, say)
+        try:
+            return driver.up(spec.topology, spec_c, spec.prefix, k, spec.delay), True
+        except BaseException:
+            driver.shutdown()
+            raise
     st = state.load(spec.prefix)
     if st is None:
         k = spec.scale or auto_scale(spec, nproc, say)
