@@ -216,7 +216,7 @@ def plan(
     scheduler: Annotated[str, typer.Option(help="The pipeline family's scheduler: atlas, or pp-wan+greedy (+mtcp, "
                                                 "...)")] = "atlas",
     families: Annotated[str | None, typer.Option(help="Families compared, comma-separated: pipeline, dp-wan, "
-                                                      "diloco, streaming-diloco (default: all)")] = None,
+                                                      "diloco, streaming-diloco, hybrid (default: all)")] = None,
     set_: SetOpt = None,
     sweep: SweepOpt = None,
     top: Annotated[int, typer.Option(help="Layouts per family and DC set scored by the simulator")] = 2,
@@ -284,7 +284,7 @@ def print_plan(res, exp) -> None:
         why = next((s.problem for s in res.sets if s.problem), "the topology has no chain of linked DCs")
         raise SpecError("workload", f"no layout fits on any DC set ({res.layouts:,} searched): {why}",
                         "pin other --tp/--pp/--microbatch, --set workload.recompute=full, or add GPUs")
-    from testbed.runs.select import per_dc
+    from testbed.runs.select import order_text, per_dc
 
     t = Table(title="Which family, one site or several? The best layout of every family and DC set (simulated)")
     for c in ("family", "DCs", "order", "tp", "pp", "dp", "mb", "stages / replicas", "GPUs", "iteration_s", "tok/s",
@@ -298,7 +298,7 @@ def print_plan(res, exp) -> None:
         lay = c.layout
         stages, replicas = per_dc(c)
         ratio = (best.effective_tokens_per_s or 0) / (c.effective_tokens_per_s or 1)
-        t.add_row(c.family, sr.dcs.replace("|", " + "), " > ".join(lay.order), str(lay.tp), str(lay.pp),
+        t.add_row(c.family, sr.dcs.replace("|", " + "), order_text(lay), str(lay.tp), str(lay.pp),
                   str(lay.dp), str(lay.microbatch), replicas or stages, f"{c.gpus:,}", f"{c.iteration_s:.3f}",
                   f"{c.tokens_per_s:,.0f}", f"{c.token_efficiency:.2f}", f"{c.effective_tokens_per_s:,.0f}",
                   "best" if c is best else f"{ratio:.2f}x slower")
@@ -307,7 +307,7 @@ def print_plan(res, exp) -> None:
                   f"sets, simulated {res.simulated}; {res.estimate_wall_s:.1f} s estimating; "
                   f"planner wall time {res.wall_s:.1f} s")
     lay = best.layout
-    console.print(f"[bold]best plan[/bold]: the {best.family} family ({best.scheduler}), {' > '.join(lay.order)}, "
+    console.print(f"[bold]best plan[/bold]: the {best.family} family ({best.scheduler}), {order_text(lay)}, "
                   f"tp {lay.tp}, pp {lay.pp}, dp {lay.dp}, microbatch {lay.microbatch}: {best.iteration_s:.3f} s "
                   f"per iteration (lower bound {best.lower_bound_s:.3f} s), {best.tokens_per_s:,.0f} tokens/s x "
                   f"token efficiency {best.token_efficiency:.2f} = {best.effective_tokens_per_s:,.0f} effective, "
@@ -318,9 +318,14 @@ def print_plan(res, exp) -> None:
 
 def sim_command(c, exp) -> str:
     """A `testbed sim` command line that reproduces a planner candidate."""
+    from testbed.runs.select import group_spec
+
     lay = c.layout
-    pins = ", ".join(f"{d}: {n}" for d, n in zip(lay.order, lay.counts, strict=True))
-    pin = "stages_per_dc" if c.family == "pipeline" else "replicas_per_dc"
+    if lay.groups:
+        pin, pins = "groups", ", ".join(f"{g}: [{', '.join(d)}]" for g, d in group_spec(lay).items())
+    else:
+        pins = ", ".join(f"{d}: {n}" for d, n in zip(lay.order, lay.counts, strict=True))
+        pin = "stages_per_dc" if c.family == "pipeline" else "replicas_per_dc"
     return (f"testbed sim EXP.yaml --set 'schedulers=[{c.scheduler}]' --set workload.tp={lay.tp} "
             f"--set workload.pp={lay.pp} --set workload.dp={lay.dp} --set workload.microbatch={lay.microbatch} "
             f"--set workload.sequence_parallel={str(exp.workload.sequence_parallel).lower()} "

@@ -62,9 +62,10 @@ def test_plan_chooses_dcs(tmp_path):
                        "token_efficiency,effective_tokens_per_s,status")
     assert rows[1].endswith(",best")
     answers = [row.split(",") for row in rows if row.endswith(",best of its family and DC set")]
-    # the pipeline family on every other DC set, and the three data-parallel ones on each set of 2-3 DCs
+    # the pipeline family on every other DC set, the three data-parallel ones on each set of 2-3 DCs, hybrids on 3
     assert sum(a[0] == "pipeline" for a in answers) >= 6 - (rows[1].split(",")[0] == "pipeline")
-    assert {a[0] for a in answers} | {rows[1].split(",")[0]} == {"pipeline", "dp-wan", "diloco", "streaming-diloco"}
+    assert {a[0] for a in answers} | {rows[1].split(",")[0]} == {"pipeline", "dp-wan", "diloco", "streaming-diloco",
+                                                                  "hybrid"}
     assert {row.split(",")[7] for row in rows[1:]} >= {"1", "2", "4"}  # tp was searched
     assert "one site or several" in r.stdout and "planner wall time" in r.stdout and "best plan: the " in r.stdout
     assert (tmp_path / "answer.html").exists() and (tmp_path / "answer.png").exists()

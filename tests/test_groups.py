@@ -76,6 +76,6 @@ def test_bad_groups_are_one_line_naming_the_field():
 def test_the_planner_refuses_groups_as_not_yet():
     from testbed.runs.select import search
 
-    with pytest.raises(SpecError, match="not search hybrids") as e:
+    with pytest.raises(SpecError, match="chooses the groups itself") as e:
         search(hybrid(), families=["dp-wan"], jobs=1)
     assert e.value.field == "workload.groups"

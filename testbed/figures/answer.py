@@ -9,7 +9,7 @@ import pandas as pd
 
 from testbed.figures.style import SERIES_COLOURS, new, plt, save
 
-FAMILY_ORDER = ("pipeline", "dp-wan", "diloco", "streaming-diloco")
+FAMILY_ORDER = ("pipeline", "dp-wan", "diloco", "streaming-diloco", "hybrid")
 
 
 def bests(plan: pd.DataFrame) -> pd.DataFrame:

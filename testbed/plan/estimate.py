@@ -9,6 +9,7 @@ step after the last backward. Formulas: docs/planner.md.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -28,17 +29,24 @@ from testbed.spec.mechanisms import Mechanisms
 
 @dataclass(frozen=True)
 class Layout:
-    """One candidate: the DC chain, stages per DC, and the parallelism."""
+    """One candidate: the DC chain, stages per DC, and the parallelism. A hybrid (`groups` set) is `order` cut into
+    groups of those sizes, each a pipeline over its DCs, `counts` its replicas per group."""
 
     order: tuple[str, ...]
-    counts: tuple[int, ...]  # stages per DC of `order`
+    counts: tuple[int, ...]  # stages per DC of `order` (data-parallel families: replicas per DC; hybrids: per group)
     tp: int
     pp: int
     dp: int
     microbatch: int
+    groups: tuple[int, ...] = ()  # hybrids: how many DCs of `order` each group takes, in order
 
     def stage_dcs(self) -> list[str]:
         return [d for d, c in zip(self.order, self.counts, strict=True) for _ in range(c)]
+
+    def group_dcs(self) -> list[tuple[str, ...]]:
+        """A hybrid's groups, each its DCs in pipeline order."""
+        ends = list(itertools.accumulate(self.groups))
+        return [self.order[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
 
 
 @dataclass

@@ -25,13 +25,14 @@ from dataclasses import dataclass
 from testbed.costs.gpus import GPUS
 from testbed.costs.models import resolve_model
 from testbed.errors import SpecError
+from testbed.plan import groups as hybrid_groups
 from testbed.plan.build import divisors_desc
 from testbed.plan.diloco import resolve as resolve_diloco
 from testbed.plan.efficiency import token_efficiency
 from testbed.plan.estimate import Estimator, Layout
 from testbed.plan.estimate_dp import FamilyEstimator
 from testbed.results import fmt
-from testbed.runs.families import FAMILIES, dp_layouts
+from testbed.runs.families import FAMILIES, dp_layouts, hybrid_layouts
 from testbed.runs.period import timed
 from testbed.spec.experiment import Experiment
 from testbed.spec.mechanisms import parse_scheduler
@@ -74,7 +75,7 @@ class Candidate:
 
     def key(self) -> tuple:
         lay = self.layout
-        return (lay.order, lay.tp, lay.pp, lay.microbatch)
+        return (lay.order, lay.tp, lay.pp, lay.microbatch) + ((lay.groups,) if lay.groups else ())
 
 
 @dataclass
@@ -240,17 +241,19 @@ def _equivalence(topo: Topology, lay: Layout, ring: bool = False) -> tuple:
         link = topo.link(a, b)
         hops.append((link.gbps, link.latency_ms, topo.window_mb(link)) if link else None)
     return (tuple(dc_signature(topo.dc(d)) for d in lay.order), lay.counts, tuple(hops), lay.tp, lay.pp, lay.dp,
-            lay.microbatch)
+            lay.microbatch, lay.groups)
 
 
 def _simulate(args: tuple) -> tuple[float, list[int], float, str]:
     """Iteration time (or, with `lower_bound`, the lower bound) of one layout, its layer split, its token
     efficiency, and why the plan cannot be built ("" when it can)."""
     exp, scheduler, lay, lower_bound = args
-    w = exp.workload.model_copy(update={"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "microbatch": lay.microbatch})
+    w = exp.workload.model_copy(update={"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "microbatch": lay.microbatch,
+                                        "groups": group_spec(lay)})
+    order, counts = (None, None) if lay.groups else (list(lay.order), list(lay.counts))
     try:
-        it, layers, eff = timed(exp.model_copy(update={"workload": w}), scheduler, lay.dp, list(lay.order),
-                                list(lay.counts), lower_bound)
+        it, layers, eff = timed(exp.model_copy(update={"workload": w}), scheduler, lay.dp, order, counts,
+                                lower_bound)
     except SpecError as e:
         return math.inf, [], 0.0, str(e)
     return it, layers, eff, ""
@@ -300,8 +303,8 @@ def search(exp: Experiment, scheduler: str = "atlas", top: int = 2, tps: list[in
     if top < 1:
         raise SpecError("--top", "simulates no candidate", "use --top 1 or more")
     if exp.workload.groups:
-        raise SpecError("workload.groups", "the planner does not search hybrids (groups of DCs) yet",
-                        "leave workload.groups out, or simulate the hybrid with testbed sim")
+        raise SpecError("workload.groups", "the planner chooses the groups itself (the hybrid family)",
+                        "leave workload.groups out, or simulate your groups with testbed sim")
     fams = [(f, scheduler if f == "pipeline" else FAMILIES[f]) for f in (families or ["pipeline"])]
     jobs = max(1, jobs or os.cpu_count() or 1)
     pool = ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else None
@@ -343,18 +346,20 @@ def _candidates(exp: Experiment, family: str, scheduler: str, top: int, tps: lis
     tokens = w.global_batch * resolve_model(w.model, w.seq_len).seq_len
     order_of = {d.name: i for i, d in enumerate(topo.dcs)}
     found = (layouts(exp, tps, pps, microbatch_sizes) if family == "pipeline"
+             else hybrid_layouts(exp, tps, pps, microbatch_sizes, MICROBATCHES, MAX_LAYOUTS) if family == "hybrid"
              else dp_layouts(exp, tps, pps, microbatch_sizes, MICROBATCHES, MAX_LAYOUTS))
     placed = [lay for lay, _, _ in found if lay is not None]
     estimates = iter(_estimate_all(exp, scheduler, placed, pool, jobs))
     fam = _Family(family, scheduler, [], {}, {}, [])
     no_efficiency: dict[int, str] = {}
-    for lay, (order, tp, pp, mb), why in found:
+    for lay, key, why in found:
+        order, tp, pp, mb = key[:4]
         names = sorted(order, key=order_of.__getitem__)
         dcs = "|".join(names)
         fam.set_free[dcs] = sum(topo.dc(n).gpus for n in names)
         if lay is None:
-            fam.cands.append(Candidate(Layout(order, (), tp, pp, 0, mb), dcs, 0, fam.set_free[dcs], 0, [], 0.0,
-                                       math.inf, status=f"rejected: {why}", tokens=tokens, family=family,
+            fam.cands.append(Candidate(Layout(order, (), tp, pp, 0, mb, *key[4:]), dcs, 0, fam.set_free[dcs], 0,
+                                       [], 0.0, math.inf, status=f"rejected: {why}", tokens=tokens, family=family,
                                        scheduler=scheduler))
             fam.set_problem.setdefault(dcs, why)
             continue
@@ -399,9 +404,9 @@ def _search(exp: Experiment, fams: list[tuple[str, str]], top: int, tps: list[in
             if problem:
                 c.status = f"rejected: {problem}"
                 continue
-            if layers != c.layers:
+            if layers != c.layers and not c.layout.groups:  # a hybrid's split is the plan's (groups may differ)
                 raise RuntimeError(f"planner and plan disagree on the layer split: {c.layers} vs {layers}")
-            c.iteration_s, c.token_efficiency, c.status = it, eff, "simulated"
+            c.iteration_s, c.token_efficiency, c.status, c.layers = it, eff, "simulated", layers
         for dcs in f.set_free:
             sim = [c for c in f.chosen if c.dcs == dcs and c.iteration_s is not None]
             if sim:
@@ -442,9 +447,24 @@ PLAN_HEADER = ("family", "scheduler", "dcs", "order", "stages", "replicas", "lay
                "tokens_per_s", "tokens_per_s_per_gpu", "token_efficiency", "effective_tokens_per_s", "status")
 
 
+def group_spec(lay: Layout) -> dict[str, list[str]] | None:
+    """A hybrid layout's `workload.groups` (g0, g1, ... in its order); None for the other families."""
+    return {f"g{i}": list(g) for i, g in enumerate(lay.group_dcs())} if lay.groups else None
+
+
+def order_text(lay: Layout) -> str:
+    """The DCs in pipeline order, a hybrid's groups apart: "a > b | c"."""
+    return " | ".join(" > ".join(g) for g in lay.group_dcs()) if lay.groups else " > ".join(lay.order)
+
+
 def per_dc(c: Candidate) -> tuple[str, str]:
-    """The layout's stages per DC and, for a data-parallel family, its whole replicas per DC ("dc:n ...")."""
+    """The layout's stages per DC and, for a data-parallel family, its whole replicas per DC ("dc:n ..."; a
+    hybrid's per group, "a>b:n")."""
     lay = c.layout
+    if lay.groups and lay.counts:
+        stages = " ".join(f"{d}:{n}" for g in lay.group_dcs()
+                          for d, n in zip(g, hybrid_groups.stage_counts(len(g), lay.pp), strict=True))
+        return stages, " ".join(f"{'>'.join(g)}:{n}" for g, n in zip(lay.group_dcs(), lay.counts, strict=True))
     if c.family == "pipeline":
         return " ".join(f"{d}:{n}" for d, n in zip(lay.order, lay.counts, strict=True)), ""
     if not lay.counts:
@@ -462,7 +482,7 @@ def plan_rows(res: Search):
     for c in res.candidates:
         lay, placed = c.layout, bool(c.layout.counts)
         stages, replicas = per_dc(c)
-        yield (c.family, c.scheduler, c.dcs, " > ".join(lay.order), stages, replicas,
+        yield (c.family, c.scheduler, c.dcs, order_text(lay), stages, replicas,
                " ".join(map(str, c.layers)), lay.tp, lay.pp, lay.dp if placed else "", lay.microbatch,
                c.microbatches if placed else "", c.gpus if placed else "", c.idle_gpus,
                num(c.mem_gb, 2) if placed else "", num(c.estimate_s, 6), num(c.iteration_s, 6),
