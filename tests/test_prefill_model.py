@@ -29,7 +29,6 @@ def zoo(monkeypatch):
     """The GPU registries as they were, after the test."""
     monkeypatch.setattr(gpu_specs, "COMPUTE_SPECS", dict(gpu_specs.COMPUTE_SPECS))
     monkeypatch.setattr(gpu_specs, "LIKE", dict(gpu_specs.LIKE))
-    monkeypatch.setattr(prefill_ops, "LIKE", gpu_specs.LIKE)
     saved = dict(GPUS)
     yield
     GPUS.clear()

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from testbed.costs.gpu_specs import LIKE
+from testbed.costs import gpu_specs
 from testbed.costs.models import ModelConfig
 from testbed.costs.operators import BF16, allreduce_s, attention_s, gemm_s, layer_gemms, memory_bound_bytes, memory_s
 from testbed.costs.prefill import LARGE_PASS_TOKENS, _nelder_mead
@@ -56,10 +56,10 @@ OPS_CALIBRATION: dict[str, OpsCalibration] = {
 def coverage(gpu: str) -> tuple[str, bool]:
     """The GPU whose serving-stack constants `gpu` uses, and whether they were measured on `gpu` itself."""
     g = gpu
-    for _ in range(len(LIKE) + 2):  # each step follows one `like`; the last one lands on a measured GPU
+    for _ in range(len(gpu_specs.LIKE) + 2):  # each step follows one `like`; the last one lands on a measured GPU
         if g in OPS_CALIBRATION:
             break
-        g = LIKE.get(g, "A100" if g.startswith("A100") else "H100")
+        g = gpu_specs.LIKE.get(g, "A100" if g.startswith("A100") else "H100")
     else:
         g = "H100"  # a cycle of `like`s
     return g, g == gpu
