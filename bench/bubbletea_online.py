@@ -36,7 +36,7 @@ from bubbletea_overruns import overruns  # noqa: E402
 
 from testbed.bubbletea.online import WindowModel, quantile  # noqa: E402
 from testbed.costs.models import MODELS  # noqa: E402
-from testbed.costs.prefill import prefill_time_s  # noqa: E402
+from testbed.costs.prefill_model import prefill_time_s  # noqa: E402
 
 TRAINING = ["fwd", "bwd", "allreduce"]
 
@@ -75,7 +75,8 @@ def report(folder: Path) -> None:
         e = tl[(tl.run_id == run) & (tl.source == "emu")]
         sim = tl[(tl.run_id == run) & (tl.source == "sim")]
         gpu = min(d["gpu"] for d in spec["topology"]["dcs"])
-        smallest = prefill_time_s(model, gpu, spec["workload"]["tp"], 1)  # the smallest job (modeled compute)
+        smallest = prefill_time_s(model, gpu, spec["workload"]["tp"], 1,  # the smallest job (modeled compute)
+                                  kind=bt.get("prefill_model", "ops"))
         history = WindowModel().history
         m = WindowModel(history)
         m.min_gap_s = smallest

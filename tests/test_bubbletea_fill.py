@@ -9,7 +9,8 @@ import pytest
 from testbed.analysis.invariants import check_timeline
 from testbed.bubbletea.fill import FillJob, fill_metrics, run_fill, trace_jobs
 from testbed.bubbletea.run import run_bubbletea, train_mfu
-from testbed.costs.prefill import inference_model, prefill_time_s
+from testbed.costs.prefill import inference_model
+from testbed.costs.prefill_model import prefill_time_s
 from testbed.errors import NotYetError, SpecError
 from testbed.sim.choose import build_plan
 from testbed.sim.executor import simulate

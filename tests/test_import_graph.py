@@ -44,6 +44,8 @@ BUBBLETEA = {
 ALLOWED = {
     # the BubbleTea service predicts a prefill's time with the simulator's cost model (costs/prefill.py)
     ("testbed.bubbletea.service", "testbed.costs.prefill"),
+    ("testbed.bubbletea.service", "testbed.costs.prefill_model"),  # ops or curve (bubbletea.prefill_model)
+    ("testbed.bubbletea.service", "testbed.costs.gpu_specs"),  # registers the GPUs as the orchestrator has them
     # the role processes' models take their shapes from the model zoo (costs/models.py, standard library only)
     ("testbed.bubbletea.service", "testbed.costs.models"),
     ("testbed.bubbletea.decode", "testbed.costs.models"),

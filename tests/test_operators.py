@@ -166,6 +166,7 @@ def test_prefill_from_operators_grows_with_the_pass_and_writes_the_kv_cache():
 def zoo(monkeypatch):
     """The GPU registries as they were, after the test."""
     monkeypatch.setattr(gpu_specs, "COMPUTE_SPECS", dict(gpu_specs.COMPUTE_SPECS))
+    monkeypatch.setattr(gpu_specs, "LIKE", dict(gpu_specs.LIKE))
     saved = dict(GPUS)
     yield
     GPUS.clear()

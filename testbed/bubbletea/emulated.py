@@ -24,6 +24,7 @@ from testbed.bubbletea.run import (
     useful_work,
 )
 from testbed.bubbletea.trace import Request
+from testbed.costs.gpu_specs import describe_gpu
 from testbed.costs.prefill import (
     Calibration,
     PassWork,
@@ -107,7 +108,8 @@ def service_config(plan: Plan, exp: Experiment, horizon_s: float, cal: Calibrati
             kv[f"{a}|{b}"] = [lat, per_tok * 1e6 / max(kv_time(a, b, 1_000_000) - lat, 1e-12)]
     cfg = {"model": opts.model, "layers": inference_model(opts.model).layers, "workers": workers,
            "guard_s": opts.guard_ms / 1e3, "slo_s": opts.ttft_slo_ms / 1e3, "last_iteration": exp.iterations - 1,
-           "kv": kv, "kv_bytes_per_token": per_tok,
+           "kv": kv, "kv_bytes_per_token": per_tok, "prefill_model": opts.prefill_model,
+           "gpus": {} if cal else {g: describe_gpu(g) for g in {w["gpu"] for w in workers.values()}},
            "calibration": [cal.overhead_per_layer_s, cal.flop_rate, cal.allreduce_rate, cal.large_pass_factor,
                            cal.attention_rate] if cal else None,
            "requests": [[q.request_id, q.arrival_s, q.prompt_tokens, q.output_tokens, homes[q.request_id]]

@@ -10,7 +10,8 @@ gaps of the realised timeline (training and prefill busy) shrunk by the guard ba
 Policy: earliest deadline first among the jobs that have arrived; a job is given up when a pass of it would no
 longer end by its deadline (its passes already started run to their end); a group finishes the pass it holds
 before it takes another. A layer costs the prefill cost model's pass time over the layers
-(testbed/costs/prefill.py), so the fill's costs are the compute model's, not constants of this module.
+(testbed/costs/prefill_model.py, the one BubbleTea's prefill uses), so the fill's costs are the compute model's,
+not constants of this module.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.costs.gpus import GPUS
-from testbed.costs.prefill import inference_model, kv_bytes_per_token, pass_work, prefill_time_s, weights_gb
+from testbed.costs.prefill import inference_model, kv_bytes_per_token, pass_work, weights_gb
+from testbed.costs.prefill_model import DEFAULT_PREFILL_MODEL, prefill_time_s
 from testbed.errors import SpecError
 from testbed.plan.plan import Plan
 from testbed.spec.experiment import FillOptions
@@ -158,8 +160,8 @@ def windows(tl: Timeline, guard_s: float) -> list[tuple[float, float, Interval]]
 class _Filler:
     """The fill's state across windows: the queue, the pass each group holds, what ran."""
 
-    def __init__(self, plan: Plan, opts: FillOptions, jobs: list[FillJob]) -> None:
-        self.plan, self.model = plan, inference_model(opts.model)
+    def __init__(self, plan: Plan, opts: FillOptions, jobs: list[FillJob], kind: str) -> None:
+        self.plan, self.model, self.kind = plan, inference_model(opts.model), kind
         self.queue, self.held = _Queue(jobs), {}
         self.passes_left = {j.job_id: j.passes for j in jobs}
         self.out = FillOutcome([], {}, 0.0, 0.0, 0.0, jobs)
@@ -170,7 +172,7 @@ class _Filler:
         key = (dc, j.batch, j.seq_len)
         if key not in self.step_s:
             self.step_s[key] = prefill_time_s(self.model, self.plan.gpu_types[dc], self.plan.tp, j.seq_len,
-                                              j.batch) / self.model.layers
+                                              j.batch, kind=self.kind) / self.model.layers
         return self.step_s[key]
 
     def window(self, a: float, b: float, g: Interval) -> None:
@@ -211,9 +213,10 @@ class _Filler:
 
 
 def run_fill(plan: Plan, tl: Timeline, opts: FillOptions, jobs: list[FillJob], guard_s: float,
-             fits: dict[int, bool]) -> FillOutcome:
-    """Fill the windows of `tl` with the jobs' passes (`fits`: per stage, whether fill fits in its memory)."""
-    filler = _Filler(plan, opts, jobs)
+             fits: dict[int, bool], kind: str = DEFAULT_PREFILL_MODEL) -> FillOutcome:
+    """Fill the windows of `tl` with the jobs' passes (`fits`: per stage, whether fill fits in its memory;
+    `kind`: the prefill model that times a pass)."""
+    filler = _Filler(plan, opts, jobs, kind)
     for a, b, g in windows(tl, guard_s):
         if fits.get(g.stage, False):
             filler.window(a, b, g)

@@ -17,14 +17,8 @@ from testbed.bubbletea.scheduler import GroupCost, Placement, schedule
 from testbed.bubbletea.trace import Request, load_trace, synthetic_trace
 from testbed.costs.gpus import GPUS
 from testbed.costs.models import ModelConfig
-from testbed.costs.prefill import (
-    chunk_time_s,
-    inference_model,
-    kv_bytes_per_token,
-    pass_work,
-    prefill_time_s,
-    weights_gb,
-)
+from testbed.costs.prefill import inference_model, kv_bytes_per_token, pass_work, weights_gb
+from testbed.costs.prefill_model import chunk_time_s, prefill_time_s
 from testbed.errors import SpecError
 from testbed.plan.plan import Plan
 from testbed.results import fmt
@@ -107,7 +101,7 @@ def group_costs(plan: Plan, opts: BubbleTeaOptions, reserve_gb: float = 0.0
                 ) -> tuple[dict[str, GroupCost], dict[int, int]]:
     """Per DC GPU type: prefill costs; per stage: the prompt tokens whose KV fits beside training (and
     `reserve_gb` kept for fill work)."""
-    model = inference_model(opts.model)
+    model, kind = inference_model(opts.model), opts.prefill_model
     kv_tok = kv_bytes_per_token(model) / plan.tp
     per_dc: dict[str, GroupCost] = {}
     max_tokens: dict[int, int] = {}
@@ -115,9 +109,10 @@ def group_costs(plan: Plan, opts: BubbleTeaOptions, reserve_gb: float = 0.0
         max_tokens[s] = max(0, int((free - reserve_gb) * 1e9 / kv_tok))
     for dc in plan.dcs_used():
         gpu = plan.gpu_types[dc]
-        per_dc[dc] = GroupCost(functools.lru_cache(maxsize=None)(lambda n, g=gpu: prefill_time_s(model, g, plan.tp, n)),
+        per_dc[dc] = GroupCost(functools.lru_cache(maxsize=None)(
+                                   lambda n, g=gpu: prefill_time_s(model, g, plan.tp, n, kind=kind)),
                                functools.lru_cache(maxsize=None)(
-                                   lambda d, k, g=gpu: chunk_time_s(model, g, plan.tp, d, k)), 0)
+                                   lambda d, k, g=gpu: chunk_time_s(model, g, plan.tp, d, k, kind=kind)), 0)
     return per_dc, max_tokens
 
 
@@ -136,8 +131,8 @@ def fallback_pool(plan: Plan, opts: BubbleTeaOptions, seed: int) -> FallbackPool
     dcs = plan.dcs_used()
     tps = {dc: pool_tp(model, plan.gpu_types[dc]) for dc in dcs}
     per = max(tps.values())
-    times = {dc: functools.lru_cache(maxsize=None)(lambda n, g=plan.gpu_types[dc]: prefill_time_s(model, g, per, n))
-             for dc in dcs}
+    times = {dc: functools.lru_cache(maxsize=None)(
+        lambda n, g=plan.gpu_types[dc]: prefill_time_s(model, g, per, n, kind=opts.prefill_model)) for dc in dcs}
     if opts.fallback_gpus is None:
         whole = _whole_trace(opts, seed)
         rate = len(whole) / trace_span_s(whole) if whole else 0.0
@@ -226,7 +221,7 @@ def run_bubbletea(plan: Plan, tl: Timeline, opts: BubbleTeaOptions, seed: int, t
               "bubbles": len(bubbles), "kv_capacity_tokens": max(max_tokens.values())})
     if opts.fill:
         fits = {s: free >= reserve for s, free in free_gb(plan, opts).items()}
-        done = run_fill(plan, merged, opts.fill, jobs, opts.guard_ms / 1e3, fits)
+        done = run_fill(plan, merged, opts.fill, jobs, opts.guard_ms / 1e3, fits, opts.prefill_model)
         merged = merged.with_busy(done.intervals)
         m.update(fill_metrics(done, horizon, plan.pp * plan.dp, plan.tp, train_mfu))
     return BubbleTeaResult(merged, placements, bubbles, m, pool)

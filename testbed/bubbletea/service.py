@@ -46,16 +46,25 @@ def planner_from(cfg: dict):
     from testbed.bubbletea.online import OnlinePlanner
     from testbed.bubbletea.scheduler import GroupCost
     from testbed.bubbletea.trace import Request
+    from testbed.costs import prefill, prefill_model
+    from testbed.costs.gpu_specs import register_gpu
     from testbed.costs.models import MODELS
-    from testbed.costs.prefill import Calibration, chunk_time_s, prefill_time_s
 
     m = MODELS[cfg["model"]]
-    cal = Calibration(*cfg["calibration"]) if cfg.get("calibration") else None
+    for gpu, fields in cfg.get("gpus", {}).items():  # the GPUs as the orchestrator has them (its own, calibrated)
+        register_gpu(gpu, fields)
+    if cfg.get("calibration"):  # real compute: this CPU's roofline, fitted to its measured passes
+        cal = prefill.Calibration(*cfg["calibration"])
+        pass_s = functools.partial(prefill.prefill_time_s, cal=cal)
+        chunk_s = functools.partial(prefill.chunk_time_s, cal=cal)
+    else:
+        kind = cfg.get("prefill_model", prefill_model.DEFAULT_PREFILL_MODEL)
+        pass_s = functools.partial(prefill_model.prefill_time_s, kind=kind)
+        chunk_s = functools.partial(prefill_model.chunk_time_s, kind=kind)
     workers = {}
     for name, w in cfg["workers"].items():
-        full = functools.lru_cache(maxsize=None)(lambda n, g=w["gpu"], t=w["tp"]: prefill_time_s(m, g, t, n, cal=cal))
-        chunk = functools.lru_cache(maxsize=None)(
-            lambda d, k, g=w["gpu"], t=w["tp"]: chunk_time_s(m, g, t, d, k, cal=cal))
+        full = functools.lru_cache(maxsize=None)(lambda n, g=w["gpu"], t=w["tp"]: pass_s(m, g, t, n))
+        chunk = functools.lru_cache(maxsize=None)(lambda d, k, g=w["gpu"], t=w["tp"]: chunk_s(m, g, t, d, k))
         workers[name] = (w["dc"], GroupCost(full, chunk, w["max_tokens"]))
     reqs = [Request(int(r), a, int(p), int(o)) for r, a, p, o, _home in cfg["requests"]]
     homes = {int(r[0]): r[4] for r in cfg["requests"]}

@@ -11,7 +11,7 @@ writes a calibration file that replaces them (`costs/calibration.py`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 from testbed.costs.gpus import GPU, GPUS
 from testbed.errors import SpecError
@@ -48,6 +48,9 @@ COMPUTE_SPECS: dict[str, ComputeSpec] = {
     "B200": replace(_HOPPER, sms=148, gemm_eff=0.75, attn_fwd_eff=0.65, attn_bwd_eff=0.50),
     "MI300X": ComputeSpec(304, 128, 128, 0.60, 128, 0.45, 0.30, 1024, 0.80, 0.70, 8e-6, 5e-6),
 }
+
+# a user's GPU -> the GPU it names as `like` (what it borrows where it has no measurements of its own)
+LIKE: dict[str, str] = {}
 
 
 def compute_spec(gpu: str) -> ComputeSpec:
@@ -90,3 +93,13 @@ def register_gpu(name: str, fields: dict) -> None:
         raise SpecError(f"costs.gpus.{name}.{bad[0]}", "out of range", "counts and rates above 0, fractions in (0, 1]")
     GPUS[name] = gpu
     COMPUTE_SPECS[name] = spec
+    if like != name:
+        LIKE[name] = like
+
+
+def describe_gpu(name: str) -> dict:
+    """Everything `register_gpu` needs to rebuild `name` as this process has it (for a role process)."""
+    g = GPUS[name]
+    out = {"peak_tflops": g.peak_tflops, "memory_gb": g.memory_gb, "hbm_gbps": g.hbm_gbps,
+           "nvlink_gbps": g.nvlink_gbps, **asdict(compute_spec(name))}
+    return out | ({"like": LIKE[name]} if name in LIKE else {})

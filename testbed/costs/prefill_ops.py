@@ -11,6 +11,10 @@ operators do not show; four constants per GPU carry it, fitted on measured promp
 
 `scale` and `comm_factor` are 1 for an ideal stack; `large_pass_factor` is the step every measured GPU,
 model and TP shows above 2,048 tokens in one pass (see costs/prefill.py).
+
+OPS_CALIBRATION holds the constants fitted on the Splitwise rows (A100, H100). A GPU without rows gets
+its own operators (its datasheet and ComputeSpec) with a measured GPU's serving-stack constants:
+`coverage()` says whose (a user's GPU: its `like`'s; an A100 variant: the A100's; any other: the H100's).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from testbed.costs import gpu_specs
 from testbed.costs.models import ModelConfig
 from testbed.costs.operators import BF16, allreduce_s, attention_s, gemm_s, layer_gemms, memory_bound_bytes, memory_s
 from testbed.costs.prefill import LARGE_PASS_TOKENS, _nelder_mead
@@ -41,6 +46,25 @@ class OpsCalibration:
     large_pass_factor: float
 
 
+# fitted by `bench/prefill_model_error.py --fit` on perf_model.csv (A100/H100, TP 2/4/8)
+OPS_CALIBRATION: dict[str, OpsCalibration] = {
+    "A100": OpsCalibration(0.000162192, 1.228, 0.976, 4.53),
+    "H100": OpsCalibration(0.000637207, 1.313, 1.141, 2.94),
+}
+
+
+def coverage(gpu: str) -> tuple[str, bool]:
+    """The GPU whose serving-stack constants `gpu` uses, and whether they were measured on `gpu` itself."""
+    g = gpu
+    for _ in range(len(gpu_specs.LIKE) + 2):  # each step follows one `like`; the last one lands on a measured GPU
+        if g in OPS_CALIBRATION:
+            break
+        g = gpu_specs.LIKE.get(g, "A100" if g.startswith("A100") else "H100")
+    else:
+        g = "H100"  # a cycle of `like`s
+    return g, g == gpu
+
+
 def pass_ops(model: ModelConfig, gpu: str, tp: int, tokens: int, batch: int = 1, cached: int = 0) -> OpsWork:
     n = tokens * batch
     kv_bytes = n * 2 * model.kv_heads * model.head_dim / tp * BF16
@@ -56,6 +80,22 @@ def pass_ops(model: ModelConfig, gpu: str, tp: int, tokens: int, batch: int = 1,
 def ops_time_s(w: OpsWork, cal: OpsCalibration) -> float:
     comm = w.comm_s * cal.comm_factor * (cal.large_pass_factor if w.tokens > LARGE_PASS_TOKENS else 1.0)
     return max(w.layers * cal.overhead_per_layer_s, cal.scale * w.ops_s + comm)
+
+
+def prefill_time_s(model: ModelConfig, gpu: str, tp: int, tokens: int, batch: int = 1,
+                   cal: OpsCalibration | None = None) -> float:
+    """One pass over `tokens` new tokens of each of `batch` prompts on each GPU of a TP group."""
+    if tokens <= 0:
+        return 0.0
+    return ops_time_s(pass_ops(model, gpu, tp, tokens, batch), cal or OPS_CALIBRATION[coverage(gpu)[0]])
+
+
+def chunk_time_s(model: ModelConfig, gpu: str, tp: int, done: int, chunk: int,
+                 cal: OpsCalibration | None = None) -> float:
+    """Prefill of tokens [done, done+chunk) after `done` are cached (chunked prefill): attends to those too."""
+    if chunk <= 0:
+        return 0.0
+    return ops_time_s(pass_ops(model, gpu, tp, chunk, 1, cached=done), cal or OPS_CALIBRATION[coverage(gpu)[0]])
 
 
 def fit_ops(samples: list[tuple[OpsWork, float]]) -> OpsCalibration:

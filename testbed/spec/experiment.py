@@ -117,6 +117,9 @@ class BubbleTeaOptions(Strict):
     rate_scale: RATE_SCALE = 1.0  # > 1 compresses the trace's time: more requests/s
     trace_start_s: TRACE_START_S = 0.0
     model: str = "llama2-7b"
+    # what times a prefill pass (testbed/costs/prefill_model.py): `ops`, the training's operators at the pass's
+    # shape; `curve`, a roofline fitted per GPU (A100, H100, H200 only). Both fitted on measured prompt times.
+    prefill_model: Literal["ops", "curve"] = "ops"
     guard_ms: GUARD_MS = 1.0
     ttft_slo_ms: TTFT_SLO_MS = 2000.0
     # GPUs of the dedicated prefill pool that serves what the bubbles do not (one FIFO queue);
