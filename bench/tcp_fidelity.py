@@ -10,7 +10,8 @@ emulated link (the numbers in docs/fidelity.md):
 - restart:  the first message on a fresh connection, and one after an idle spell longer than the
             retransmission timeout with net.ipv4.tcp_slow_start_after_idle on and off;
 - burst:    a message smaller than the window on an idle link (HTB's burst lets its first bytes through at
-            the veth's speed): measured vs bytes / C + latency;
+            the veth's speed): measured vs bytes / C + latency, on a path of 1,500-byte packets (20 Mbit/s) and
+            of jumbo ones (200 Mbit/s), and a long message at 20 Mbit/s (the rate with a one-frame bucket);
 - stripes:  a backlog of messages queued at once on a pipe of n connections over a link-bound link (a stage's
             sends behind a slow WAN): each message's arrival against the fluid one (the pipe as one flow at the
             link's rate, messages in order); a message waits for its slowest connection.
@@ -174,7 +175,7 @@ def restart(prefix: str | None) -> None:
 
 def burst(prefix: str | None) -> None:
     print("\n-- HTB's burst: a message smaller than the window on an idle link, vs bytes / C + latency")
-    for mbps, nbytes in ((20, 65536), (200, 262144)):
+    for mbps, nbytes in ((20, 65536), (20, 2**20), (200, 262144)):
         with Link(prefix, mbps, 5, 2**22) as link:
             d = link.messages(2**22, nbytes, 10, 0.3)[2:]
             print(f"{mbps} Mbit/s, {nbytes} bytes: {med(d)}; bytes / C + latency "

@@ -14,7 +14,7 @@ from testbed.emu.names import OURS_RE, address_plan, check_prefix, host_name
 from testbed.emu.scale import auto_scale
 from testbed.emu.shaping import htb_commands
 from testbed.errors import SpecError
-from testbed.runtime.htb import BURST_BYTES
+from testbed.runtime.htb import burst_bytes
 from testbed.spec.load import load_topology
 from tests.conftest import ROOT
 
@@ -76,7 +76,7 @@ def test_scale_and_window_notes():
 
 def test_htb_has_explicit_burst_and_leaf():
     cmds = htb_commands("west", 1e8, 0.05, None, 9000)
-    assert any("burst" in c and str(BURST_BYTES) in c for c in cmds)
+    assert any("burst" in c and str(burst_bytes(9000)) in c for c in cmds)
     leaves = [c for c in cmds if c[:3] == ["tc", "qdisc", "add"] and "parent" in c]
     assert [c[c.index("parent") + 1] for c in leaves] == ["1:10", "1:30"]  # the default class and the ACK class
     assert all(c[-3:-1] == ["bfifo", "limit"] for c in leaves)

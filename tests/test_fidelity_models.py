@@ -43,14 +43,33 @@ def test_wire_rate_carries_the_payload_rate_in_full_frames():
     assert f"{int(htb.wire_bps(1e8, htb.link_mtu(1e8)))}bit" in cmds[1]  # in the path's packets (4,500 bytes)
 
 
-def test_htb_buckets_hold_one_frame_at_every_rate():
-    """An idle class lets what its bucket holds through at the veth's speed: one frame, whatever the rate."""
-    assert htb.BURST_BYTES == htb.FRAME_BYTES
-    for rate in (1e6, 1e9):
-        args = htb.class_args(rate / 100, rate, htb.IDLE_PRIO, htb.link_mtu(rate))
-        assert args[args.index("burst") + 1] == args[args.index("cburst") + 1] == str(htb.FRAME_BYTES)
-        link = htb_commands("west", rate, 0.05, None, htb.link_mtu(rate))[1]
-        assert link[link.index("burst") + 1] == link[link.index("cburst") + 1] == str(htb.FRAME_BYTES)
+@pytest.mark.parametrize("rate", [1e6, 1.39e7, 2.3e7, 8.5e7, 2e8, 1e9])
+def test_htb_buckets_hold_one_frame_of_the_path_at_every_rate(rate):
+    """An idle class lets what its bucket holds through at the veth's speed: one frame of the link's path, so the
+    head start it gives lasts no longer on the link than one of the packets it carries, whatever the rate (a jumbo
+    frame's bucket on a 13.9 Mbit/s path of 1,500-byte packets was six packets, 5.2 ms)."""
+    mtu = htb.link_mtu(rate)
+    frame = mtu + 14
+    assert htb.burst_bytes(mtu) == frame
+    args = htb.class_args(rate / 100, rate, htb.IDLE_PRIO, mtu)
+    assert args[args.index("burst") + 1] == args[args.index("cburst") + 1] == str(frame)
+    for cmd in htb_commands("west", rate, 0.05, None, mtu)[1:3]:  # the link's class 1:1 and its default class
+        assert cmd[cmd.index("burst") + 1] == cmd[cmd.index("cburst") + 1] == str(frame)
+    bucket_s = htb.burst_bytes(mtu) * 8 / htb.wire_bps(rate, mtu)
+    assert bucket_s <= max(htb.FRAME_BYTES * 8 / htb.FULL_FRAME_BPS, (htb.MIN_MTU + 14) * 8 / rate) * 1.0001
+
+
+def test_the_sidecars_netlink_change_carries_the_same_bucket():
+    """The sidecar's netlink change (runtime/htb.py change_message) sets the bucket `class_args` gives tc: one frame
+    of the path at the class's rate and at its ceiling, in psched ticks."""
+    mtu, rate_bps, ceil_bps = 1500, 1e6, 1.39e7
+    msg = htb.change_message(7, 0x101, rate_bps, ceil_bps, htb.IDLE_PRIO, mtu)
+    rate, ceil = (bits // 8 for bits in htb.wire_rates(rate_bps, ceil_bps, mtu))
+    at = msg.index(htb._ratespec(rate) + htb._ratespec(ceil)) + 24
+    buffer, cbuffer, quantum = struct.unpack_from("=III", msg, at)
+    ticks = htb.PSCHED_TICK_NS
+    assert (buffer, cbuffer) == ((mtu + 14) * 10**9 // rate // ticks, (mtu + 14) * 10**9 // ceil // ticks)
+    assert quantum == htb.mtu_quantum(mtu)
 
 
 def test_a_turn_holds_the_largest_packet_a_class_carries():

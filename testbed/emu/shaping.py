@@ -15,9 +15,9 @@ from testbed.net.units import bps_to_bytes_s, mib_to_bytes
 from testbed.runtime.htb import (
     ALLREDUCE_MINOR,
     ALLREDUCE_TOS,
-    BURST_BYTES,
     IDLE_PRIO,
     JUMBO_MTU,
+    burst_bytes,
     class_args,
     kv_class,
     mtu_quantum,
@@ -39,10 +39,11 @@ def queue_bytes(rate_bps: float, rtt_s: float) -> int:
 
 def rate_class(verb: str, dev: str, parent: str, classid: str, rate_bps: float, mtu: int) -> list[str]:
     """`tc class add|change` of an HTB class guaranteed `rate_bps` of payload in packets of `mtu` (HTB counts
-    frames: wire_bps) with that as its ceiling, an explicit burst (tc's default, a jiffy's worth, loses 4-11 % of
-    the rate on veth) and the path's quantum (tc's default, rate / 10, is up to 200 KB a turn against the flow
-    classes' two packets where the default class shares a priority with them)."""
-    rate, burst = f"{int(wire_bps(rate_bps, mtu))}bit", str(BURST_BYTES)
+    frames: wire_bps) with that as its ceiling, an explicit burst of one frame of the path (`burst_bytes`; tc's
+    default, a jiffy's worth, loses 4-11 % of the rate on veth) and the path's quantum (tc's default, rate / 10, is
+    up to 200 KB a turn against the flow classes' two packets where the default class shares a priority with
+    them)."""
+    rate, burst = f"{int(wire_bps(rate_bps, mtu))}bit", str(burst_bytes(mtu))
     return ["tc", "class", verb, "dev", dev, "parent", parent, "classid", classid, "htb", "rate", rate, "ceil", rate,
             "burst", burst, "cburst", burst, "quantum", str(mtu_quantum(mtu))]
 

@@ -8,11 +8,6 @@ from __future__ import annotations
 
 FRAME_BYTES = 9014  # an MTU-9000 packet as HTB counts it (with its Ethernet header)
 PAYLOAD_BYTES = 8948  # the TCP payload it carries (IPv4 and TCP headers with timestamps: 52 bytes)
-# Every class's bucket, at its guaranteed rate (burst) and at its ceiling (cburst): one jumbo frame, the least that
-# holds a packet. What a bucket holds leaves at the veth's speed after an idle spell, a head start no real WAN link
-# gives; with one frame the rate still holds (bench/tcp_fidelity.py --only burst, --only transfer) and what leaves
-# early is one GSO packet (two segments of the path's MTU, `link_mtu`). History: CHANGELOG.md, docs/fidelity.md.
-BURST_BYTES = FRAME_BYTES
 JUMBO_MTU = FRAME_BYTES - 14
 # An emulated WAN path's packets last on its link what a jumbo frame lasts at this rate (the emulator's target link
 # rate, testbed/emu/scale.py): at scale k a packet stands for k times its bytes, so a slow emulated link's jumbo
@@ -28,6 +23,18 @@ def link_mtu(link_bps: float) -> int:
     """The MTU of an emulated WAN path whose link carries `link_bps` (bits/s): a packet lasts on it what a jumbo
     frame lasts at FULL_FRAME_BPS, between MIN_MTU and the jumbo MTU."""
     return int(min(JUMBO_MTU, max(MIN_MTU, round(JUMBO_MTU * link_bps / FULL_FRAME_BPS))))
+
+
+def burst_bytes(mtu: int) -> int:
+    """Every HTB class's bucket on a path of `mtu`, at its guaranteed rate (burst) and at its ceiling (cburst): one
+    frame of the path. What a bucket holds leaves at the veth's speed after an idle spell, a head start no real WAN
+    link gives beyond its first frame; in time that is the bucket over the link's rate, so a bucket of fixed bytes
+    is a long head start on a slow link: one jumbo frame is 5.2 ms at 13.9 Mbit/s (six 1,500-byte frames), and the
+    replica that reached an idle link first left its sibling that much behind, every time the two met there
+    (docs/fidelity.md, "The bucket in time"). One frame of the path lasts what a jumbo frame lasts at
+    FULL_FRAME_BPS (0.36 ms) down to MIN_MTU's paths (0.9 ms at 13.9 Mbit/s), and holds the rate: a class may send
+    a packet larger than its bucket (its tokens go negative), and the bucket covers a wake-up that late."""
+    return mtu + 14
 
 
 def mtu_quantum(mtu: int) -> int:

@@ -15,7 +15,6 @@ import struct
 from testbed.net.wire import (  # noqa: F401 (re-exported: the HTB classes' parameters live in net/wire.py)
     ALLREDUCE_MINOR,
     ALLREDUCE_TOS,
-    BURST_BYTES,
     FRAME_BYTES,
     FULL_FRAME_BPS,
     GSO_SEGMENTS,
@@ -25,6 +24,7 @@ from testbed.net.wire import (  # noqa: F401 (re-exported: the HTB classes' para
     MIN_MTU,
     MIN_RATE_BPS,
     PAYLOAD_BYTES,
+    burst_bytes,
     kv_class,
     link_mtu,
     link_quantum,
@@ -41,8 +41,8 @@ def class_args(rate_bps: float, ceil_bps: float | None, prio: int, mtu: int) -> 
     and `ClassChanger` set over netlink. `mtu`: the path's (`link_mtu` of the rate the link was built at, its hosts'
     packet size, whatever the rate is now), which sets the wire rate's headers and the quantum."""
     rate, ceil = wire_rates(rate_bps, ceil_bps, mtu)
-    return ["rate", f"{rate}bit", "ceil", f"{ceil}bit", "burst", str(BURST_BYTES), "cburst",
-            str(BURST_BYTES), "prio", str(prio), "quantum", str(mtu_quantum(mtu))]
+    return ["rate", f"{rate}bit", "ceil", f"{ceil}bit", "burst", str(burst_bytes(mtu)), "cburst",
+            str(burst_bytes(mtu)), "prio", str(prio), "quantum", str(mtu_quantum(mtu))]
 
 
 def set_class(ipr, idx: int, minor: int, rate_bps: float, ceil_bps: float | None, prio: int, mtu: int) -> None:
@@ -50,7 +50,7 @@ def set_class(ipr, idx: int, minor: int, rate_bps: float, ceil_bps: float | None
     payload bits/s."""
     rate, ceil = wire_rates(rate_bps, ceil_bps, mtu)
     ipr.tc("change-class", "htb", idx, handle=f"1:{minor:x}", parent="1:1", rate=f"{rate}bit", ceil=f"{ceil}bit",
-           burst=BURST_BYTES, cburst=BURST_BYTES, prio=prio, quantum=mtu_quantum(mtu))
+           burst=burst_bytes(mtu), cburst=burst_bytes(mtu), prio=prio, quantum=mtu_quantum(mtu))
 
 
 RTM_NEWTCLASS, NLM_F_REQUEST, NLM_F_ACK, NLMSG_ERROR = 40, 1, 4, 2
@@ -74,8 +74,8 @@ def change_message(ifindex: int, minor: int, rate_bps: float, ceil_bps: float, p
     """An RTM_NEWTCLASS request changing HTB class 1:<minor> under 1:1: the values `set_class` sets, encoded as
     `tc` would (rates in payload bits/s; no rate tables, as the kernel computes rates itself)."""
     rate, ceil = (bits // 8 for bits in wire_rates(rate_bps, ceil_bps, mtu))  # bytes/s, as the kernel takes them
-    buffer = BURST_BYTES * 10**9 // rate // PSCHED_TICK_NS
-    cbuffer = BURST_BYTES * 10**9 // ceil // PSCHED_TICK_NS
+    buffer = burst_bytes(mtu) * 10**9 // rate // PSCHED_TICK_NS
+    cbuffer = burst_bytes(mtu) * 10**9 // ceil // PSCHED_TICK_NS
     parms = _ratespec(rate) + _ratespec(ceil) + struct.pack("=IIIII", min(buffer, 2**32 - 1),
                                                              min(cbuffer, 2**32 - 1), mtu_quantum(mtu), 0, prio)
     opts = _attr(TCA_HTB_PARMS, parms)
