@@ -538,8 +538,8 @@ class Simulation(SyncCollectives):
         if kind == "rs":  # a bucket's reduce-scatter across DCs (sim/collectives.py)
             src[0](*src[1:])
             return
-        if kind == "os":  # an outer sync's hop across DCs (sim/sync.py)
-            self.outer_part_done(src, i, lp, t_issue)
+        if kind == "ring":  # a piece of a ring's step across DCs (sim/wan_ring.py)
+            src.part_done(i)
             return
         key = (lp.src, lp.dst)
         if link.temporal:
