@@ -75,6 +75,7 @@ from testbed.sim.collectives import Collectives
 from testbed.sim.linkchange import LiveLinks, WanSchedule
 from testbed.sim.network import Flow, LinkState, SlidingWindow  # noqa: F401 (SlidingWindow: re-exported)
 from testbed.sim.sync import SyncCollectives
+from testbed.sim.wan_ring import WanRing
 from testbed.timeline import Timeline, group_name
 
 # compiled step opcodes (the first item of a step tuple)
@@ -299,7 +300,6 @@ class Simulation(SyncCollectives):
         # temporal links: (link, replica) -> its transfers' flows on the link now, in the order they were added
         # (an ordered set: the sidecar re-ranks just these, not every flow on the link)
         self.on_link: dict[tuple, dict[Flow, None]] = defaultdict(dict)
-        self.wan_ar: dict[int, dict] = {}  # stage -> pending cross-DC all-reduce state
         self.init_collectives()
         self.events = 0
         self.wan = LiveLinks(self, wan, t0) if wan is not None else None  # the schedule's clock is t0 + now
@@ -532,9 +532,6 @@ class Simulation(SyncCollectives):
         src, dst, kind, i, lp, t_issue, link = flow.payload
         now = self.now
         link.remove(flow, now)
-        if kind == "ar":
-            self._wan_allreduce_part_done(src)
-            return
         if kind == "rs":  # a bucket's reduce-scatter across DCs (sim/collectives.py)
             src[0](*src[1:])
             return
@@ -587,27 +584,11 @@ class Simulation(SyncCollectives):
         self.push(self.now + local / 2, self._start_wan_allreduce, s, self.now, local / 2, dict(by_dc), ar)
 
     def _start_wan_allreduce(self, s: int, t0: float, tail: float, by_dc: dict[str, list[int]], ar: AllReduce) -> None:
-        p = self.p
-        ring = [d for d in p.gpu_types if d in by_dc]  # topology order
-        D = len(ring)
-        nbytes = 2 * (D - 1) / D * ar.bytes
+        """The ring across DCs step by step (sim/wan_ring.py), then the all-gather inside each DC (`tail`)."""
+        ring = [d for d in self.p.gpu_types if d in by_dc]  # topology order
         hops = list(zip(ring, ring[1:] + ring[:1], strict=True))
-        # each of the 2(D-1) ring steps pays one WAN latency; the bandwidth part is the flows below
-        lat = max(self.lp[h].latency_s for h in hops)
-        self.wan_ar[s] = {"pending": len(hops), "t0": t0, "tail": tail + 2 * (D - 1) * lat}
-        for a, b in hops:
-            lp = self.lp[(a, b)]
-            conns = ar.wan_connections[ring.index(a)]
-            cap = conns * lp.window_bytes / lp.rtt_s if lp.rtt_s > 0 else float("inf")
-            flow = Flow(nbytes, cap, (float("inf"), s), payload=(s, None, "ar", -1, lp, self.now, self.links[(a, b)]),
-                        window=conns * lp.window_bytes)
-            self.links[(a, b)].add(flow, self.now)
-
-    def _wan_allreduce_part_done(self, s: int) -> None:
-        st = self.wan_ar[s]
-        st["pending"] -= 1
-        if not st["pending"]:
-            self._allreduce_interval(s, st["t0"], self.now + st["tail"])
+        WanRing(self, hops, ar.wan_connections, ar.bytes, (float("inf"), s),
+                lambda ends: self._allreduce_interval(s, t0, max(ends) + tail)).start(self.now)
 
     def _allreduce_interval(self, s: int, t0: float, t1: float) -> None:
         p = self.p
