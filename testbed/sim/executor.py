@@ -16,10 +16,10 @@ leave. Alone on a link that is n x W per RTT on average, but a transfer starting
 its first window out at the link's rate, so a transfer of q windows takes (q - 1) round trips plus one
 window's time on the link, not q round trips (bench/tcp_fidelity.py measured it on the emulated WAN).
 A transfer that follows soon after another gets only what the one before left free, and the rest as the one before's
-bytes come back, as a TCP window slides. After a stage's last backward on every replica its gradients are all-
-reduced (ring inside the DC; hierarchical with a ring across DCs for dp-wan-overlap, step by step as every ring
-across DCs is: sim/wan_ring.py). With the `overlap` mechanism the programs issue bucketed reduce-scatters and all-
-gathers instead and wait for them where they need them (sim/collectives.py). A sync period's program (DiLoCo,
+bytes come back, as a TCP window slides. After a stage's last backward on every replica its gradients are
+all-reduced (ring inside the DC; hierarchical with a ring across DCs for dp-wan-overlap, step by step as every ring
+across DCs is: sim/wan_ring.py). With the `overlap` mechanism the programs issue bucketed reduce-scatters and
+all-gathers instead and wait for them where they need them (sim/collectives.py). A sync period's program (DiLoCo,
 testbed/plan/diloco.py) instead JOINs each of its collectives and waits for its end where the program says
 (testbed/sim/sync.py). The iteration ends when every all-reduce or collective is done.
 
