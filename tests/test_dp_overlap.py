@@ -188,3 +188,22 @@ def test_the_head_is_reduced_first_the_embedding_last_the_layers_as_the_backward
     fwd = forward_segments(100.0, (20.0, 10.0), 2.0)
     assert time_at(fwd, 20.0) == 0.0 and time_at(fwd, 55.0) == pytest.approx(1.0)
     assert time_at(backward_segments(100.0, (0.0, 0.0), 4.0), 25.0) == pytest.approx(1.0)  # a middle stage
+
+
+def test_dp_wan_and_dp_wan_overlap_cross_the_wan_in_the_same_ring():
+    """One bucket per stage: dp-wan's reduce-scatter is dp-wan-overlap's all-reduce less its all-gather inside the
+    DC (sim/wan_ring.py carries both across the WAN), and both grow with the WAN's latency."""
+    def durations(latency_ms: float) -> tuple[float, float, float]:
+        exp = small("workload.ddp_bucket_params=1000000000000", f"topology.links.*.latency_ms={latency_ms}")
+        rs = [iv for iv in simulate(build_plan(exp, "dp-wan"))[0].intervals if iv.kind == "reduce_scatter"]
+        ar = [iv for iv in simulate(build_plan(exp, "dp-wan-overlap"))[0].intervals if iv.kind == "allreduce"]
+        assert len({iv.microbatch for iv in rs}) == 1
+        plan = build_plan(exp, "dp-wan-overlap")
+        n = 2  # replicas of the stage in each DC
+        gather_s = (n - 1) / n * plan.grad_bytes[0] / min(x.bandwidth_bytes_s for x in plan.intra.values())
+        return max(iv.end_s - iv.start_s for iv in rs), max(iv.end_s - iv.start_s for iv in ar), gather_s
+
+    near, far = durations(5.0), durations(40.0)
+    for rs_s, ar_s, gather_s in (near, far):
+        assert rs_s + gather_s == pytest.approx(ar_s, rel=1e-6)
+    assert far[0] > near[0] + 4 * 0.035  # four ring steps, each at least a latency more

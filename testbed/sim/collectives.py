@@ -2,34 +2,21 @@
 collective starts once every member has issued it and the one before it on its stream is done, one at a time
 per stream as on one NCCL communicator (a stage's reduce-scatters across its replicas; a stage's all-gathers
 inside one DC). Inside a DC one costs what a ring's share of the all-reduce costs there (no contention, as a
-pipe inside a DC); a hierarchical reduce-scatter then carries each DC's shards around the ring of DCs as one
-flow per WAN hop, over the connections NCCL opens (as the all-reduce of `Simulation.stage_finished`), and each
-of its 2(D - 1) ring steps arrives a latency after it leaves, its first window at the link's rate
-(`step_correction_s`). At its end every member's Await on it may go on.
+pipe inside a DC); a hierarchical reduce-scatter then carries each DC's shards around the ring of DCs over the
+connections NCCL opens, step by step as DiLoCo's outer sync does (sim/wan_ring.py: each of its 2(D - 1) steps
+once the step before has arrived, a window at a time, each step arriving a latency after it leaves). At its
+end every member's Await on it may go on.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict, deque
 
-from testbed.plan.plan import LinkPlan
 from testbed.program import AllGather, ReduceScatter, await_slot
-from testbed.sim.network import Flow
+from testbed.sim.wan_ring import WanRing
 from testbed.timeline import group_name
 
 KIND = {"ReduceScatter": "reduce_scatter", "AllGather": "all_gather"}  # the timeline's interval kinds
-
-
-def step_correction_s(step_bytes: float, window_bytes: float, lp: LinkPlan) -> float:
-    """What one ring step across a WAN hop takes beyond its bytes as a fluid flow at the hop's rate r = min(C,
-    n W / RTT): it arrives one latency after its last byte leaves, and its first window leaves at the link's
-    rate, as a pipe's does (sim/executor.py SlidingWindow): (x - w)+ / r + min(x, w) / C + latency, less x / r.
-    Negative for window-bound steps of a window or more: the fluid flow charged a round trip for the first."""
-    if lp.rtt_s <= 0:
-        return lp.latency_s
-    rate = min(lp.capacity_bytes_s, window_bytes / lp.rtt_s)
-    x, w = step_bytes, window_bytes
-    return max(0.0, x - w) / rate + min(x, w) / lp.capacity_bytes_s + lp.latency_s - x / rate
 
 
 class Collectives:
@@ -38,7 +25,6 @@ class Collectives:
         self.issued: dict[tuple, int] = defaultdict(int)  # collective -> replicas that issued it
         self.queue: dict[tuple, deque] = defaultdict(deque)  # stream -> collectives ready, in order
         self.running: set[tuple] = set()  # streams with a collective under way
-        self.wan_left: dict[tuple, int] = {}  # stream -> WAN hops its reduce-scatter still has on the links
 
     def _where(self, g: int, st: ReduceScatter | AllGather) -> tuple[tuple, tuple, tuple[str, ...]]:
         """(collective, stream, members) of group g's step."""
@@ -80,32 +66,22 @@ class Collectives:
         sim.push(sim.now + local, self._across, stream, st, members, sim.now, list(by_dc))
 
     def _across(self, stream: tuple, st: ReduceScatter, members: tuple, t0: float, dcs: list[str]) -> None:
-        """Each DC's shards around the ring of DCs: 2(D-1)/D of the bucket on every hop, as one flow each."""
+        """Each DC's shards around the ring of DCs, step by step (sim/wan_ring.py); the collective ends with the
+        last DC's last step."""
         sim = self.sim
         ring = [d for d in sim.p.gpu_types if d in dcs]  # topology order
-        D = len(ring)
         hops = list(zip(ring, ring[1:] + ring[:1], strict=True))
-        conns = {a: st.wan_connections[ring.index(a)] for a in ring}
-        tail = 2 * (D - 1) * max(step_correction_s(st.bytes / D, conns[a] * sim.lp[(a, b)].window_bytes,
-                                                   sim.lp[(a, b)]) for a, b in hops)
-        self.wan_left[stream] = len(hops)
-        for a, b in hops:
-            lp = sim.lp[(a, b)]
-            cap = conns[a] * lp.window_bytes / lp.rtt_s if lp.rtt_s > 0 else float("inf")
-            done = (self._wan_hop_done, stream, st, members, t0, tail)
-            flow = Flow(2 * (D - 1) / D * st.bytes, cap, (float("inf"), stream[1]),
-                        payload=(done, None, "rs", -1, lp, sim.now, sim.links[(a, b)]),
-                        window=conns[a] * lp.window_bytes)
-            sim.links[(a, b)].add(flow, sim.now)
+        WanRing(sim, hops, st.wan_connections, st.bytes, (float("inf"), stream[1]),
+                lambda ends: self._end(stream, st, members, t0, max(ends))).start(sim.now)
 
-    def _wan_hop_done(self, stream: tuple, st: ReduceScatter, members: tuple, t0: float, tail: float) -> None:
-        self.wan_left[stream] -= 1
-        if not self.wan_left[stream]:
-            self.sim.push(self.sim.now + max(0.0, tail), self._end, stream, st, members, t0)
-
-    def _end(self, stream: tuple, st: ReduceScatter | AllGather, members: tuple, t0: float) -> None:
-        """The collective is done: its members' intervals, their Awaits free, the stream's next one started."""
+    def _end(self, stream: tuple, st: ReduceScatter | AllGather, members: tuple, t0: float,
+             t1: float | None = None) -> None:
+        """The collective is done (now, or at t1 if later): its members' intervals, their Awaits free, the stream's
+        next one started."""
         sim, p = self.sim, self.sim.p
+        if t1 is not None and t1 > sim.now:
+            sim.push(t1, self._end, stream, st, members, t0)
+            return
         op = type(st).__name__
         idx = 2 * p.microbatches + await_slot(op, st.bucket)
         names = set(members)

@@ -15,13 +15,13 @@ share of the link it gets, and the bytes it sent come free again one round trip 
 leave. Alone on a link that is n x W per RTT on average, but a transfer starting on an idle pipe gets
 its first window out at the link's rate, so a transfer of q windows takes (q - 1) round trips plus one
 window's time on the link, not q round trips (bench/tcp_fidelity.py measured it on the emulated WAN).
-A transfer that follows soon after another gets only what the one before left free, and the rest as the
-one before's bytes come back, as a TCP window slides. After a stage's last
-backward on every replica its gradients are all-reduced (ring inside the DC; hierarchical with a
-ring across DCs for dp-wan-overlap). With the `overlap` mechanism the programs issue bucketed
-reduce-scatters and all-gathers instead and wait for them where they need them (sim/collectives.py). A sync
-period's program (DiLoCo, testbed/plan/diloco.py) instead JOINs each of its collectives and waits for its end
-where the program says (testbed/sim/sync.py). The iteration ends when every all-reduce or collective is done.
+A transfer that follows soon after another gets only what the one before left free, and the rest as the one before's
+bytes come back, as a TCP window slides. After a stage's last backward on every replica its gradients are
+all-reduced (ring inside the DC; hierarchical with a ring across DCs for dp-wan-overlap, step by step as every ring
+across DCs is: sim/wan_ring.py). With the `overlap` mechanism the programs issue bucketed reduce-scatters and
+all-gathers instead and wait for them where they need them (sim/collectives.py). A sync period's program (DiLoCo,
+testbed/plan/diloco.py) instead JOINs each of its collectives and waits for its end where the program says
+(testbed/sim/sync.py). The iteration ends when every all-reduce or collective is done.
 
 Replicas that are provably symmetric (the same placement, costs and start time) would run identical
 timelines, but where their transfers meet on a fair-shared WAN link the round robin serves them one turn of
@@ -75,6 +75,7 @@ from testbed.sim.collectives import Collectives
 from testbed.sim.linkchange import LiveLinks, WanSchedule
 from testbed.sim.network import Flow, LinkState, SlidingWindow  # noqa: F401 (SlidingWindow: re-exported)
 from testbed.sim.sync import SyncCollectives
+from testbed.sim.wan_ring import WanRing
 from testbed.timeline import Timeline, group_name
 
 # compiled step opcodes (the first item of a step tuple)
@@ -299,7 +300,6 @@ class Simulation(SyncCollectives):
         # temporal links: (link, replica) -> its transfers' flows on the link now, in the order they were added
         # (an ordered set: the sidecar re-ranks just these, not every flow on the link)
         self.on_link: dict[tuple, dict[Flow, None]] = defaultdict(dict)
-        self.wan_ar: dict[int, dict] = {}  # stage -> pending cross-DC all-reduce state
         self.init_collectives()
         self.events = 0
         self.wan = LiveLinks(self, wan, t0) if wan is not None else None  # the schedule's clock is t0 + now
@@ -532,14 +532,11 @@ class Simulation(SyncCollectives):
         src, dst, kind, i, lp, t_issue, link = flow.payload
         now = self.now
         link.remove(flow, now)
-        if kind == "ar":
-            self._wan_allreduce_part_done(src)
-            return
         if kind == "rs":  # a bucket's reduce-scatter across DCs (sim/collectives.py)
             src[0](*src[1:])
             return
-        if kind == "os":  # an outer sync's hop across DCs (sim/sync.py)
-            self.outer_part_done(src, i, lp, t_issue)
+        if kind == "ring":  # a piece of a ring's step across DCs (sim/wan_ring.py)
+            src.part_done(i)
             return
         key = (lp.src, lp.dst)
         if link.temporal:
@@ -587,27 +584,11 @@ class Simulation(SyncCollectives):
         self.push(self.now + local / 2, self._start_wan_allreduce, s, self.now, local / 2, dict(by_dc), ar)
 
     def _start_wan_allreduce(self, s: int, t0: float, tail: float, by_dc: dict[str, list[int]], ar: AllReduce) -> None:
-        p = self.p
-        ring = [d for d in p.gpu_types if d in by_dc]  # topology order
-        D = len(ring)
-        nbytes = 2 * (D - 1) / D * ar.bytes
+        """The ring across DCs step by step (sim/wan_ring.py), then the all-gather inside each DC (`tail`)."""
+        ring = [d for d in self.p.gpu_types if d in by_dc]  # topology order
         hops = list(zip(ring, ring[1:] + ring[:1], strict=True))
-        # each of the 2(D-1) ring steps pays one WAN latency; the bandwidth part is the flows below
-        lat = max(self.lp[h].latency_s for h in hops)
-        self.wan_ar[s] = {"pending": len(hops), "t0": t0, "tail": tail + 2 * (D - 1) * lat}
-        for a, b in hops:
-            lp = self.lp[(a, b)]
-            conns = ar.wan_connections[ring.index(a)]
-            cap = conns * lp.window_bytes / lp.rtt_s if lp.rtt_s > 0 else float("inf")
-            flow = Flow(nbytes, cap, (float("inf"), s), payload=(s, None, "ar", -1, lp, self.now, self.links[(a, b)]),
-                        window=conns * lp.window_bytes)
-            self.links[(a, b)].add(flow, self.now)
-
-    def _wan_allreduce_part_done(self, s: int) -> None:
-        st = self.wan_ar[s]
-        st["pending"] -= 1
-        if not st["pending"]:
-            self._allreduce_interval(s, st["t0"], self.now + st["tail"])
+        WanRing(self, hops, ar.wan_connections, ar.bytes, (float("inf"), s),
+                lambda ends: self._allreduce_interval(s, t0, max(ends) + tail)).start(self.now)
 
     def _allreduce_interval(self, s: int, t0: float, t1: float) -> None:
         p = self.p

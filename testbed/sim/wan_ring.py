@@ -1,0 +1,104 @@
+"""A ring across DCs over the WAN, step by step: the part of a hierarchical collective that crosses the WAN
+(DiLoCo's OuterSync, sim/sync.py; a bucket's reduce-scatter, sim/collectives.py).
+
+Each of the D DCs sends 2 (D - 1) steps of 1/D of the bytes to the next DC of the ring. A DC sends its step s
+once its step s - 1 has left and step s - 1 of the DC before it has arrived (each exchange waits for the one it
+receives, and a DC's sends leave in order on its connections). A step goes out a piece at a time, as much as its
+connections' window (n x W) has free, each piece a flow sharing the link with anything else on it; a piece comes
+free one round trip after it started to leave (sim/network.py SlidingWindow, as a pipe's), and the window slides
+across steps. So a window-bound step of q windows takes about (ceil(q) - 1) round trips + its last window at the
+link's rate + a latency, and a step that fits its window or is bound by the link's rate its bytes at that rate +
+a latency.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from testbed.sim.network import Flow, SlidingWindow
+
+
+class WanRing:
+    """One ring across DCs in flight. `hops[i]` is DC i's link to the next DC, `connections[i]` the TCP connections
+    DC i's share of the ring opens on it; `on_end(ends)` is called once every step has arrived, with each DC's end
+    (its last step received and its own last step sent)."""
+
+    __slots__ = ("sim", "hops", "connections", "nbytes", "step_bytes", "steps", "prio", "on_end", "left", "busy",
+                 "sent", "sent_end", "arrived", "win")
+
+    def __init__(self, sim, hops: list[tuple[str, str]], connections: tuple[int, ...], nbytes: float, prio: tuple,
+                 on_end: Callable[[list[float]], None]) -> None:
+        D = len(hops)
+        self.sim, self.hops, self.connections, self.prio, self.on_end = sim, hops, connections, prio, on_end
+        self.nbytes, self.step_bytes = nbytes, nbytes / D
+        self.steps = 2 * (D - 1)
+        self.left = [0.0] * D
+        self.busy = [False] * D
+        self.sent = [0] * D
+        self.sent_end = [sim.now] * D
+        self.arrived: list[list[float]] = [[] for _ in range(D)]
+        self.win: list[SlidingWindow | None] = [None] * D
+
+    def start(self, t: float) -> None:
+        """Every DC's first step at time t."""
+        for i in range(len(self.hops)):
+            self.sim.push(t, self._try_step, i)
+
+    def _try_step(self, i: int) -> None:
+        """Start DC i's next step if it may."""
+        s = self.sent[i]
+        if self.busy[i] or s >= self.steps:
+            return
+        if s > 0:
+            prev = self.arrived[i - 1]  # the DC before: hop i - 1 ends at DC i
+            if len(prev) < s:
+                return  # hop i - 1's step s - 1 is not out yet; its end starts this one
+            if prev[s - 1] > self.sim.now:
+                self.sim.push(prev[s - 1], self._try_step, i)
+                return
+        self.busy[i] = True
+        self.left[i] = self.step_bytes
+        self._piece(i)
+
+    def _piece(self, i: int) -> None:
+        """As much of hop i's step as its window has free now, or wait until the oldest piece in flight comes free
+        (a step that follows the one before gets what that one left free)."""
+        sim = self.sim
+        hop = self.hops[i]
+        lp = sim.lp[hop]
+        window = self.connections[i] * lp.window_bytes
+        win = self.win[i]
+        if win is None:
+            win = self.win[i] = SlidingWindow(window, lp.rtt_s)
+        left = self.left[i]
+        budget = win.budget(sim.now) if lp.rtt_s > 0 else float("inf")
+        if budget <= left * 1e-12:
+            sim.push(win.next_free_s(), self._piece, i)
+            return
+        part = min(left, budget)
+        self.left[i] -= part
+        if lp.rtt_s > 0:
+            win.sent(sim.now, part)
+        flow = Flow(part, float("inf"), self.prio, payload=(self, None, "ring", i, lp, sim.now, sim.links[hop]),
+                    window=window)
+        sim.links[hop].add(flow, sim.now)
+
+    def part_done(self, i: int) -> None:
+        """Hop i's piece has left: the next goes as its window comes free; the step's last one arrives a latency
+        later, which lets the next DC (and this hop) go on."""
+        sim = self.sim
+        if self.win[i] is not None:
+            self.win[i].ended(sim.now)
+        if self.left[i] > 1e-9 * self.nbytes:
+            self._piece(i)
+            return
+        self.busy[i] = False
+        self.sent[i] += 1
+        self.sent_end[i] = sim.now
+        self.arrived[i].append(sim.now + sim.lp[self.hops[i]].latency_s)
+        D = len(self.hops)
+        if all(n == self.steps for n in self.sent):
+            self.on_end([max(self.arrived[j - 1][-1], self.sent_end[j]) for j in range(D)])
+            return
+        self._try_step(i)
+        self._try_step((i + 1) % D)

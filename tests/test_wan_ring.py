@@ -1,0 +1,101 @@
+"""The ring across DCs step by step (testbed/sim/wan_ring.py), on real links (sim/network.py LinkState) driven by
+a minimal event loop: a window-bound step waits for its window to come free a round trip after it left, a
+rate-bound step costs its bytes at the link's rate and a latency, and the ring slows with latency. dp-wan's
+bucketed reduce-scatter across the WAN runs on it (sim/collectives.py)."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+
+import pytest
+
+from testbed.plan.plan import LinkPlan
+from testbed.sim.network import Flow, LinkState
+from testbed.sim.wan_ring import WanRing
+
+C = 1e8  # bytes/s
+
+
+class Loop:
+    """The executor's part a ring uses: push, now, lp, links, and a flow's end handed back to its ring."""
+
+    def __init__(self, latency_s: float, window_bytes: float, dcs: tuple[str, ...] = ("a", "b")) -> None:
+        self.now = 0.0
+        self.heap: list = []
+        self.seq = itertools.count()
+        hops = list(zip(dcs, dcs[1:] + dcs[:1], strict=True))
+        self.lp = {h: LinkPlan(*h, C, latency_s, window_bytes, 1, False) for h in hops}
+        self.links = {h: LinkState(C, False, self._flow_end) for h in hops}
+        self.hops = hops
+
+    def push(self, t: float, fn, *args) -> None:
+        heapq.heappush(self.heap, (t, next(self.seq), fn, args))
+
+    def _flow_end(self, t: float, flow: Flow, version: int) -> None:
+        self.push(t, self._done, flow, version)
+
+    def _done(self, flow: Flow, version: int) -> None:
+        if version != flow.version:
+            return
+        ring, _, _, i, _lp, _t, link = flow.payload
+        link.remove(flow, self.now)
+        ring.part_done(i)
+
+    def ring(self, nbytes: float) -> list[float]:
+        """Each DC's end of one ring of `nbytes` (1/D of it per step) started at 0, once it has ended."""
+        ends: list[float] = []
+        WanRing(self, self.hops, (1,) * len(self.hops), nbytes, (0,), ends.extend).start(0.0)
+        while self.heap and not ends:
+            t, _, fn, args = heapq.heappop(self.heap)
+            self.now = t
+            fn(*args)
+        return ends
+
+
+def test_a_step_of_one_window_costs_a_round_trip_and_its_bytes_at_the_links_rate():
+    """Two DCs, two steps of one window each: the first arrives w/C + latency after it starts; the second may
+    leave only when the first's window comes back, a round trip after it left."""
+    lat, w = 0.02, 2e5  # w / C = 2 ms, well under a round trip
+    ends = Loop(lat, w).ring(2 * w)
+    assert ends == pytest.approx([2 * lat + w / C + lat] * 2, rel=1e-9)
+
+
+def test_a_window_bound_step_takes_whole_round_trips_for_its_full_windows():
+    """3.5 windows per step: three round trips for the full windows, the last half window at the link's rate,
+    then a latency (not 3.5 round trips, as a fluid flow at W / RTT would charge)."""
+    lat, w = 0.02, 2e5
+    x = 3.5 * w
+    ends = Loop(lat, w, ("a", "b", "c")).ring(3 * x)  # D = 3: four steps, each after the one before arrived
+    first = 3 * 2 * lat + 0.5 * w / C + lat
+    assert min(ends) > 4 * first - 1e-9  # a step waits for the one it receives
+    fluid = 4 * (x / (w / (2 * lat)) + lat)
+    assert max(ends) < fluid
+
+
+def test_a_rate_bound_step_costs_its_bytes_at_the_links_rate_and_a_latency():
+    lat = 0.01
+    w = 10 * C * 2 * lat  # ten bandwidth-delay products: never window-bound
+    x = 4e6
+    ends = Loop(lat, w).ring(2 * x)
+    assert ends == pytest.approx([2 * (x / C + lat)] * 2, rel=1e-9)
+
+
+@pytest.mark.parametrize("windows", [0.5, 1.0, 2.3, 7.0])
+def test_a_ring_slows_with_latency(windows):
+    w = 2e5
+    times = [max(Loop(lat, w).ring(2 * windows * w)) for lat in (0.001, 0.005, 0.02, 0.05)]
+    assert all(a < b for a, b in zip(times, times[1:], strict=False))
+
+
+def test_a_ring_shares_its_link_with_other_traffic():
+    """A flow already on the link takes half of it: a rate-bound ring then takes about twice as long on the wire."""
+    lat = 0.01
+    w = 10 * C * 2 * lat
+    x = 4e6
+    alone = max(Loop(lat, w).ring(2 * x))
+    loop = Loop(lat, w)
+    for h in loop.hops:
+        loop.links[h].add(Flow(1e12, float("inf"), (0,)), 0.0)  # outlives the ring; never completes in the test
+    shared = max(loop.ring(2 * x))
+    assert shared == pytest.approx(2 * (2 * x / C + lat), rel=1e-9) and shared > 1.9 * alone - 2 * lat
