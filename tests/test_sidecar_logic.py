@@ -119,6 +119,35 @@ def test_notices_wait_the_delay_before_the_shaper_and_keep_their_order():
     assert side.notice_delay_s == 0.0
 
 
+def test_a_notice_takes_effect_one_latency_after_its_worker_sent_it_however_long_it_travelled():
+    """The notice delay counts from the notice's send time (`t`), so a notice that spent long on the way (a split
+    link's end, relayed across machines) acts when one sent next door would; one sent "later" than it arrived
+    (another clock) counts from its arrival; and due times still never decrease, so an end never overtakes a start."""
+    import time
+
+    from testbed.runtime.sidecar import Sidecar
+
+    nl = FakeNetlink()
+    cfg = {"devs": {"useast": {"0": 0x100, "1": 0x101}}, "turn_order": [0, 1], "link_bps": 200e6,
+           "min_rate_bps": 2e6, "mtu": 9000, "notice_delay_s": 0.5, "turn_policy": "microbatch"}
+    side = Sidecar(cfg, nl, tc=nl)
+    t0 = time.monotonic()
+    side.handle({"op": "start", "dev": "useast", "replica": 1, "mb": 0, "id": "x", "t": t0 - 0.4})  # 0.4 s in transit
+    while not nl.calls and time.monotonic() - t0 < 5:
+        time.sleep(0.002)
+    took_s = time.monotonic() - t0
+    assert 0.09 <= took_s < 0.4  # due 0.5 s after it was sent: 0.1 s after it came, not 0.5 s
+    assert side.active["useast"].keys() == {"x"}
+    t1 = time.monotonic()
+    side.handle({"op": "start", "dev": "useast", "replica": 0, "mb": 1, "id": "y", "t": t1 + 60.0})  # another clock
+    side.handle({"op": "end", "id": "y", "t": t1 - 10.0})  # its end, claiming an earlier send: waits for the start
+    time.sleep(0.3)
+    assert side.active["useast"].keys() == {"x"}  # the start counts from its arrival: not yet due, nor its end
+    assert side.drained()
+    assert time.monotonic() - t1 >= 0.5
+    assert side.active["useast"].keys() == {"x"} and side.errors == []  # y started, then ended, in that order
+
+
 def test_a_shorter_latency_never_lets_an_end_overtake_its_start():
     """A link whose latency drops while a start still waits: the end that follows, due sooner by the new delay,
     waits for it (else the late start would leave a finished transfer ranked for good)."""
