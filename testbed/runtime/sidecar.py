@@ -33,12 +33,8 @@ egress HTB), a transfer's bytes reach the shaper one one-way latency after its w
 they leave it, so every notice would act one latency early against the data: a replica's end gave the link away
 one latency before a real sender's shaper would hear of it, and seed 149 topology 7 (Atlas, dp 3) ran 11-13 %
 faster emulated than simulated (docs/fidelity.md, "Delay before the shaper"). `notice_delay_s` (the link's
-one-way latency there) holds every notice, starts and ends alike, that long after its worker sent it (its `t`, on the
-run's one monotonic clock; the arrival time where it has none), in the order they came, so the shaper sees them as a
-shaper at the sender would. Counting from the send, not the arrival, keeps the control path's own latency out of the
-turns: on a cluster a split link's end notice crosses two relays and the cluster network (about 1 ms more, a few ms
-at p90) before it reaches the half that applies it, and counted from its arrival every turn handed over that much
-later than on one machine.
+one-way latency there) holds every notice, starts and ends alike, that long, in the order they came, so the
+shaper sees them as a shaper at the sender would.
 
 When the link changes (testbed/emu/wanchange.py), the orchestrator tells the sidecar its new rate: every class
 gets the new ceiling (and a guaranteed rate of 1/100 of it) at once, and keeps its turn; a link that is down
@@ -52,8 +48,11 @@ A transfer's issue time is the order its start notice arrived in.
 On a cluster (testbed/cluster/driver.py) a WAN link split between two machines has a sidecar on each, shaping the
 one device that half sends into: the sender's start notice reaches its own machine's half, but the receiver's end
 is heard on the other machine. With `forward` (a Unix socket the machine's agent carries to the other half's
-sidecar, testbed/cluster/relay.py) every end a worker sends here goes there, marked `"fwd": true`; an end so
-marked is applied here.
+sidecar, testbed/cluster/relay.py) every end a worker sends here goes there, marked `"fwd": true` with the time it
+reached this half (`"fwd_t"`, CLOCK_MONOTONIC: a training run's machines share the driver's clock,
+testbed/cluster/driver.py `check_clocks`); an end so marked is applied here, its drain and notice delay counted from
+that time, not from its arrival, so the hop between the halves (two relays and the cluster network: about 1 ms,
+a few ms at p90) does not hand each turn over that much later than one sidecar on one machine would.
 A malformed message closes that client's connection; the sidecar keeps serving the others.
 
 Usage: python -m testbed.runtime.sidecar CONFIG.json
@@ -120,9 +119,9 @@ class Sidecar:
         threading.Thread(target=self._run_deferred, daemon=True).start()
 
     def defer(self, delay_s: float, fn, *args, since: float | None = None) -> None:
-        """Call fn(*args) `delay_s` after `since` (a notice's send time; now if None or later than now), and never
-        before a call deferred earlier: due times do not decrease (a latency that drops holds later notices until
-        the earlier ones are done), so a transfer's end never overtakes its start."""
+        """Call fn(*args) `delay_s` after `since` (when the notice reached the link's sidecars; now if None or later
+        than now), and never before a call deferred earlier: due times do not decrease (a latency that drops holds
+        later notices until the earlier ones are done), so a transfer's end never overtakes its start."""
         now = time.monotonic()
         with self.wake:
             self.seq += 1
@@ -159,9 +158,8 @@ class Sidecar:
     def handle(self, msg: dict) -> None:
         """Apply one notice; a malformed one raises (the server closes that connection)."""
         op = msg.get("op")
-        sent = msg["t"] if isinstance(msg.get("t"), float) else None  # when its worker sent it
-        if sent is not None:
-            self.delivery_s.append(time.monotonic() - sent)
+        if isinstance(msg.get("t"), float):
+            self.delivery_s.append(time.monotonic() - msg["t"])
         if op == "start":
             dev, r, mb, tid = msg["dev"], int(msg["replica"]), int(msg["mb"]), str(msg["id"])
             if dev not in self.cfg["devs"] or str(r) not in self.cfg["devs"][dev]:
@@ -171,7 +169,7 @@ class Sidecar:
                 self.issued += 1
                 key = (self.key(mb, self.turn.get(r, r), kind, self.issued), r)
             # every notice through the one ordered queue (even with no delay), so none overtakes another
-            self.defer(self.notice_delay_s, self.start, dev, tid, key, self._later(sent), since=sent)
+            self.defer(self.notice_delay_s, self.start, dev, tid, key, self._later(msg.get("t")))
         elif op == "link":
             bps = float(msg["link_bps"])
             if not bps > 0:
@@ -189,8 +187,9 @@ class Sidecar:
             if self.cfg.get("forward") and not msg.get("fwd"):
                 self.forward(msg)  # the transfer's device is the other half's: its sidecar applies the end
                 return
-            self.defer(self.drain_s + self.notice_delay_s, self.end, tid,
-                       self._later(sent) if self.drain_s == 0 else None, since=sent)
+            sent = self._later(msg.get("t")) if self.drain_s == 0 else None
+            came = msg.get("fwd_t") if msg.get("fwd") and isinstance(msg.get("fwd_t"), float) else None
+            self.defer(self.drain_s + self.notice_delay_s, self.end, tid, sent, since=came)
         else:
             raise ProtocolError(f"unknown op {op!r}")
 
@@ -201,7 +200,7 @@ class Sidecar:
             if self.fwd is None:
                 self.fwd = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 self.fwd.connect(self.cfg["forward"])
-            send_ctrl(self.fwd, {**msg, "fwd": True})
+            send_ctrl(self.fwd, {**msg, "fwd": True, "fwd_t": time.monotonic()})
             self.forwarded += 1
         except OSError as e:
             self.fwd = None
