@@ -119,6 +119,43 @@ def test_notices_wait_the_delay_before_the_shaper_and_keep_their_order():
     assert side.notice_delay_s == 0.0
 
 
+def test_a_forwarded_end_counts_its_delay_from_when_it_reached_the_first_half_not_from_the_relay():
+    """A split link's end crosses two relays and the cluster network before the half that applies it hears it: its
+    notice delay counts from `fwd_t` (when the first half got it), so the hop does not delay the turn; an end heard
+    directly still counts from its arrival, however old its worker's `t` (one machine unchanged); one stamped in
+    the future (another clock) counts from its arrival; due times never decrease, so an end never overtakes a start."""
+    import time
+
+    from testbed.runtime.sidecar import Sidecar
+
+    nl = FakeNetlink()
+    cfg = {"devs": {"useast": {"0": 0x100, "1": 0x101}}, "turn_order": [0, 1], "link_bps": 200e6,
+           "min_rate_bps": 2e6, "mtu": 9000, "notice_delay_s": 0.5, "turn_policy": "microbatch"}
+    side = Sidecar(cfg, nl, tc=nl)
+
+    def ended_after_s(tid: str, ago_s: float, **extra) -> float:
+        """A transfer started (and applied), then its end heard `ago_s` after it was sent: how long until it applies."""
+        side.handle({"op": "start", "dev": "useast", "replica": 1, "mb": 0, "id": tid})
+        assert side.drained()
+        t0 = time.monotonic()
+        side.handle({"op": "end", "id": tid, "t": t0 - ago_s,
+                     **{k: t0 + v if k == "fwd_t" else v for k, v in extra.items()}})
+        while tid in side.active["useast"] and time.monotonic() - t0 < 5:
+            time.sleep(0.002)
+        return time.monotonic() - t0
+
+    relayed_s = ended_after_s("x", 0.45, fwd=True, fwd_t=-0.4)  # 0.4 s on the way between the halves
+    assert 0.09 <= relayed_s < 0.4  # due 0.5 s after the first half heard it: 0.1 s after it came here
+    direct_s = ended_after_s("y", 0.4)
+    assert direct_s >= 0.5  # heard directly: from its arrival, as before
+    future_s = ended_after_s("z", 0.0, fwd=True, fwd_t=60.0)
+    assert 0.5 <= future_s < 5
+    side.handle({"op": "start", "dev": "useast", "replica": 0, "mb": 1, "id": "w"})
+    side.handle({"op": "end", "id": "w", "fwd": True, "fwd_t": time.monotonic() - 10.0})  # due before its start
+    assert side.drained()
+    assert side.active["useast"] == {} and side.errors == []  # w started, then ended, in that order
+
+
 def test_a_shorter_latency_never_lets_an_end_overtake_its_start():
     """A link whose latency drops while a start still waits: the end that follows, due sooner by the new delay,
     waits for it (else the late start would leave a finished transfer ranked for good)."""
@@ -169,6 +206,7 @@ def test_a_split_links_halves_hand_the_receivers_end_to_the_half_that_shapes_the
     b.handle({"op": "end", "id": "nope"})  # an unknown transfer: forwarded too, and ignored there
     t.join(5)
     assert [m["fwd"] for m in got] == [True, True] and b.forwarded == 2 and not b.errors
+    assert all(isinstance(m["fwd_t"], float) for m in got)  # when b heard it: a counts its delay from there
     assert a.drained() and a.active["uswest"] == {}  # the transfer ended on the half that shapes it
     assert nl_b.calls == []  # b never touched its own classes for it
     srv.close()

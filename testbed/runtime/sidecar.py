@@ -48,8 +48,11 @@ A transfer's issue time is the order its start notice arrived in.
 On a cluster (testbed/cluster/driver.py) a WAN link split between two machines has a sidecar on each, shaping the
 one device that half sends into: the sender's start notice reaches its own machine's half, but the receiver's end
 is heard on the other machine. With `forward` (a Unix socket the machine's agent carries to the other half's
-sidecar, testbed/cluster/relay.py) every end a worker sends here goes there, marked `"fwd": true`; an end so
-marked is applied here.
+sidecar, testbed/cluster/relay.py) every end a worker sends here goes there, marked `"fwd": true` with the time it
+reached this half (`"fwd_t"`, CLOCK_MONOTONIC: a training run's machines share the driver's clock,
+testbed/cluster/driver.py `check_clocks`); an end so marked is applied here, its drain and notice delay counted from
+that time, not from its arrival, so the hop between the halves (two relays and the cluster network: about 1 ms,
+a few ms at p90) does not hand each turn over that much later than one sidecar on one machine would.
 A malformed message closes that client's connection; the sidecar keeps serving the others.
 
 Usage: python -m testbed.runtime.sidecar CONFIG.json
@@ -115,13 +118,14 @@ class Sidecar:
         self.wake = threading.Condition()
         threading.Thread(target=self._run_deferred, daemon=True).start()
 
-    def defer(self, delay_s: float, fn, *args) -> None:
-        """Call fn(*args) `delay_s` from now, and never before a call deferred earlier: due times do not decrease
-        (a latency that drops holds later notices until the earlier ones are done), so a transfer's end never
-        overtakes its start."""
+    def defer(self, delay_s: float, fn, *args, since: float | None = None) -> None:
+        """Call fn(*args) `delay_s` after `since` (when the notice reached the link's sidecars; now if None or later
+        than now), and never before a call deferred earlier: due times do not decrease (a latency that drops holds
+        later notices until the earlier ones are done), so a transfer's end never overtakes its start."""
+        now = time.monotonic()
         with self.wake:
             self.seq += 1
-            self.last_due = max(time.monotonic() + delay_s, self.last_due)
+            self.last_due = max(min(now, since if since is not None else now) + delay_s, self.last_due)
             heapq.heappush(self.deferred, (self.last_due, self.seq, fn, args))
             self.wake.notify()
 
@@ -184,7 +188,8 @@ class Sidecar:
                 self.forward(msg)  # the transfer's device is the other half's: its sidecar applies the end
                 return
             sent = self._later(msg.get("t")) if self.drain_s == 0 else None
-            self.defer(self.drain_s + self.notice_delay_s, self.end, tid, sent)
+            came = msg.get("fwd_t") if msg.get("fwd") and isinstance(msg.get("fwd_t"), float) else None
+            self.defer(self.drain_s + self.notice_delay_s, self.end, tid, sent, since=came)
         else:
             raise ProtocolError(f"unknown op {op!r}")
 
@@ -195,7 +200,7 @@ class Sidecar:
             if self.fwd is None:
                 self.fwd = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 self.fwd.connect(self.cfg["forward"])
-            send_ctrl(self.fwd, {**msg, "fwd": True})
+            send_ctrl(self.fwd, {**msg, "fwd": True, "fwd_t": time.monotonic()})
             self.forwarded += 1
         except OSError as e:
             self.fwd = None
