@@ -850,7 +850,12 @@ def launch_cmd(
 
     with console.status(f"bringing up {escape(sp.topology.name)} ({sp.backend}, prefix {sp.prefix}"
                         f"{', on the cluster' if cluster else ''})"):
-        emu, built = bring_up(sp, [cwd, str(out)], nproc_per_host, say, cluster)
+        if cluster is not None:
+            from testbed.cluster.launch import bring_up_cluster
+
+            emu, built = bring_up_cluster(sp, nproc_per_host, say, cluster)
+        else:
+            emu, built = bring_up(sp, [cwd, str(out)], nproc_per_host, say)
     if cluster is not None:
         where = ", ".join(f"{dc} on {m}" for dc, m in emu.cluster_plan.dc_machine.items())
         say(f"up on {len(emu.cluster_plan.parts)} machine(s): {where}")

@@ -196,3 +196,19 @@ def stop_everywhere(agents, machines: list[str], by_rank: dict[int, Slot], resul
     for rank, slot in by_rank.items():
         results.setdefault(rank, RankExit(slot, 128 + signal.SIGKILL, 0.0, True))
     return errors
+
+
+def bring_up_cluster(spec, nproc: int, say, cluster: Path):
+    """`launch --cluster`'s WAN: built for the launch on the cluster's machines (docs/cluster.md), k, when auto,
+    from this machine's headroom; (the emulation, True: this launch built it)."""
+    from testbed.cluster import driver
+    from testbed.launch.wan import auto_scale
+    from testbed.spec.load import load_cluster
+
+    spec_c = load_cluster(cluster)
+    k = spec.scale or auto_scale(spec, nproc, say)
+    try:
+        return driver.up(spec.topology, spec_c, spec.prefix, k, spec.delay), True
+    except BaseException:
+        driver.shutdown()
+        raise

@@ -93,24 +93,11 @@ def refuse_on_cluster(backend: str, capture: bool, check: bool, sharing: str) ->
         raise NotYetError(f"launch --cluster with --sharing {sharing}: not yet (docs/cluster.md)")
 
 
-def bring_up(spec: LaunchSpec, mounts: list[str], nproc: int = 1, say=print,
-             cluster: Path | None = None) -> tuple[Emulation, bool]:
+def bring_up(spec: LaunchSpec, mounts: list[str], nproc: int = 1, say=print) -> tuple[Emulation, bool]:
     """(the WAN, whether this launch built it). A WAN already up under the prefix is used as it is, if it
-    is the same topology on the same backend. With `cluster` (a cluster.yaml), the WAN is built for the launch
-    on the cluster's machines (docs/cluster.md); k, when auto, from this machine's headroom."""
+    is the same topology on the same backend. (On a cluster: testbed/cluster/launch.py bring_up_cluster.)"""
     from testbed.emu.build import up
 
-    if cluster is not None:
-        from testbed.cluster import driver
-        from testbed.spec.load import load_cluster
-
-        spec_c = load_cluster(cluster)
-        k = spec.scale or auto_scale(spec, nproc, say)
-        try:
-            return driver.up(spec.topology, spec_c, spec.prefix, k, spec.delay), True
-        except BaseException:
-            driver.shutdown()
-            raise
     st = state.load(spec.prefix)
     if st is None:
         k = spec.scale or auto_scale(spec, nproc, say)
