@@ -162,17 +162,6 @@ def test_prefill_from_operators_grows_with_the_pass_and_writes_the_kv_cache():
     assert max(abs(ops_time_s(w, got) / t - 1) for w, t in samples) < 0.02
 
 
-@pytest.fixture
-def zoo(monkeypatch):
-    """The GPU registries as they were, after the test."""
-    monkeypatch.setattr(gpu_specs, "COMPUTE_SPECS", dict(gpu_specs.COMPUTE_SPECS))
-    monkeypatch.setattr(gpu_specs, "LIKE", dict(gpu_specs.LIKE))
-    saved = dict(GPUS)
-    yield
-    GPUS.clear()
-    GPUS.update(saved)
-
-
 def test_a_spec_describes_its_own_gpu_and_its_dcs_run_on_it(tmp_path, zoo):
     from testbed.sim.choose import build_plan
     from testbed.spec.load import load_experiment

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 
 from testbed.costs.models import resolve_model
@@ -71,4 +69,3 @@ def test_the_planner_searches_hybrids_and_its_answer_reproduces():
     assert it == pytest.approx(best.iteration_s, rel=1e-12)
     rows = [r for r in plan_rows(res) if r[-1].startswith("best")]
     assert rows and " | " in rows[0][3] and ">" in rows[0][5]  # order "x > y | z", replicas per group "x>y:n"
-    assert all(g1 != g2 for g1, g2 in itertools.pairwise(sorted(lay.group_dcs())))

@@ -24,17 +24,6 @@ def _bt(sets: list[str] = (), path=BT):
     return exp, build_plan(exp, "atlas+bubbletea")
 
 
-@pytest.fixture
-def zoo(monkeypatch):
-    """The GPU registries as they were, after the test."""
-    monkeypatch.setattr(gpu_specs, "COMPUTE_SPECS", dict(gpu_specs.COMPUTE_SPECS))
-    monkeypatch.setattr(gpu_specs, "LIKE", dict(gpu_specs.LIKE))
-    saved = dict(GPUS)
-    yield
-    GPUS.clear()
-    GPUS.update(saved)
-
-
 @pytest.mark.parametrize("gpu", ZOO)
 @pytest.mark.parametrize("tp", [1, 2, 8])
 def test_a_larger_pass_never_takes_less_time(gpu, tp):
