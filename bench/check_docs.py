@@ -16,7 +16,10 @@ ignored). Parts are separated by `;`, not `|`, so that an anchor may sit inside 
 run happens once however many numbers it checks. Emulated numbers carry no anchor: they keep the command
 and date that gave them.
 
-Run: .venv/bin/python bench/check_docs.py [--runs paper,bubbletea] [--list] [FILES...]
+`--fix` rewrites each number that differs in place (keeping its '+' and thousands commas); the prose around
+it is still the writer's to re-read.
+
+Run: .venv/bin/python bench/check_docs.py [--runs paper,bubbletea] [--list] [--fix] [FILES...]
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,6 +56,9 @@ class Anchor:
     filters: tuple[tuple[str, str], ...]
     expr: str
     fmt: str
+    line: int = 0  # where it is, for --fix: the line's index and the anchor's index on that line
+    index: int = 0
+    path: str = ""
 
 
 def default_docs() -> list[Path]:
@@ -67,8 +73,8 @@ def parse(text: str, name: str) -> tuple[dict[str, str], list[Anchor]]:
         where = f"{name}:{lineno}"
         for m in RUN_RE.finditer(line):
             runs[m.group(1)] = m.group(2)
-        for m in ANCHOR_RE.finditer(line):
-            anchors.append(_anchor(where, line[:m.start()], m.group(1)))
+        for k, m in enumerate(ANCHOR_RE.finditer(line)):
+            anchors.append(replace(_anchor(where, line[:m.start()], m.group(1)), line=lineno - 1, index=k))
     return runs, anchors
 
 
@@ -123,15 +129,60 @@ def pick_row(rows: list[dict[str, str]], filters: tuple[tuple[str, str], ...]) -
     return hits[0]
 
 
+def regenerate(anchor: Anchor, rows: list[dict[str, str]]) -> str:
+    """The anchored number as the run gives it, in the anchor's format; ValueError when it cannot."""
+    try:
+        return anchor.fmt % evaluate(anchor.expr, pick_row(rows, anchor.filters))
+    except (TypeError, ZeroDivisionError) as e:
+        raise ValueError(str(e)) from e
+
+
 def check(anchor: Anchor, rows: list[dict[str, str]]) -> str | None:
     """None when the text equals the regenerated value, else a one-line reason."""
     try:
-        value = anchor.fmt % evaluate(anchor.expr, pick_row(rows, anchor.filters))
-    except (ValueError, TypeError, ZeroDivisionError) as e:
+        value = regenerate(anchor, rows)
+    except ValueError as e:
         return f"{anchor.where}: {anchor.run}/{anchor.file}: {e}"
     if value.replace(",", "").lstrip("+") == anchor.text.replace(",", "").lstrip("+"):
         return None
     return f"{anchor.where}: the text says {anchor.text}, {anchor.run}/{anchor.file} gives {value} ({anchor.expr})"
+
+
+def as_written(value: str, like: str) -> str:
+    """`value` written as the text wrote the number it replaces: its explicit '+' and its thousands commas."""
+    if "," in like:
+        whole, dot, frac = value.lstrip("+-").partition(".")
+        sign = value[: len(value) - len(value.lstrip("+-"))]
+        value = f"{sign}{int(whole):,}{dot}{frac}"
+    if like.startswith("+") and not value.startswith(("+", "-")):
+        value = "+" + value
+    return value
+
+
+def fix_line(line: str, values: dict[int, str]) -> str:
+    """The line with the number before its k-th anchor replaced by values[k] (as the text wrote it)."""
+    out, prev = [], 0
+    for k, m in enumerate(ANCHOR_RE.finditer(line)):
+        segment = line[prev:m.start()]
+        if k in values:
+            n = NUMBER_RE.search(segment)
+            if n is not None:
+                segment = segment[:n.start(1)] + as_written(values[k], n.group(1)) + segment[n.end(1):]
+        out.append(segment + m.group(0))
+        prev = m.end()
+    return "".join(out) + line[prev:]
+
+
+def fix_docs(fixes: dict[str, dict[int, dict[int, str]]]) -> None:
+    """Rewrite each document's mismatching numbers in place: {path: {line index: {anchor index: value}}}."""
+    for path, lines in fixes.items():
+        p = Path(path)
+        text = p.read_text().split("\n")
+        for i, values in lines.items():
+            text[i] = fix_line(text[i], values)
+        tmp = p.with_suffix(p.suffix + ".tmp")
+        tmp.write_text("\n".join(text))
+        tmp.replace(p)
 
 
 def azure_dir() -> str:
@@ -176,28 +227,33 @@ def collect(paths: list[Path]) -> tuple[dict[str, str], list[Anchor]]:
         for name, args in doc_runs.items():
             if runs.setdefault(name, args) != args:
                 raise ValueError(f"{p}: run '{name}' is defined twice with different commands")
-        anchors += doc_anchors
+        anchors += [replace(a, path=str(p)) for a in doc_anchors]
     for a in anchors:
         if a.run not in runs:
             raise ValueError(f"{a.where}: no '<!-- check-run {a.run}: ... -->' defines run '{a.run}'")
     return runs, anchors
 
 
-def check_docs(paths: list[Path], only: set[str] | None = None,
-               log: Callable[[str], None] = print) -> tuple[list[str], int]:
+def check_docs(paths: list[Path], only: set[str] | None = None, log: Callable[[str], None] = print,
+               fix: bool = False) -> tuple[list[str], int]:
     """The failures, one line each, and how many numbers were checked, over every anchored number (of the runs
-    in `only` if given); a run whose input is missing here is logged and its numbers left unchecked."""
+    in `only` if given); a run whose input is missing here is logged and its numbers left unchecked. `fix`:
+    rewrite each number that differs to what its run gives (the prose around it is the reader's to re-read)."""
     runs, anchors = collect(paths)
     failures: list[str] = []
     skipped: dict[str, str] = {}
     checked = 0
+    fixes: dict[str, dict[int, dict[int, str]]] = {}
     with tempfile.TemporaryDirectory(prefix="check-docs-") as tmp:
         runner = Runner(Path(tmp), log)
         for a in anchors:
             if (only is not None and a.run not in only) or a.run in skipped:
                 continue
             try:
-                reason = check(a, runner.rows(runs[a.run], a.file))
+                rows = runner.rows(runs[a.run], a.file)
+                reason = check(a, rows)
+                if reason and fix and not reason.startswith(f"{a.where}: {a.run}/"):
+                    fixes.setdefault(a.path, {}).setdefault(a.line, {})[a.index] = regenerate(a, rows)
             except MissingInput as e:
                 skipped[a.run] = str(e)
                 log(f"skipped run '{a.run}' and its numbers: {e}")
@@ -207,6 +263,7 @@ def check_docs(paths: list[Path], only: set[str] | None = None,
             checked += 1
             if reason:
                 failures.append(reason)
+    fix_docs(fixes)
     return failures, checked
 
 
@@ -215,6 +272,8 @@ def main() -> int:
     ap.add_argument("files", nargs="*", type=Path, help="documents (default: README.md and docs/*.md)")
     ap.add_argument("--runs", help="check only these runs (comma-separated names)")
     ap.add_argument("--list", action="store_true", help="list the runs and how many numbers each checks")
+    ap.add_argument("--fix", action="store_true",
+                    help="rewrite every number that differs to what its run gives (then re-read the prose around it)")
     a = ap.parse_args()
     paths = [p.resolve() for p in a.files] or default_docs()
     try:
@@ -231,7 +290,7 @@ def main() -> int:
         print(f"error: --runs: no run named {', '.join(sorted(only - set(runs)))}; see --list", file=sys.stderr)
         return 2
     t0 = time.monotonic()
-    failures, n = check_docs(paths, only)
+    failures, n = check_docs(paths, only, fix=a.fix)
     for f in failures:
         print(f, file=sys.stderr)
     print(f"{n - len(failures)} of {n} numbers checked match ({time.monotonic() - t0:.0f} s)")

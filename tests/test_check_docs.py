@@ -69,3 +69,23 @@ def test_a_run_whose_trace_is_missing_is_skipped_by_name_not_failed(tmp_path, mo
     assert check_docs([doc], log=said.append) == ([], 0)
     assert said == [f"skipped run 'bt' and its numbers: no Azure trace in {tmp_path / 'absent'} "
                     "(set AZURE to its folder)"]
+
+
+def test_fix_rewrites_only_the_numbers_that_differ_as_the_text_wrote_them(tmp_path):
+    doc = tmp_path / "d.md"
+    body = TINY + "pp-wan {pp}<!-- check: tiny; scheduler=pp-wan; 1e6*iteration_s; %.0f --> us, " \
+                  "atlas {at}<!-- check: tiny; scheduler=atlas; 1e6*iteration_s; %.0f --> us; kept\n"
+    doc.write_text(body.format(pp="+9,999,999", at="0"))
+    failures, n = check_docs([doc], log=lambda _: None, fix=True)
+    assert n == 2 and len(failures) == 2
+    fixed = doc.read_text()
+    assert re.fullmatch(r"\+[\d,]+", fixed.split("pp-wan ")[1].split("<!--")[0])  # its '+' and its commas kept
+    assert fixed.endswith("us; kept\n") and check_docs([doc], log=lambda _: None) == ([], 2)
+
+
+def test_as_written_keeps_the_texts_sign_and_thousands():
+    from bench.check_docs import as_written
+    assert as_written("1185", "1,190") == "1,185"
+    assert as_written("14", "+15") == "+14"
+    assert as_written("-0.5", "+0.2") == "-0.5"
+    assert as_written("2.84", "2.92") == "2.84"
