@@ -133,7 +133,7 @@ def _bubbletea_run(sets: list[str]):
     plan = build_plan(exp, "atlas+bubbletea")
     tl, _ = simulate(plan)
     tl = tl.repeated(exp.iterations)
-    return exp, plan, tl, run_bubbletea(plan, tl, exp.bubbletea, exp.seed, train_mfu(exp.workload.mfu, plan.tp))
+    return exp, plan, tl, run_bubbletea(plan, tl, exp.bubbletea, exp.seed, train_mfu(exp.workload.mfu, plan.tp, plan))
 
 
 @pytest.mark.parametrize("rate", [20.0, 300.0])
@@ -227,7 +227,7 @@ def test_useful_work_counts_prefill_flops_at_the_training_mfu():
                           sets=["bubbletea.trace=synthetic", "bubbletea.rate_scale=50", "sweep={}",
                                 "schedulers=[atlas+bubbletea]", "timeline=none", "iterations=1"])
     row = run_experiment(pts)[0].summary
-    mfu = train_mfu(pts[0][0].workload.mfu, row["tp"])
+    mfu = train_mfu(pts[0][0].workload.mfu, row["tp"], build_plan(pts[0][0], "atlas+bubbletea"))
     assert row["prefill_work_util"] == pytest.approx(row["prefill_util"] * row["prefill_mfu"] / mfu, rel=1e-3)
     assert row["useful_util"] == pytest.approx(row["train_util"] + row["prefill_work_util"], abs=1e-5)
     assert row["useful_util"] < row["gpu_util"]  # prefill in small passes runs below the training's MFU
@@ -320,3 +320,16 @@ def test_every_pool_served_request_has_a_reason_in_the_online_planner_too():
     assert any(r[in_bubble] == 0 for r in rows) and any(r[in_bubble] == 1 for r in rows)
     for r in rows:
         assert (r[reason] == "") == (r[in_bubble] == 1) and (r[in_bubble] == 1 or r[reason] in POOL_REASONS), r
+
+
+def test_a_chunk_planned_at_an_iterations_start_is_replayed_in_that_iteration():
+    """A start of k T summed in floating point can read a hair below k T: it is iteration k's first job, not a
+    job after iteration k - 1's last op (which stretched that iteration by the job and read as training slowed)."""
+    import math
+
+    from testbed.bubbletea.realised import iteration_of
+    T = 0.6307457549069676
+    assert int(math.nextafter(3 * T, 0) // T) == 2  # what floor division alone says
+    assert iteration_of(math.nextafter(3 * T, 0), T, 8) == 3
+    assert iteration_of(3 * T - 1e-6, T, 8) == 2
+    assert iteration_of(0.0, T, 8) == 0 and iteration_of(20 * T, T, 8) == 7

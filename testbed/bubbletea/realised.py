@@ -143,6 +143,13 @@ def realised_run(plan: Plan, reqs: list[Request], homes: dict[int, str], costs: 
     return timeline, real, joins, durations, base, chunks
 
 
+def iteration_of(t: float, iteration_s: float, iterations: int) -> int:
+    """The iteration a planned start on the run's clock falls in. A start planned at an iteration's very
+    beginning (k T, summed in floating point) can read a hair below it; it belongs to iteration k, not at the
+    end of k - 1 (where it would run after training's last op and stretch that iteration by its length)."""
+    return min(int(t / iteration_s + 1e-9), iterations - 1)
+
+
 def replay(plan: Plan, placements: list[Placement], iteration_s: float, iterations: int, layers: int,
            kv_per_token: float) -> tuple[Timeline, list[float], float]:
     """The static placement (no noise) realised iteration by iteration: each bubble-served chunk a job from
@@ -157,9 +164,9 @@ def replay(plan: Plan, placements: list[Placement], iteration_s: float, iteratio
             continue
         n = len(pl.intervals)
         for c, (a, b, _tok) in enumerate(pl.intervals):
-            k = min(int(a // T), iterations - 1)
+            k = iteration_of(a, T, iterations)
             kv = (pl.home_dc, kv_per_token * pl.request.prompt_tokens) if c == n - 1 else None
-            per_it[k].setdefault(pl.gpu, []).append(PrefillJob(a - k * T, b - a, INF, layers,
+            per_it[k].setdefault(pl.gpu, []).append(PrefillJob(max(0.0, a - k * T), b - a, INF, layers,
                                                               (pl.request.request_id, c), kv))
     base = realise(plan, None, {"": []}).timeline.iteration_s[0]  # every replica simulated, as with prefill
     ledger = KvLedger()
