@@ -133,7 +133,8 @@ BEFORE_TIMELINE_SHA256 = "a3aafe801cb3a039635afbff0fe6e3acab2dfc55ea8d05b016e3a8
 
 def test_dp_wan_overlap_reproduces_the_old_dp_wan_byte_for_byte(tmp_path):
     r = subprocess.run([sys.executable, "-m", "testbed", "sim", str(ROOT / "experiments" / "tiny-3dc.yaml"),
-                        "--set", "schedulers=[dp-wan-overlap]", "--out", str(tmp_path)],
+                        "--set", "schedulers=[dp-wan-overlap]", "--set", "workload.mfu=0.5",  # main's default then
+                        "--out", str(tmp_path)],
                        cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     summary = (tmp_path / "summary.csv").read_text().replace("dp-wan-overlap", "dp-wan")

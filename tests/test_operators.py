@@ -288,3 +288,18 @@ def test_a_published_row_with_an_unknown_attention_kernel_is_refused(tmp_path):
         w.writerows(rows[-2:])
     with pytest.raises(SpecError, match="x.csv:3"):
         load_rows(tmp_path / "x.csv")
+
+
+@pytest.mark.parametrize("model_name", ["tiny", "llama3-70b"])
+def test_zero_bubbles_w_is_the_weight_gradient_gemms_and_b_the_rest(model_name):
+    """W (deferred into the bubbles) is the (k x m) @ (m x n) weight-gradient GEMMs at their shapes; B, the
+    rest of the backward, holds the input-gradient GEMMs of the same FLOPs plus attention and memory-bound
+    kernels, so it is never shorter than W, launch-bound or not."""
+    from testbed.costs.operators import COMPUTE_OVERHEAD, gemm_s, layer_gemms, layer_times
+
+    model = MODELS[model_name]
+    t = layer_times(model, "H100", tp=2, microbatch=1, recompute="none")
+    want = COMPUTE_OVERHEAD * sum(gemm_s(k, n, m, "H100") for m, n, k in layer_gemms(model, model.seq_len, 2))
+    assert t.wgrad_s == pytest.approx(want)
+    assert 0 < t.wgrad_s <= t.bwd_s - t.wgrad_s
+    assert 0 < t.head_wgrad_s < t.head_bwd_s

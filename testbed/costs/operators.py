@@ -138,6 +138,8 @@ class LayerTimes:
     head_fwd_s: float  # logits GEMM and cross-entropy (last stage)
     head_bwd_s: float
     parts: dict[str, float]  # forward time by operator kind: gemm, attention, memory, comm
+    wgrad_s: float = 0.0  # the backward's weight-gradient GEMMs (zero-bubble's W)
+    head_wgrad_s: float = 0.0  # the output head's weight-gradient GEMM
 
 
 def layer_gemms(model: ModelConfig, tokens: int, tp: int) -> list[tuple[int, int, int]]:
@@ -185,7 +187,8 @@ def layer_times(model: ModelConfig, gpu_name: str, *, tp: int, microbatch: int, 
     tokens = s * b
     gemm_f = sum(gemm_s(m, n, k, gpu_name) for m, n, k in layer_gemms(model, tokens, tp))
     # backward: the input gradient (m x n) @ (n x k) and the weight gradient (k x m) @ (m x n)
-    gemm_b = sum(gemm_s(m, k, n, gpu_name) + gemm_s(k, n, m, gpu_name) for m, n, k in layer_gemms(model, tokens, tp))
+    gemm_w = sum(gemm_s(k, n, m, gpu_name) for m, n, k in layer_gemms(model, tokens, tp))
+    gemm_b = sum(gemm_s(m, k, n, gpu_name) for m, n, k in layer_gemms(model, tokens, tp)) + gemm_w
     heads = model.heads // tp if model.heads >= tp else 1
     if attention == "unfused":
         drop = (not model.gated_mlp) if dropout is None else dropout  # GPT-style: Megatron's attention dropout
@@ -204,11 +207,12 @@ def layer_times(model: ModelConfig, gpu_name: str, *, tp: int, microbatch: int, 
     h = model.hidden
     logits = int(math.ceil(v))
     head_f = gemm_s(tokens, logits, h, gpu_name) + memory_s(12 * tokens * v, gpu_name, 3)  # cross-entropy in fp32
-    head_b = gemm_s(tokens, h, logits, gpu_name) + gemm_s(h, logits, tokens, gpu_name) + memory_s(8 * tokens * v,
-                                                                                                  gpu_name, 2)
+    head_w = gemm_s(h, logits, tokens, gpu_name)
+    head_b = gemm_s(tokens, h, logits, gpu_name) + head_w + memory_s(8 * tokens * v, gpu_name, 2)
     o = overhead
     return LayerTimes(o * fwd, o * bwd, o * comm * (2 + (1 if recompute == "full" else 0)), o * head_f, o * head_b,
-                      {"gemm": o * gemm_f, "attention": o * attn_f, "memory": o * mem_f, "comm": o * comm})
+                      {"gemm": o * gemm_f, "attention": o * attn_f, "memory": o * mem_f, "comm": o * comm},
+                      o * gemm_w, o * head_w)
 
 
 def model_flops_per_token(model: ModelConfig, seq: int) -> float:

@@ -78,6 +78,8 @@ class LayerCosts:
     weight_bytes: float  # weights, gradients and optimizer state of one layer
     embed_weight_bytes: float  # the same for the embedding (first stage) or the output head (last)
     logits_bytes: float  # fp32 logits of one microbatch (last stage)
+    wgrad_s: float = 0.0  # one layer's weight-gradient GEMMs (zero-bubble's W), inside bwd_s
+    head_wgrad_s: float = 0.0  # the output head's, inside head_bwd_s
 
     @property
     def layer_s(self) -> float:
@@ -143,6 +145,7 @@ def layer_costs(
         op = layer_times(model, gpu_name, tp=tp, microbatch=microbatch, recompute=recompute,
                          sequence_parallel=sequence_parallel)
         fwd, bwd, tp_comm, head_fwd, head_bwd = op.fwd_s, op.bwd_s, op.tp_comm_s, op.head_fwd_s, op.head_bwd_s
+        wgrad, head_wgrad = op.wgrad_s, op.head_wgrad_s
     else:
         rate = gpu.peak_tflops * 1e12 * float(mfu) * tp  # FLOP/s of one TP group
         compute = model.layer_fwd_flops(tokens, s) / rate
@@ -155,6 +158,7 @@ def layer_costs(
         tp_comm = (4 + (2 if recompute == "full" else 0)) * ar
         head_fwd = model.logits_fwd_flops(tokens) / rate
         head_bwd = 2 * head_fwd
+        wgrad, head_wgrad = compute, head_fwd  # the weight gradients: one GEMM pass as long as the forward's
     # Korthikanti et al. 2022, activation bytes per layer per microbatch (per GPU of the TP group)
     if recompute == "full":
         act = 2 * s * b * h / (tp if sequence_parallel else 1)
@@ -168,7 +172,7 @@ def layer_costs(
         fwd_s=fwd, bwd_s=bwd, tp_comm_s=tp_comm, head_fwd_s=head_fwd, head_bwd_s=head_bwd,
         act_bytes=act, weight_bytes=model.layer_params() / tp * bytes_per_param,
         embed_weight_bytes=model.embedding_params() / tp * bytes_per_param,
-        logits_bytes=4 * s * b * model.vocab / tp,
+        logits_bytes=4 * s * b * model.vocab / tp, wgrad_s=wgrad, head_wgrad_s=head_wgrad,
     )
 
 

@@ -540,7 +540,7 @@ def split_times(plan: Plan, w, per_gpu: dict, gpu_of: dict[str, str]) -> None:
     if plan.virtual_stages > 1:
         plan.chunk_fwd_s, plan.chunk_bwd_s = chunk_times(plan.stage_dc, per_gpu, plan.chunk_layers, gpu_of)
     if w.schedule == "zb":
-        plan.wgrad_s = [[weight_grad_s(per_gpu[gpu_of[d]], plan.layers[s], s == plan.pp - 1, w.recompute)
+        plan.wgrad_s = [[weight_grad_s(per_gpu[gpu_of[d]], plan.layers[s], s == plan.pp - 1)
                          for s, d in enumerate(row)] for row in plan.stage_dc]
 
 
@@ -562,12 +562,12 @@ def chunk_times(stage_dc: list[list[str]], per_gpu: dict, chunks: list[list[int]
     return fwd, bwd
 
 
-def weight_grad_s(c, layers: int, last: bool, recompute: str) -> float:
-    """The weight-gradient part of a stage's backward (zero-bubble's W): per layer one GEMM pass as long as the
-    forward's compute (the forward less its two tensor-parallel all-reduces), and the output head's forward on
-    the last stage. The rest of the backward (the input gradient, its all-reduces, any recomputation) is B."""
-    ar = c.tp_comm_s / (6 if recompute == "full" else 4)  # costs/stage.py: 4 all-reduces, 6 with full recompute
-    return layers * (c.fwd_s - 2 * ar) + (c.head_fwd_s if last else 0.0)
+def weight_grad_s(c, layers: int, last: bool) -> float:
+    """The weight-gradient part of a stage's backward (zero-bubble's W): per layer its weight-gradient GEMMs
+    (costs/stage.py `wgrad_s`: with a typed mfu one GEMM pass as long as the forward's compute; with `auto`
+    the operators' (k x m) @ (m x n) GEMMs at their shapes), and the output head's on the last stage. The rest
+    of the backward (the input gradient, attention, memory-bound kernels, all-reduces, recomputation) is B."""
+    return layers * c.wgrad_s + (c.head_wgrad_s if last else 0.0)
 
 
 def check_period(plan: Plan) -> None:
