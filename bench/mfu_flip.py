@@ -1,8 +1,9 @@
-"""What flipping `workload.mfu`'s default from the typed 0.5 to `auto` would move, per shipped experiment.
+"""What flipping `workload.mfu`'s default from the typed 0.5 to `auto` moved, per shipped experiment.
 
 Each experiment (default: every experiments/*.yaml the simulator runs) is simulated twice with the same code:
-as shipped, and with `workload.mfu=auto` (layer times from operators, docs/compute.md). Runs are paired by
-run_id. Printed as a markdown table: whether the spec types `mfu` itself (then flipping the default alone
+with the old default typed (`workload.mfu=0.5`, unless the spec types its own `mfu`, then as shipped), and with
+`workload.mfu=auto` (layer times from operators, docs/compute.md: the default). Runs are paired by
+run_id. Printed as a markdown table: whether the spec types `mfu` itself (then the flip of the default alone
 leaves it as it is), the runs, the median iteration_s of each, the change (median, min, max), the reported
 `mfu` of each (an output either way: model FLOPs / iteration / GPUs / peak, bubbles included), and how many
 runs' best baseline changes. Timelines are not kept (`timeline=none`); the summaries are the simulator's.
@@ -52,7 +53,7 @@ def types_mfu(path: Path) -> bool:
 
 
 def flip(path: Path, sets: list[str]) -> Flip:
-    typed = _summaries(path, sets)
+    typed = _summaries(path, sets if types_mfu(path) else [*sets, "workload.mfu=0.5"])
     auto = _summaries(path, [*sets, "workload.mfu=auto"])
     ids = [i for i in typed if i in auto and typed[i]["iteration_s"] not in ("", None)]
     def col(runs: dict, key: str) -> list[float]:

@@ -69,9 +69,9 @@ class Workload(Strict):
     schedule: Literal["1f1b", "gpipe", "zb"] = "1f1b"
     # Megatron's virtual pipeline stages: model chunks per stage, run in its interleaved 1F1B (1: plain 1F1B)
     virtual_stages: VIRTUAL_STAGES = 1
-    # a typed fraction of peak for every layer, or `auto`: compute from operators at their shapes on the GPU
-    # (testbed/costs/operators.py), the MFU then derived and reported. Flipping the default is this one line.
-    mfu: MFU | Literal["auto"] = 0.5
+    # `auto` (default): each layer's time from its operators at their shapes on the GPU (testbed/costs/operators.py),
+    # the MFU then derived and reported in summary.csv; or a typed fraction of peak for every layer (an override)
+    mfu: MFU | Literal["auto"] = "auto"
     recompute: Literal["none", "selective", "full"] = "selective"
     distributed_optimizer: bool = True
     # parameters per gradient bucket of the overlapped reduce-scatter (the `overlap` mechanism); unset:
