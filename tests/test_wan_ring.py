@@ -1,7 +1,8 @@
 """The ring across DCs step by step (testbed/sim/wan_ring.py), on real links (sim/network.py LinkState) driven by
 a minimal event loop: a window-bound step waits for its window to come free a round trip after it left, a
-rate-bound step costs its bytes at the link's rate and a latency, and the ring slows with latency. dp-wan's
-bucketed reduce-scatter across the WAN runs on it (sim/collectives.py)."""
+rate-bound step costs its bytes at the link's rate and a latency, the ring slows with latency, and a DC entering
+late finds its predecessor's first step already there. dp-wan's bucketed reduce-scatter across the WAN runs on it
+(sim/collectives.py), DiLoCo's outer sync too (sim/sync.py), each DC entering as its members join."""
 
 from __future__ import annotations
 
@@ -42,10 +43,16 @@ class Loop:
         link.remove(flow, self.now)
         ring.part_done(i)
 
-    def ring(self, nbytes: float) -> list[float]:
-        """Each DC's end of one ring of `nbytes` (1/D of it per step) started at 0, once it has ended."""
+    def ring(self, nbytes: float, entries: tuple[float | None, ...] | None = None) -> list[float]:
+        """Each DC's end of one ring of `nbytes` (1/D of it per step), every DC entering at 0 or DC i at
+        `entries[i]` (None: never), once it has ended ([] if it never does)."""
         ends: list[float] = []
-        WanRing(self, self.hops, (1,) * len(self.hops), nbytes, (0,), ends.extend).start(0.0)
+        self.last = WanRing(self, self.hops, (1,) * len(self.hops), nbytes, (0,), ends.extend)
+        if entries is None:
+            self.last.start(0.0)
+        for i, t in enumerate(entries or ()):
+            if t is not None:
+                self.last.start_dc(i, t)
         while self.heap and not ends:
             t, _, fn, args = heapq.heappop(self.heap)
             self.now = t
@@ -99,3 +106,22 @@ def test_a_ring_shares_its_link_with_other_traffic():
         loop.links[h].add(Flow(1e12, float("inf"), (0,)), 0.0)  # outlives the ring; never completes in the test
     shared = max(loop.ring(2 * x))
     assert shared == pytest.approx(2 * (2 * x / C + lat), rel=1e-9) and shared > 1.9 * alone - 2 * lat
+
+
+def test_a_dc_entering_late_finds_its_predecessors_first_step_there():
+    """Rate-bound, two DCs: a enters at 0, b at T (after a's first step arrived). b's second step goes as soon as
+    its first has left, so a ends a latency before a ring both DCs entered at T (b's end is that ring's)."""
+    lat = 0.01
+    w = 10 * C * 2 * lat
+    x = 4e6
+    T = 0.5
+    ends = Loop(lat, w).ring(2 * x, (0.0, T))
+    assert ends == pytest.approx([T + 2 * x / C + lat, T + 2 * (x / C + lat)], rel=1e-9)
+    both_late = Loop(lat, w).ring(2 * x, (T, T))
+    assert both_late == pytest.approx([T + 2 * (x / C + lat)] * 2, rel=1e-9)
+
+
+def test_a_dc_that_never_enters_sends_nothing_and_the_ring_waits_for_it():
+    loop = Loop(0.01, 2e5, ("a", "b", "c"))
+    assert loop.ring(3e6, (0.0, 0.0, None)) == []
+    assert loop.last.sent[2] == 0 and loop.last.sent[0] == 1  # a's second step waits for c's first

@@ -8,7 +8,9 @@ connections' window (n x W) has free, each piece a flow sharing the link with an
 free one round trip after it started to leave (sim/network.py SlidingWindow, as a pipe's), and the window slides
 across steps. So a window-bound step of q windows takes about (ceil(q) - 1) round trips + its last window at the
 link's rate + a latency, and a step that fits its window or is bound by the link's rate its bytes at that rate +
-a latency.
+a latency. Each DC enters the ring on its own (`start_dc`): its first step needs nothing from the others, as a
+NCCL rank's first chunk leaves as soon as that rank launches the collective; the steps after it wait for their
+predecessor's data as above.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ class WanRing:
     (its last step received and its own last step sent)."""
 
     __slots__ = ("sim", "hops", "connections", "nbytes", "step_bytes", "steps", "prio", "on_end", "left", "busy",
-                 "sent", "sent_end", "arrived", "win")
+                 "sent", "sent_end", "arrived", "win", "entered")
 
     def __init__(self, sim, hops: list[tuple[str, str]], connections: tuple[int, ...], nbytes: float, prio: tuple,
                  on_end: Callable[[list[float]], None]) -> None:
@@ -38,16 +40,25 @@ class WanRing:
         self.sent_end = [sim.now] * D
         self.arrived: list[list[float]] = [[] for _ in range(D)]
         self.win: list[SlidingWindow | None] = [None] * D
+        self.entered = [False] * D
 
     def start(self, t: float) -> None:
         """Every DC's first step at time t."""
         for i in range(len(self.hops)):
-            self.sim.push(t, self._try_step, i)
+            self.start_dc(i, t)
+
+    def start_dc(self, i: int, t: float) -> None:
+        """DC i enters the ring at time t (its first step leaves then)."""
+        self.sim.push(t, self._enter, i)
+
+    def _enter(self, i: int) -> None:
+        self.entered[i] = True
+        self._try_step(i)
 
     def _try_step(self, i: int) -> None:
         """Start DC i's next step if it may."""
         s = self.sent[i]
-        if self.busy[i] or s >= self.steps:
+        if not self.entered[i] or self.busy[i] or s >= self.steps:
             return
         if s > 0:
             prev = self.arrived[i - 1]  # the DC before: hop i - 1 ends at DC i
