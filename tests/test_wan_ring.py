@@ -21,12 +21,14 @@ C = 1e8  # bytes/s
 class Loop:
     """The executor's part a ring uses: push, now, lp, links, and a flow's end handed back to its ring."""
 
-    def __init__(self, latency_s: float, window_bytes: float, dcs: tuple[str, ...] = ("a", "b")) -> None:
+    def __init__(self, latency_s: float | tuple[float, ...], window_bytes: float, dcs: tuple[str, ...] = ("a", "b")
+                 ) -> None:
         self.now = 0.0
         self.heap: list = []
         self.seq = itertools.count()
         hops = list(zip(dcs, dcs[1:] + dcs[:1], strict=True))
-        self.lp = {h: LinkPlan(*h, C, latency_s, window_bytes, 1, False) for h in hops}
+        lats = latency_s if isinstance(latency_s, tuple) else (latency_s,) * len(hops)  # per hop, DC i's to the next
+        self.lp = {h: LinkPlan(*h, C, lat, window_bytes, 1, False) for h, lat in zip(hops, lats, strict=True)}
         self.links = {h: LinkState(C, False, self._flow_end) for h in hops}
         self.hops = hops
 
@@ -125,3 +127,14 @@ def test_a_dc_that_never_enters_sends_nothing_and_the_ring_waits_for_it():
     loop = Loop(0.01, 2e5, ("a", "b", "c"))
     assert loop.ring(3e6, (0.0, 0.0, None)) == []
     assert loop.last.sent[2] == 0 and loop.last.sent[0] == 1  # a's second step waits for c's first
+
+
+def test_a_dc_is_done_when_its_last_step_arrives_while_its_own_last_step_still_waits_to_leave():
+    """Two DCs, a step of one window each, a's hop to b slow (La) and b's back fast (Lb): a's second step may leave
+    only when its first step's window comes free, a round trip of its hop after it left (2 La), but a is done once
+    b's second step has arrived (b's window came free after 2 Lb, b had a's first step at w/C + La): its own last
+    step leaves from its send buffer afterwards. b is done when that step arrives."""
+    La, Lb, w = 0.05, 0.005, 2e5
+    ends = Loop((La, Lb), w).ring(2 * w)
+    assert ends == pytest.approx([2 * w / C + La + Lb, 2 * La + w / C + La], rel=1e-9)
+    assert ends[0] < 2 * La  # before a's own last step could leave

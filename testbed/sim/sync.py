@@ -11,7 +11,8 @@ inner steps it overlaps); each member's flag is set at its end (symmetric replic
   then its part of a ring across the DCs in 2 (D - 1) steps of 1/D of the bytes per WAN hop (sim/wan_ring.py: a
   DC's first step leaves as it enters, each later one once the DC before it has sent it the step before; a window
   at a time, each a flow sharing the link with anything else on it, the next a round trip after the one before
-  started), and an all-gather inside the DC; each DC's groups go on when their own part is done. DCs reach a
+  started), and an all-gather inside the DC; each DC's groups go on when their own part is done: when the DC
+  before it has sent it the last step (its own last step leaves from its send buffers meanwhile). DCs reach a
   fragment's sync apart (each DC's sync of the fragment before ended at its own time), and what a DC sends
   before the last one joins is time the ring saves, as the emulated workers' exchanges (runtime/worker.py
   OuterSyncThread) and NCCL's ring, whose ranks send their first chunk as each launches the collective.
@@ -79,15 +80,16 @@ class SyncCollectives:
         self._finish(members, "outersync", st.fragment, self.now, self.now + local + across, st.bytes)
 
     def _outer_state(self, k: tuple, st: OuterSync) -> dict:
-        """A new OuterSync's state: its ring across DCs, each DC's members' weight joined so far and its local half
-        (reduce-scatter or all-gather inside it)."""
+        """A new OuterSync's state: its ring across DCs, each DC's members (with when they joined) and weight joined
+        so far, and its local half (reduce-scatter or all-gather inside it)."""
         dcs = [self.group_dc[r[0]] for r in st.rings]
         hops = list(zip(dcs, dcs[1:] + dcs[:1], strict=True))
-        ring = WanRing(self, hops, st.wan_connections, st.bytes, (float("inf"), st.fragment),
-                       lambda ends: self._outer_end(k, ends))
-        return {"st": st, "ring": ring, "dcs": dcs, "members": [], "weight": [0] * len(dcs),
-                "index": {name: i for i, r in enumerate(st.rings) for name in r},
-                "half": [self._local_s(d, len(r), st.bytes) / 2 for d, r in zip(dcs, st.rings, strict=True)]}
+        ring = WanRing(self, hops, st.wan_connections, st.bytes, (float("inf"), st.fragment), lambda ends: None,
+                       lambda i, t: self.push(t + state["half"][i], self._outer_dc_end, k, i))
+        state = {"st": st, "ring": ring, "members": [[] for _ in dcs], "weight": [0] * len(dcs), "left": len(dcs),
+                 "index": {name: i for i, r in enumerate(st.rings) for name in r},
+                 "half": [self._local_s(d, len(r), st.bytes) / 2 for d, r in zip(dcs, st.rings, strict=True)]}
+        return state
 
     def _outer_join(self, k: tuple, st: OuterSync, g: int, slot: int) -> None:
         """Group g joins an OuterSync across DCs: once its DC's members all have, the DC reduce-scatters inside
@@ -97,19 +99,19 @@ class SyncCollectives:
             state = self.outer[k] = self._outer_state(k, st)
         P = self.p.pp
         i = state["index"][group_name(g % P, self.reps[g // P])]
-        state["members"].append((g, slot, self.now))
+        state["members"][i].append((g, slot, self.now))
         state["weight"][i] += self.weight[g // P]
         if state["weight"][i] == len(st.rings[i]):
             state["ring"].start_dc(i, self.now + state["half"][i])
 
-    def _outer_end(self, k: tuple, ends: list[float]) -> None:
-        """Every DC's groups are done when their last step has arrived and left, then the all-gather inside; each
-        group's interval starts where it joined."""
-        state = self.outer.pop(k)
+    def _outer_dc_end(self, k: tuple, i: int) -> None:
+        """DC i's part is done (its last step across DCs arrived, then the all-gather inside): its groups go on;
+        each group's interval starts where it joined."""
+        state = self.outer[k]
         st: OuterSync = state["st"]
-        end = [t + h for t, h in zip(ends, state["half"], strict=True)]
-        P = self.p.pp
-        for g, slot, t0 in state["members"]:
-            t1 = end[state["index"][group_name(g % P, self.reps[g // P])]]
-            self.out.append((g, "outersync", st.fragment, t0, t1, st.bytes))
-            self._deliver(g, slot, t1)
+        for g, slot, t0 in state["members"][i]:
+            self.out.append((g, "outersync", st.fragment, t0, self.now, st.bytes))
+            self._deliver(g, slot, self.now)
+        state["left"] -= 1
+        if not state["left"]:
+            del self.outer[k]

@@ -10,7 +10,9 @@ across steps. So a window-bound step of q windows takes about (ceil(q) - 1) roun
 link's rate + a latency, and a step that fits its window or is bound by the link's rate its bytes at that rate +
 a latency. Each DC enters the ring on its own (`start_dc`): its first step needs nothing from the others, as a
 NCCL rank's first chunk leaves as soon as that rank launches the collective; the steps after it wait for their
-predecessor's data as above.
+predecessor's data as above. A DC's part ends when its last step from the DC before it has arrived: its own last
+step is then in its connections' send buffers and leaves from there while the DC goes on (the emulated workers'
+sends are queued, runtime/worker.py Striped.send, as NCCL's proxy sends a step the kernel has handed over).
 """
 
 from __future__ import annotations
@@ -22,22 +24,24 @@ from testbed.sim.network import Flow, SlidingWindow
 
 class WanRing:
     """One ring across DCs in flight. `hops[i]` is DC i's link to the next DC, `connections[i]` the TCP connections
-    DC i's share of the ring opens on it; `on_end(ends)` is called once every step has arrived, with each DC's end
-    (its last step received and its own last step sent)."""
+    DC i's share of the ring opens on it; `on_end(ends)` is called once every step has left, with each DC's end
+    (its last step received, at or before the last arrival); `on_arrive(i, t)`, if given, as soon as DC i's end t
+    is known (when the DC before it has sent its last step)."""
 
-    __slots__ = ("sim", "hops", "connections", "nbytes", "step_bytes", "steps", "prio", "on_end", "left", "busy",
-                 "sent", "sent_end", "arrived", "win", "entered")
+    __slots__ = ("sim", "hops", "connections", "nbytes", "step_bytes", "steps", "prio", "on_end", "on_arrive", "left",
+                 "busy", "sent", "arrived", "win", "entered")
 
     def __init__(self, sim, hops: list[tuple[str, str]], connections: tuple[int, ...], nbytes: float, prio: tuple,
-                 on_end: Callable[[list[float]], None]) -> None:
+                 on_end: Callable[[list[float]], None],
+                 on_arrive: Callable[[int, float], None] | None = None) -> None:
         D = len(hops)
         self.sim, self.hops, self.connections, self.prio, self.on_end = sim, hops, connections, prio, on_end
+        self.on_arrive = on_arrive
         self.nbytes, self.step_bytes = nbytes, nbytes / D
         self.steps = 2 * (D - 1)
         self.left = [0.0] * D
         self.busy = [False] * D
         self.sent = [0] * D
-        self.sent_end = [sim.now] * D
         self.arrived: list[list[float]] = [[] for _ in range(D)]
         self.win: list[SlidingWindow | None] = [None] * D
         self.entered = [False] * D
@@ -105,11 +109,12 @@ class WanRing:
             return
         self.busy[i] = False
         self.sent[i] += 1
-        self.sent_end[i] = sim.now
         self.arrived[i].append(sim.now + sim.lp[self.hops[i]].latency_s)
         D = len(self.hops)
+        if self.sent[i] == self.steps and self.on_arrive is not None:
+            self.on_arrive((i + 1) % D, self.arrived[i][-1])
         if all(n == self.steps for n in self.sent):
-            self.on_end([max(self.arrived[j - 1][-1], self.sent_end[j]) for j in range(D)])
+            self.on_end([self.arrived[j - 1][-1] for j in range(D)])
             return
         self._try_step(i)
         self._try_step((i + 1) % D)
