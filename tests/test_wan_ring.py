@@ -13,7 +13,7 @@ import pytest
 
 from testbed.plan.plan import LinkPlan
 from testbed.sim.network import Flow, LinkState
-from testbed.sim.wan_ring import WanRing
+from testbed.sim.wan_ring import Lane, WanRing
 
 C = 1e8  # bytes/s
 
@@ -31,6 +31,7 @@ class Loop:
         self.lp = {h: LinkPlan(*h, C, lat, window_bytes, 1, False) for h, lat in zip(hops, lats, strict=True)}
         self.links = {h: LinkState(C, False, self._flow_end) for h in hops}
         self.hops = hops
+        self.pieces: list[tuple] = []  # (ring, hop index, start, end) of every piece that left
 
     def push(self, t: float, fn, *args) -> None:
         heapq.heappush(self.heap, (t, next(self.seq), fn, args))
@@ -41,7 +42,8 @@ class Loop:
     def _done(self, flow: Flow, version: int) -> None:
         if version != flow.version:
             return
-        ring, _, _, i, _lp, _t, link = flow.payload
+        ring, _, _, i, _lp, t, link = flow.payload
+        self.pieces.append((ring, i, t, self.now))
         link.remove(flow, self.now)
         ring.part_done(i)
 
@@ -138,3 +140,29 @@ def test_a_dc_is_done_when_its_last_step_arrives_while_its_own_last_step_still_w
     ends = Loop((La, Lb), w).ring(2 * w)
     assert ends == pytest.approx([2 * w / C + La + Lb, 2 * La + w / C + La], rel=1e-9)
     assert ends[0] < 2 * La  # before a's own last step could leave
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_rings_of_one_communicator_take_its_connections_in_turn(shared):
+    """Two rings entered at once (as a stage's fragment enters behind the last step the fragment before left in the
+    send buffers), rate-bound steps of x: sharing their connections (one Lane per hop), no piece of one is on a hop
+    while a piece of the other is, the steps leave in the order they were ready (ring 1's first before ring 0's
+    second: 3 x / C + a latency, then 4 x / C + a latency); on connections of their own they share the rate."""
+    lat, w = 0.01, 10 * C * 2 * 0.01
+    x = 4e6
+    alone = Loop(lat, w).ring(2 * x)
+    loop = Loop(lat, w)
+    lanes: dict[tuple[str, str], Lane] | None = {} if shared else None
+    ends: list[list[float]] = [[], []]
+    for k in (0, 1):
+        WanRing(loop, loop.hops, (1, 1), 2 * x, (0,), ends[k].extend, None, lanes).start(0.0)
+    while loop.heap and not all(ends):
+        t, _, fn, args = heapq.heappop(loop.heap)
+        loop.now = t
+        fn(*args)
+    overlap = any(a[0] is not b[0] and a[1] == b[1] and a[2] < b[3] - 1e-12 and b[2] < a[3] - 1e-12
+                  for a in loop.pieces for b in loop.pieces)
+    assert overlap != shared
+    if shared:
+        assert ends == [pytest.approx([3 * x / C + lat] * 2, rel=1e-9), pytest.approx([4 * x / C + lat] * 2, rel=1e-9)]
+    assert min(ends[0]) > max(alone)  # either way the second ring slows the first

@@ -12,7 +12,8 @@ inner steps it overlaps); each member's flag is set at its end (symmetric replic
   DC's first step leaves as it enters, each later one once the DC before it has sent it the step before; a window
   at a time, each a flow sharing the link with anything else on it, the next a round trip after the one before
   started), and an all-gather inside the DC; each DC's groups go on when their own part is done: when the DC
-  before it has sent it the last step (its own last step leaves from its send buffers meanwhile). DCs reach a
+  before it has sent it the last step (its own last step leaves from its send buffers meanwhile, and the next
+  fragment's steps on those connections wait behind it: the stage's syncs share one `Lane` per hop). DCs reach a
   fragment's sync apart (each DC's sync of the fragment before ended at its own time), and what a DC sends
   before the last one joins is time the ring saves, as the emulated workers' exchanges (runtime/worker.py
   OuterSyncThread) and NCCL's ring, whose ranks send their first chunk as each launches the collective.
@@ -32,6 +33,7 @@ class SyncCollectives:
         self.joined: dict[tuple, list] = {}  # inner all-reduce -> [members' weight so far, [(group, flag)]]
         self.outer: dict[tuple, dict] = {}  # OuterSync in flight -> its state (_outer_state)
         self.group_dc: dict[str, str] = {}  # group name -> its DC (filled at the first JOIN)
+        self.lanes: dict[tuple, dict] = {}  # a stage's rings -> its connections across DCs (wan_ring.Lane) by hop
 
     def join(self, g: int, st: AllReduce | OuterSync, slot: int, key: tuple) -> None:
         """Group g joins collective `st` (`key`: which of the period's); its end sets g's flag `slot`."""
@@ -85,7 +87,8 @@ class SyncCollectives:
         dcs = [self.group_dc[r[0]] for r in st.rings]
         hops = list(zip(dcs, dcs[1:] + dcs[:1], strict=True))
         ring = WanRing(self, hops, st.wan_connections, st.bytes, (float("inf"), st.fragment), lambda ends: None,
-                       lambda i, t: self.push(t + state["half"][i], self._outer_dc_end, k, i))
+                       lambda i, t: self.push(t + state["half"][i], self._outer_dc_end, k, i),
+                       self.lanes.setdefault(st.rings, {}))
         state = {"st": st, "ring": ring, "members": [[] for _ in dcs], "weight": [0] * len(dcs), "left": len(dcs),
                  "index": {name: i for i, r in enumerate(st.rings) for name in r},
                  "half": [self._local_s(d, len(r), st.bytes) / 2 for d, r in zip(dcs, st.rings, strict=True)]}

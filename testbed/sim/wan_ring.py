@@ -13,27 +13,45 @@ NCCL rank's first chunk leaves as soon as that rank launches the collective; the
 predecessor's data as above. A DC's part ends when its last step from the DC before it has arrived: its own last
 step is then in its connections' send buffers and leaves from there while the DC goes on (the emulated workers'
 sends are queued, runtime/worker.py Striped.send, as NCCL's proxy sends a step the kernel has handed over).
+Rings of one communicator (a stage's outer syncs, fragment after fragment) share its connections (`Lane`): their
+steps on a hop leave in the order they were ready, one at a time, through one sliding window, so a fragment's first
+step waits behind the last step of the fragment before that its DC left to its send buffers.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 
 from testbed.sim.network import Flow, SlidingWindow
+
+
+class Lane:
+    """A hop's connections of one communicator: the window they share and the ring whose step is on them now, with
+    the steps waiting behind it (FIFO, as one sender's queue)."""
+
+    __slots__ = ("win", "owner", "queue")
+
+    def __init__(self) -> None:
+        self.win: SlidingWindow | None = None
+        self.owner: WanRing | None = None
+        self.queue: deque[tuple[WanRing, int]] = deque()
 
 
 class WanRing:
     """One ring across DCs in flight. `hops[i]` is DC i's link to the next DC, `connections[i]` the TCP connections
     DC i's share of the ring opens on it; `on_end(ends)` is called once every step has left, with each DC's end
     (its last step received, at or before the last arrival); `on_arrive(i, t)`, if given, as soon as DC i's end t
-    is known (when the DC before it has sent its last step)."""
+    is known (when the DC before it has sent its last step). `lanes`: hop -> Lane, shared by the rings of one
+    communicator (None: this ring's own)."""
 
     __slots__ = ("sim", "hops", "connections", "nbytes", "step_bytes", "steps", "prio", "on_end", "on_arrive", "left",
-                 "busy", "sent", "arrived", "win", "entered")
+                 "busy", "sent", "arrived", "lanes", "entered")
 
     def __init__(self, sim, hops: list[tuple[str, str]], connections: tuple[int, ...], nbytes: float, prio: tuple,
                  on_end: Callable[[list[float]], None],
-                 on_arrive: Callable[[int, float], None] | None = None) -> None:
+                 on_arrive: Callable[[int, float], None] | None = None,
+                 lanes: dict[tuple[str, str], Lane] | None = None) -> None:
         D = len(hops)
         self.sim, self.hops, self.connections, self.prio, self.on_end = sim, hops, connections, prio, on_end
         self.on_arrive = on_arrive
@@ -43,7 +61,8 @@ class WanRing:
         self.busy = [False] * D
         self.sent = [0] * D
         self.arrived: list[list[float]] = [[] for _ in range(D)]
-        self.win: list[SlidingWindow | None] = [None] * D
+        lanes = {} if lanes is None else lanes
+        self.lanes = [lanes.setdefault(h, Lane()) for h in hops]
         self.entered = [False] * D
 
     def start(self, t: float) -> None:
@@ -71,6 +90,12 @@ class WanRing:
             if prev[s - 1] > self.sim.now:
                 self.sim.push(prev[s - 1], self._try_step, i)
                 return
+        lane = self.lanes[i]
+        if lane.owner is not None:  # another ring's step is on these connections: this one goes after it
+            if lane.owner is not self and (self, i) not in lane.queue:
+                lane.queue.append((self, i))
+            return
+        lane.owner = self
         self.busy[i] = True
         self.left[i] = self.step_bytes
         self._piece(i)
@@ -82,9 +107,10 @@ class WanRing:
         hop = self.hops[i]
         lp = sim.lp[hop]
         window = self.connections[i] * lp.window_bytes
-        win = self.win[i]
+        lane = self.lanes[i]
+        win = lane.win
         if win is None:
-            win = self.win[i] = SlidingWindow(window, lp.rtt_s)
+            win = lane.win = SlidingWindow(window, lp.rtt_s)
         left = self.left[i]
         budget = win.budget(sim.now) if lp.rtt_s > 0 else float("inf")
         if budget <= left * 1e-12:
@@ -102,12 +128,17 @@ class WanRing:
         """Hop i's piece has left: the next goes as its window comes free; the step's last one arrives a latency
         later, which lets the next DC (and this hop) go on."""
         sim = self.sim
-        if self.win[i] is not None:
-            self.win[i].ended(sim.now)
+        lane = self.lanes[i]
+        if lane.win is not None:
+            lane.win.ended(sim.now)
         if self.left[i] > 1e-9 * self.nbytes:
             self._piece(i)
             return
         self.busy[i] = False
+        lane.owner = None
+        if lane.queue:  # the step that waited longest for these connections goes next
+            ring, j = lane.queue.popleft()
+            ring._try_step(j)
         self.sent[i] += 1
         self.arrived[i].append(sim.now + sim.lp[self.hops[i]].latency_s)
         D = len(self.hops)
