@@ -80,6 +80,32 @@ def test_streaming_syncs_overlap_inner_steps_and_end_before_they_are_needed():
         assert min(c.start_s for c in started) < iv.end_s  # the step after it starts did not wait
 
 
+def test_each_dc_enters_the_outer_ring_as_its_groups_join():
+    """Fragment 0's sync ends at a different time in each DC (the ring's hops differ), so the DCs reach fragment
+    1's sync apart: each group's sync starts where it joined (its optimizer step's end), and the DCs that joined
+    early have sent their first ring step by the time the last one joins, so every DC's sync ends sooner after the
+    last join than fragment 0's, which every DC joined at once, took (a ring started only once all had joined
+    would take as long on the same idle links)."""
+    plan = plan_of("streaming-diloco", "workload.diloco.inner_steps=8", "workload.diloco.fragments=2")
+    tl, _ = simulate(plan)
+    d = plan.diloco
+    syncs = {(iv.gpu, iv.microbatch): iv for iv in tl.intervals if iv.kind == "outersync"}
+    opts: dict[str, list] = {}
+    for iv in tl.intervals:
+        if iv.kind == "optimizer":
+            opts.setdefault(iv.gpu, []).append(iv.end_s)
+    groups = sorted({g for g, _ in syncs})
+    for g in groups:
+        for f in range(d.fragments):
+            assert syncs[(g, f)].start_s == pytest.approx(sorted(opts[g])[d.sync_after(f)], abs=1e-12)
+    joins = [{syncs[(g, f)].start_s for g in groups} for f in (0, 1)]
+    assert len(joins[0]) == 1 and len(joins[1]) == 3  # one DC at once, then three apart
+    last = max(joins[1])
+    for g in groups:
+        took0 = syncs[(g, 0)].end_s - syncs[(g, 0)].start_s
+        assert syncs[(g, 1)].end_s - last < took0 - 1e-6
+
+
 def test_diloco_sync_blocks_and_iteration_is_period_over_h():
     plan, ivs = simulated("diloco", "workload.diloco.inner_steps=4")
     (sync,) = [iv for iv in ivs if iv.kind == "outersync"]

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from testbed.sim.aggregate import FULL_STAGE_MICROBATCHES, stage_microbatches
 from testbed.sim.choose import build_plan
 from testbed.sim.executor import simulate as simulate_full
-from testbed.sim.period import PeriodTimeline, _shifts, compresses, kept_steps, simulate
+from testbed.sim.period import PeriodTimeline, _shifts, _syncs_apart, compresses, kept_steps, simulate
 from testbed.spec.load import load_experiment
 from tests.conftest import ROOT
 
@@ -46,8 +46,12 @@ def test_compressed_period_matches_the_whole_period(sched, shape, m, per, schedu
     short, _ = simulate(plan, compress=True)
     assert not isinstance(full, PeriodTimeline)
     # DCs with more replicas have a longer inner all-reduce: their inner steps are shifts by another Delta, and
-    # repeating them would move the DCs' syncs apart, so that period is simulated whole
-    assert isinstance(short, PeriodTimeline) == (shape != (1, 3))
+    # repeating them would move the DCs' syncs apart, so that period is simulated whole; so is one where a DC joins
+    # a fragment's sync while the one before still runs in another DC (closer still in the compressed period)
+    if shape == (1, 3) or not _syncs_apart(full._raw[2]):
+        assert not isinstance(short, PeriodTimeline)
+    elif shape == (1, 6):
+        assert isinstance(short, PeriodTimeline)
     assert close(short.iteration_s[0], full.iteration_s[0])
     for kinds in (("fwd", "bwd"), ("allreduce",), ("optimizer",), ("idle",), ("send", "outersync")):
         assert close(short.busy_time(kinds), full.busy_time(kinds)), kinds
@@ -79,3 +83,15 @@ def test_a_step_that_is_not_a_shift_is_caught():
     g, kind, mb, t0, t1, nbytes = raw[i]
     raw[i] = (g, kind, mb, t0, t1 + 1e-3, nbytes)  # a forward of step 2 a millisecond longer than step 1's
     assert _shifts(short, raw) is None
+
+
+def test_syncs_that_share_the_wan_are_simulated_whole():
+    """Streaming DiLoCo on three DCs whose syncs take far longer than a segment's inner steps: the DC whose ring part
+    ends first joins fragment 1's sync while fragment 0's still runs in the others, so the period is simulated
+    whole, not compressed (repeating inner steps would move the two rings apart on the links they share)."""
+    plan = plan_of("streaming-diloco", 2, 3, 1, "workload.diloco.inner_steps=12", "workload.diloco.fragments=2")
+    full, _ = simulate(plan)
+    assert not _syncs_apart(full._raw[2])
+    syncs = [x for x in full.intervals if x.kind == "outersync"]
+    assert min(x.start_s for x in syncs if x.microbatch == 1) < max(x.end_s for x in syncs if x.microbatch == 0)
+    assert not isinstance(simulate(plan, compress=True)[0], PeriodTimeline)

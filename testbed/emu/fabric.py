@@ -45,16 +45,26 @@ def lan_transfer_excess_s(intervals: list[Interval], bandwidth_bytes_s: dict[str
     return max(0.0, sum(excess) / len(excess)) if excess else 0.0
 
 
+BUCKETED = ("reduce_scatter", "all_gather")  # Megatron-Core's bucketed collectives (runtime/worker.py Buckets)
+
+
 def allreduce_excess_s(intervals: list[Interval], grad_bytes: list[float], bandwidth_bytes_s: dict[str, float],
                        latency_s: dict[str, float]) -> float:
     """The most any stage's all-reduce inside one DC took beyond its ring's time, from its last member's start
-    (each member's interval begins when it joins, so waiting for the others is left out) to its last member's end."""
-    by: dict[tuple[int, int], list[Interval]] = defaultdict(list)
+    (each member's interval begins when it joins, so waiting for the others is left out) to its last member's end.
+    A sync period (DiLoCo) holds H of them per group: the k-th of every member is one all-reduce. A stage whose
+    collectives are bucketed has no all-reduce: its `allreduce` intervals are the time they were exposed."""
+    bucketed = {(iv.iteration, iv.stage) for iv in intervals if iv.kind in BUCKETED}
+    mine: dict[tuple[int, str], list[Interval]] = defaultdict(list)
     for iv in intervals:
-        if iv.kind == "allreduce":
-            by[(iv.iteration, iv.stage)].append(iv)
+        if iv.kind == "allreduce" and (iv.iteration, iv.stage) not in bucketed:
+            mine[(iv.iteration, iv.gpu)].append(iv)
+    by: dict[tuple[int, int, int], list[Interval]] = defaultdict(list)
+    for ivs in mine.values():
+        for k, iv in enumerate(sorted(ivs, key=lambda x: x.start_s)):
+            by[(iv.iteration, iv.stage, k)].append(iv)
     worst = 0.0
-    for (_it, s), ivs in by.items():
+    for (_it, s, _k), ivs in by.items():
         dcs = {iv.dc for iv in ivs}
         if len(dcs) != 1 or len(ivs) < 2:
             continue  # across DCs (the WAN's part is the delay line's) or a ring of one
@@ -62,3 +72,27 @@ def allreduce_excess_s(intervals: list[Interval], grad_bytes: list[float], bandw
         took = max(iv.end_s for iv in ivs) - max(iv.start_s for iv in ivs)
         worst = max(worst, took - ring_s(grad_bytes[s], len(ivs), bandwidth_bytes_s[dc], latency_s[dc]))
     return worst
+
+
+def bucketed_excess_s(intervals: list[Interval], bandwidth_bytes_s: dict[str, float],
+                      latency_s: dict[str, float]) -> float:
+    """What a stage's bucketed collectives inside one DC took beyond their rings' time in one iteration, summed over
+    its buckets (they run one at a time on the stage's stream), the most of any stage and iteration. Each is half
+    a ring, (n - 1) steps of bytes / n, timed from its last member's start to its last member's end; a
+    reduce-scatter whose members span DCs (hierarchical: the WAN's part is the delay line's) is left out, an
+    all-gather is each DC's own."""
+    by: dict[tuple, list[Interval]] = defaultdict(list)
+    for iv in intervals:
+        if iv.kind in BUCKETED:
+            by[(iv.iteration, iv.stage, iv.kind, iv.microbatch, iv.dc if iv.kind == "all_gather" else "")].append(iv)
+    per_stage: dict[tuple[int, int], float] = defaultdict(float)
+    for (it, s, *_), ivs in by.items():
+        dcs = {iv.dc for iv in ivs}
+        n = len(ivs)
+        if len(dcs) != 1 or n < 2:
+            continue
+        dc = dcs.pop()
+        half = (n - 1) / n * ivs[0].bytes / bandwidth_bytes_s[dc] + (n - 1) * latency_s[dc]
+        took = max(iv.end_s for iv in ivs) - max(iv.start_s for iv in ivs)
+        per_stage[(it, s)] += max(0.0, took - half)
+    return max(per_stage.values(), default=0.0)

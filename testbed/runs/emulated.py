@@ -10,7 +10,7 @@ from pathlib import Path
 
 from testbed.analysis.metrics import add_speedups, summary_row, wan_links_used
 from testbed.emu.build import down, up
-from testbed.emu.fabric import allreduce_excess_s, lan_transfer_excess_s
+from testbed.emu.fabric import allreduce_excess_s, bucketed_excess_s, lan_transfer_excess_s
 from testbed.emu.health import DEFAULT_BUDGET, PathLink, budget, critical_steps, summary_fields, verdict
 from testbed.emu.scale import auto_scale, check_scale, check_transfer_bytes
 from testbed.emu.train import run_training
@@ -136,7 +136,8 @@ def assess(plan, run, iteration_s: float, limit: float) -> tuple[dict[str, objec
 
 def fabric_share(plan, intervals: list, iteration_s: float) -> float:
     """The iteration-time error a slow emulated DC fabric can cause (testbed/emu/fabric.py): every message inside a
-    DC on replica 0's critical path late by the mean measured, and the slowest all-reduce inside a DC."""
+    DC on replica 0's critical path late by the mean measured, and the slowest all-reduce inside a DC or the most
+    a stage's bucketed collectives inside a DC took beyond their rings' time in one iteration."""
     if iteration_s <= 0:
         return 0.0
     bw = {d: x.bandwidth_bytes_s for d, x in plan.intra.items()}
@@ -144,8 +145,8 @@ def fabric_share(plan, intervals: list, iteration_s: float) -> float:
     row = plan.stage_dc[0]
     lan = sum(1 for a, b in zip(row, row[1:], strict=False) if a == b)
     _, crossings = critical_steps(plan.pp, plan.microbatches, lan)
-    late = crossings * lan_transfer_excess_s(intervals, bw, lat) + allreduce_excess_s(intervals, plan.grad_bytes,
-                                                                                      bw, lat)
+    late = crossings * lan_transfer_excess_s(intervals, bw, lat) + max(
+        allreduce_excess_s(intervals, plan.grad_bytes, bw, lat), bucketed_excess_s(intervals, bw, lat))
     return late / iteration_s
 
 

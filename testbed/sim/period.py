@@ -8,7 +8,8 @@ simulated with each of its F segments (H / F inner steps, the last tau of them o
 cut to tau + 3 inner steps: the first (it may start behind the last sync's wait), two that check the shift, then
 the tau the sync overlaps. If in every segment the third inner step is the second shifted by one Delta for every
 group, the other H / F - tau - 3 inner steps are that step repeated, Delta apart, and everything after them moves by
-their time (`PeriodTimeline`); if not, the whole period is simulated.
+their time (`PeriodTimeline`); if not, or if a DC joined a fragment's sync while another DC was still in the one before
+(their rings would share the WAN, `_syncs_apart`), the whole period is simulated.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def simulate(plan: Plan, compress: bool | None = None) -> tuple[Timeline, int]:
     tl, events = simulate_full(short)
     _, reps, raw = tl._raw
     deltas = _shifts(short, raw)
-    if deltas is None:  # an inner step that is not the one before it shifted: the whole period
+    if deltas is None or not _syncs_apart(raw):  # not a shift, or syncs sharing the WAN: the whole period
         return simulate_full(plan)
     return PeriodTimeline(plan, reps, raw, tl.copies, deltas, tl.iteration_s[0]), events
 
@@ -70,6 +71,19 @@ def _step_of(plan: Plan, raw: list[tuple]) -> list[int]:
             h = mb // m
         out.append(h)
     return out
+
+
+def _syncs_apart(raw: list[tuple]) -> bool:
+    """Whether every fragment's sync has ended in every DC before any DC joins the next one's. A DC goes on as its
+    own part ends (sim/sync.py), so a fast DC may join fragment f + 1 while fragment f's ring still runs in the
+    others; the repeated inner steps would then move the two rings apart on the links they share."""
+    first: dict[int, float] = {}
+    last: dict[int, float] = {}
+    for _g, kind, f, t0, t1, _b in raw:
+        if kind == "outersync":
+            first[f] = min(first.get(f, t0), t0)
+            last[f] = max(last.get(f, t1), t1)
+    return all(last[f] <= first[f + 1] for f in last if f + 1 in first)
 
 
 def _shifts(short: Plan, raw: list[tuple]) -> list[float] | None:
