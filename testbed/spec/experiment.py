@@ -164,6 +164,9 @@ class EmulationOptions(Strict):
     prefix: str | None = None  # None: the first free gdtb<N> (testbed/emu/owner.py)
     compute: Literal["modeled", "torch"] = "modeled"  # torch: a real GPT stage per worker (CPU here)
     lr: LR = 3e-3  # torch compute's AdamW learning rate
+    # the CPU class of delay lines, Atlas sidecars and the workers' timed threads: real-time round robin where the
+    # system allows it (auto), required (on), or nice values only (off): testbed/runtime/cpuclass.py
+    realtime: Literal["auto", "on", "off"] = "off"
 
     @field_validator("prefix")
     @classmethod
