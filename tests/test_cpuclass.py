@@ -133,11 +133,13 @@ def test_the_summary_names_the_class_every_process_ran_in():
     assert cpu_class_summary({"worker 0.0": "realtime", "w": "nice", "x": "realtime"}) == "mixed (2 of 3 realtime)"
 
 
-def test_the_spec_option_takes_three_modes():
+def test_the_spec_option_takes_three_modes_and_yamls_bare_on_and_off():
     from pydantic import ValidationError
 
     from testbed.spec.experiment import EmulationOptions
 
+    assert EmulationOptions().realtime == "auto"
     assert EmulationOptions(realtime="on").realtime == "on"
+    assert [EmulationOptions(realtime=b).realtime for b in (True, False)] == ["on", "off"]  # `realtime: on` in YAML
     with pytest.raises(ValidationError, match="realtime"):
         EmulationOptions(realtime="yes")

@@ -53,7 +53,7 @@ class Emulation:
     congestion_control: str = "cubic"  # net.ipv4.tcp_congestion_control on every host
     user_timeout_s: float = 30.0  # TCP_USER_TIMEOUT of the workers' connections (network.tcp_user_timeout_s)
     claimed: bool = False  # `up` made this process the prefix's owner, so `down` gives it back
-    realtime: str = "off"  # emulation.realtime: the CPU class of delay lines, sidecars, workers (runtime/cpuclass.py)
+    realtime: str = "auto"  # emulation.realtime: the CPU class of delay lines, sidecars, workers (runtime/cpuclass.py)
     net: NetPlan = None  # type: ignore[assignment]  # the WAN links as built: lower_network(topo, scale)
 
     def __post_init__(self) -> None:
@@ -116,7 +116,7 @@ def up(topo: Topology, *, backend: str = "netns", prefix: str | None = "gdtb0", 
        delay: str = "auto", lan_gpus_per_host: int = 1, slow_start_after_idle: bool = False,
        congestion_control: str = "cubic", mounts: list[str] | None = None, warm_windows: bool | None = None,
        user_timeout_s: float = 30.0, builder: Callable[[Emulation], None] | None = None,
-       realtime: str = "off") -> Emulation:
+       realtime: str = "auto") -> Emulation:
     """Build the topology (prefix None: the first free gdtb<N>). On any failure (or Ctrl-C) everything
     built so far is removed. `mounts`: host folders the container backends bind-mount at the same path in
     every host container. `builder`: what of the topology this machine builds (default all of it; a cluster
