@@ -15,12 +15,8 @@ case "$cmd" in
     if running; then echo "a Docker engine is already running"; exit 0; fi
     command -v dockerd >/dev/null || { echo "dockerd not found: apt-get install docker.io (Debian) and retry" >&2; exit 1; }
     mkdir -p "$RUN"
-    # With RT group scheduling (cgroup v1 cpu.rt_runtime_us) a container may run real-time threads only within a
-    # runtime its cgroup is given, out of Docker's parent cgroup's: give that parent 90 % of each second, so
-    # local cluster machines can take emulation.realtime's class (testbed/cluster/local.py realtime_args).
-    rt=(); [ -f /sys/fs/cgroup/cpu/cpu.rt_runtime_us ] && rt=(--cpu-rt-runtime=900000)
     # setsid: the engine outlives this script and ignores the caller's Ctrl-C
-    setsid dockerd --iptables=false --bridge=none "${rt[@]}" --pidfile "$RUN/dockerd.pid" >"$RUN/dockerd.log" 2>&1 < /dev/null &
+    setsid dockerd --iptables=false --bridge=none --pidfile "$RUN/dockerd.pid" >"$RUN/dockerd.log" 2>&1 < /dev/null &
     for _ in $(seq 1 60); do running && { echo "dockerd started (log: $RUN/dockerd.log)"; exit 0; }; sleep 0.5; done
     echo "dockerd did not come up; see $RUN/dockerd.log" >&2; exit 1 ;;
   stop)
