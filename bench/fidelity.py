@@ -51,7 +51,7 @@ from testbed.costs.gpus import GPUS
 from testbed.costs.models import resolve_model
 from testbed.emu.health import DEFAULT_BUDGET
 from testbed.emu.scale import TARGET_MBPS
-from testbed.spec.experiment import Experiment
+from testbed.spec.experiment import EmulationOptions, Experiment
 
 SCHEDULERS = ("pp-wan", "pp-wan+mtcp", "atlas")
 FAMILIES = ("dp-wan", "dp-wan-overlap", "diloco", "streaming-diloco")  # `--schedulers families`
@@ -310,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--topologies", type=int, default=10)
     ap.add_argument("--iterations", type=int, default=5, help="per run; the first is left out (connection set-up)")
     ap.add_argument("--prefix", default=None, help="emulation prefix gdtb<id> (default: the first free one)")
+    ap.add_argument("--realtime", choices=("auto", "on", "off"), default=EmulationOptions().realtime,
+                    help="emulation.realtime of every run: the CPU class of its time-critical processes "
+                         "(testbed/runtime/cpuclass.py)")
     ap.add_argument("--schedulers", default=",".join(SCHEDULERS),
                     help=f"comma list; `families` stands for {','.join(FAMILIES)} (DiLoCo with H = "
                          f"{DILOCO_INNER_STEPS}: an iteration is one sync period)")
@@ -347,7 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     with owner.owned(args.prefix) as held:
         for load, case in ((n, c) for n in loads for c in todo):
             exp = case.experiment
-            c = exp.model_copy(update={"emulation": exp.emulation.model_copy(update={"prefix": held}),
+            c = exp.model_copy(update={"emulation": exp.emulation.model_copy(update={"prefix": held,
+                                                                                      "realtime": args.realtime}),
                                        "network": exp.network.model_copy(
                                            update={"tcp_initial_window": args.tcp_initial_window})})
             case = Case(case.index, case.params, c)

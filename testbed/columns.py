@@ -167,6 +167,9 @@ SUMMARY = CsvFile("summary.csv", "`testbed sim`, `testbed experiment run`",
                               "plus the CPU steal, over the iteration time (docs/reliability.md)"),
     ("timing_budget", "share", "emulated: the timing error a run may carry (`--timing-budget`); above it the run is "
                                "marked degraded, and `--strict` fails"),
+    ("cpu_class", "", "emulated: the CPU class the workers' timed threads and the delay lines ran in "
+                      "(`emulation.realtime`, testbed/runtime/cpuclass.py): `realtime` (SCHED_RR), `nice`, or "
+                      "`mixed (N of M realtime)`"),
 ))
 
 MULTITCP = CsvFile("summary.csv (multitcp)", "`testbed experiment run` with a `multitcp:` section",

@@ -46,7 +46,7 @@ SLOWDOWN_EMU_COLUMNS = ("train_slowdown_vs_alone", "train_slowdown_vs_alone_p25"
 # only when a row has them
 HEALTH_COLUMNS = ("wait_late_ms", "wait_late_host_ms", "wait_late_max_ms", "wake_late_ms", "delay_lag_ms",
                   "delay_lag_max_ms", "cpu_steal", "cpu_pressure", "run_queue", "run_queue_max", "shaping_drops",
-                  "bubbletea_cpu", "timing_error", "timing_budget")
+                  "bubbletea_cpu", "timing_error", "timing_budget", "cpu_class")
 
 
 def share(tl: Timeline, kinds: tuple[str, ...]) -> float:

@@ -348,7 +348,8 @@ def up(topo: Topology, cluster: Cluster, prefix: str, scale: float, delay: str =
         down_all(agents)
         raise EmuError(f"the machines delay packets differently ({', '.join(sorted(delays))}); pass --delay nfqueue")
     backend = ClusterBackend(prefix, plan, agents, topo)
-    emu = Emulation(prefix, topo, backend, address_plan(topo, prefix), scale, delays.pop(), window_notes(topo, scale))
+    emu = Emulation(prefix, topo, backend, address_plan(topo, prefix), scale, delays.pop(), window_notes(topo, scale),
+                    realtime=kw.get("realtime", "auto"))
     emu.cluster_plan = plan  # type: ignore[attr-defined]
     return emu
 

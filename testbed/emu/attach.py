@@ -32,4 +32,5 @@ def attach(prefix: str) -> Emulation:
     roles.update({w.ns: "wan" for w in addr.wans})
     for ns in st["namespaces"]:  # a docker node's container has its namespace's name
         be.nodes[ns] = Node(ns, roles.get(ns, "?"), ns=ns, extra={"container": ns} if be.name == "docker" else {})
-    return Emulation(prefix, topo, be, addr, st["scale"], st["delay"], st.get("notes", []))
+    return Emulation(prefix, topo, be, addr, st["scale"], st["delay"], st.get("notes", []),
+                     realtime=st.get("realtime", "off"))

@@ -29,6 +29,7 @@ from testbed.net.scale import MIN_WINDOW, MSS, MTU, TCP_HEADERS, EmulatedLink, e
 from testbed.net.units import gbps_to_bps
 from testbed.net.wire import GSO_SEGMENTS
 from testbed.plan.network import lower_network
+from testbed.runtime.cpuclass import check_mode
 from testbed.spec.experiment import warm_windows as default_warm_windows
 from testbed.spec.topology import Topology
 
@@ -52,6 +53,7 @@ class Emulation:
     congestion_control: str = "cubic"  # net.ipv4.tcp_congestion_control on every host
     user_timeout_s: float = 30.0  # TCP_USER_TIMEOUT of the workers' connections (network.tcp_user_timeout_s)
     claimed: bool = False  # `up` made this process the prefix's owner, so `down` gives it back
+    realtime: str = "auto"  # emulation.realtime: the CPU class of delay lines, sidecars, workers (runtime/cpuclass.py)
     net: NetPlan = None  # type: ignore[assignment]  # the WAN links as built: lower_network(topo, scale)
 
     def __post_init__(self) -> None:
@@ -99,6 +101,7 @@ class Emulation:
     def state(self) -> dict:
         return {
             "prefix": self.prefix, "backend": self.backend.name, "scale": self.scale, "delay": self.delay,
+            "realtime": self.realtime,
             "topology": self.topo.model_dump(mode="json"), "notes": self.notes,
             "namespaces": [n.ns for n in self.backend.nodes.values() if n.ns],
             "pids": {k: p.pid for k, p in self.delaylines.items()},
@@ -112,11 +115,13 @@ class Emulation:
 def up(topo: Topology, *, backend: str = "netns", prefix: str | None = "gdtb0", scale: float = 1.0,
        delay: str = "auto", lan_gpus_per_host: int = 1, slow_start_after_idle: bool = False,
        congestion_control: str = "cubic", mounts: list[str] | None = None, warm_windows: bool | None = None,
-       user_timeout_s: float = 30.0, builder: Callable[[Emulation], None] | None = None) -> Emulation:
+       user_timeout_s: float = 30.0, builder: Callable[[Emulation], None] | None = None,
+       realtime: str = "auto") -> Emulation:
     """Build the topology (prefix None: the first free gdtb<N>). On any failure (or Ctrl-C) everything
     built so far is removed. `mounts`: host folders the container backends bind-mount at the same path in
     every host container. `builder`: what of the topology this machine builds (default all of it; a cluster
-    machine its part: testbed/cluster/part.py)."""
+    machine its part: testbed/cluster/part.py). `realtime`: the CPU class of the run's time-critical processes
+    (auto|on|off: testbed/runtime/cpuclass.py)."""
     check_scale(topo, scale, lan_gpus_per_host=lan_gpus_per_host)  # before anything exists
     require_root()
     if prefix is None:
@@ -138,7 +143,8 @@ def up(topo: Topology, *, backend: str = "netns", prefix: str | None = "gdtb0", 
                         lan_gpus_per_host=lan_gpus_per_host, slow_start_after_idle=slow_start_after_idle,
                         warm_windows=(default_warm_windows("auto", slow_start_after_idle) if warm_windows is None
                                       else warm_windows),
-                        congestion_control=congestion_control, user_timeout_s=user_timeout_s, claimed=claimed)
+                        congestion_control=congestion_control, user_timeout_s=user_timeout_s, claimed=claimed,
+                        realtime=check_mode(realtime))
         secure_dir(state.run_dir(prefix), run_gid(emu.backend))  # 0750, the run's group: its sockets live here
     except BaseException:
         if claimed:
@@ -320,7 +326,8 @@ def start_delayline(emu: Emulation, wan: Node, a: str, b: str, latency_ms: float
     be = emu.backend
     stats = state.run_dir(emu.prefix) / f"{wan.name}.delay.json"
     log = open(state.run_dir(emu.prefix) / f"{wan.name}.delay.log", "w")  # noqa: SIM115 (owned by the child)
-    args = ["--stats-file", str(stats), "--control", delay_control(emu, wan.name), f"0:{latency_ms}", f"1:{latency_ms}"]
+    args = ["--stats-file", str(stats), "--control", delay_control(emu, wan.name), "--realtime", emu.realtime,
+            f"0:{latency_ms}", f"1:{latency_ms}"]
     p = be.spawn(wan, "testbed.emu.delayline", args,
                  stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
     emu.delaylines[wan.name] = p

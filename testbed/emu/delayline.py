@@ -19,10 +19,13 @@ ended, how many packets waited) on the monotonic clock every namespace shares.
 No fail-open flag and no --queue-bypass: if this process dies, the link stops instead of silently
 losing its delay. Packet ids are 32-bit; at 10k packets/s they wrap after about 5 days (not handled).
 
-`--nice N` sets the process's CPU priority (default -10: the emulated link ahead of the workload; BubbleTea's KV
-caches get a line of their own at 19, testbed/bubbletea/kvdelay.py).
+`--realtime auto|on|off` (default off) puts the packet loop in the real-time class (testbed/runtime/cpuclass.py,
+ahead of the workers); without it, or where it is refused, `--nice N` sets its CPU priority (default -10: the
+emulated link ahead of the workload; BubbleTea's KV caches get a line of their own at 19 and never the real-time
+class, testbed/bubbletea/kvdelay.py). The stats file names the class the loop ran in (`cpu_class`).
 
-Usage: python -m testbed.emu.delayline [--stats-file F] [--control PATH] [--nice N] QNUM:DELAY_MS [QNUM:DELAY_MS ...]
+Usage: python -m testbed.emu.delayline [--stats-file F] [--control PATH] [--nice N] [--realtime MODE]
+       QNUM:DELAY_MS [QNUM:DELAY_MS ...]
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ import struct
 import sys
 import threading
 import time
+
+from testbed.runtime import cpuclass
 
 NETLINK_NETFILTER = 12
 NFNL_SUBSYS_QUEUE = 3
@@ -130,6 +135,7 @@ class DelayLine:
         self.sock.setsockopt(SOL_NETLINK, NETLINK_NO_ENOBUFS, 1)
         self.seq = 0
         self.queues = {q: Queue(self, q, d) for q, d in specs.items()}
+        self.cpu_class = cpuclass.NICE  # the class the packet loop runs in (main: cpuclass.enter)
         for q in self.queues.values():
             q.bind()
         # A socket that asks for receive timestamps turns on the kernel's timestamping of every received packet
@@ -205,7 +211,7 @@ class DelayLine:
                                     "lag_avg_us": q.lag_sum / max(q.released, 1) * 1e6, "early_us": q.early * 1e6,
                                     "lag_max_us": q.lag_max * 1e6, "released": q.released,
                                     "lag_sum_s": q.lag_sum} for q in self.queues.values()},
-                "holds": self.holds, "holding_since": self.hold_since}
+                "holds": self.holds, "holding_since": self.hold_since, "cpu_class": self.cpu_class}
 
     def control(self, data: bytes) -> None:
         """{"delays_ms": {"QNUM": DELAY_MS}} and/or {"hold": bool}. A malformed datagram is ignored (and counted)."""
@@ -354,9 +360,16 @@ def main(argv: list[str] | None = None) -> None:
         i = argv.index("--nice")
         nice = int(argv[i + 1])
         del argv[i : i + 2]
+    mode = "off"
+    if "--realtime" in argv:
+        i = argv.index("--realtime")
+        mode = argv[i + 1]
+        del argv[i : i + 2]
     line = DelayLine(parse_specs(argv))
-    with contextlib.suppress(OSError):
-        os.nice(nice)
+    try:
+        line.cpu_class = cpuclass.enter(mode, cpuclass.LINK_PRIORITY, nice, "delay line")
+    except (cpuclass.RealtimeError, ValueError) as e:
+        raise SystemExit(f"delayline: {e}") from None
     ctl = None
     if ctl_path:
         with contextlib.suppress(FileNotFoundError):

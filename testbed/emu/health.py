@@ -61,6 +61,7 @@ class Health:
     runq_mean: float = 0.0  # runnable tasks per CPU, mean of the samples
     runq_max: float = 0.0
     bubbletea_cpu_share: float | None = None  # share of the machine's CPU time BubbleTea's processes took (None: none)
+    cpu_class: dict[str, str] = field(default_factory=dict)  # worker or delay line -> realtime | nice (cpuclass.py)
 
     def all_waits(self) -> WaitTotals:
         out = WaitTotals()
@@ -168,7 +169,28 @@ def summary_fields(h: Health, b: Budget | None) -> dict[str, object]:
         "shaping_drops": sum(h.drops.values()),
         "bubbletea_cpu": "" if h.bubbletea_cpu_share is None else round(h.bubbletea_cpu_share, 4),
         "timing_error": "" if b is None else round(b.total, 4),
+        "cpu_class": cpu_class_summary(h.cpu_class),
     }
+
+
+def cpu_class_summary(classes: dict[str, str]) -> str:
+    """One word for the run's time-critical processes: `realtime` or `nice` when all ran in it, else how many
+    of how many had the real-time class ("" when none reported)."""
+    kinds = set(classes.values())
+    if len(kinds) <= 1:
+        return kinds.pop() if kinds else ""
+    rt = sum(c == "realtime" for c in classes.values())
+    return f"mixed ({rt} of {len(classes)} realtime)"
+
+
+def delay_cpu_class(path: str) -> str | None:
+    """The CPU class a delay line's stats file names (None: no file, or a line that does not say)."""
+    try:
+        with open(path) as f:
+            cls = json.load(f).get("cpu_class")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return cls if cls in ("realtime", "nice") else None
 
 
 def cpu_times() -> list[int]:
@@ -380,6 +402,10 @@ class Meter:
         if wakes:
             self.health.wakes.add(wakes)
 
+    def add_cpu_class(self, who: str, cls: str | None) -> None:
+        if cls:
+            self.health.cpu_class[who] = cls
+
     def abort(self) -> None:
         """Stop sampling without a result (the run failed)."""
         self._runq.stop()
@@ -408,4 +434,14 @@ class Meter:
             h.lag_max_s[name] = max(worst, h.lag_max_s.get(name, worst))
         for name, n in self._drops().items():
             h.drops[name] = max(0, n - s.drops.get(name, 0))
+        self._delay_classes()
         return h
+
+    def _delay_classes(self) -> None:
+        """Each local delay line's CPU class, from its stats file (a cluster's lines report only their lag)."""
+        from testbed.emu import state
+
+        for name, ns, _rtt in self._links():
+            if ns in self.emu.delaylines:
+                self.add_cpu_class(f"delay line {name}", delay_cpu_class(str(state.run_dir(self.emu.prefix) /
+                                                                              f"{ns}.delay.json")))

@@ -67,7 +67,7 @@ def worker_configs(plan: Plan, emu: Emulation, compute: str = "modeled", torch_c
             program=p, ip=host[g].ip, peers={x: where[x] for x in sorted(peers)}, scale=emu.scale, compute=compute,
             dp=plan.dp, host_index=host[g].index, sidecars=sidecars, torch=(torch_cfg or {}).get(p.stage),
             optimizer_s=plan.optimizer_s[p.replica][p.stage] if plan.optimizer_s else 0.0,
-            user_timeout_s=emu.user_timeout_s)
+            user_timeout_s=emu.user_timeout_s, realtime=emu.realtime)
     return cfgs
 
 
@@ -191,7 +191,7 @@ def start_sidecars(plan: Plan, emu: Emulation, hops: dict, procs: list[subproces
                "link_bps": lp.capacity_bytes_s * 8 / emu.scale,  # emulated bits/s, as HTB takes them
                "min_rate_bps": trickle_bps(lp.capacity_bytes_s * 8 / emu.scale),
                "mtu": emu.mtu(a, b),  # the link's packet size (its HTB quantum), whatever its rate later
-               "gid": run_gid(emu.backend), "peer_uids": [worker_uid(emu.backend)]}
+               "gid": run_gid(emu.backend), "peer_uids": [worker_uid(emu.backend)], "realtime": emu.realtime}
         remote = emu.backend.start_sidecar(emu.node(w.ns), cfg)  # a cluster: on the machines holding its devices
         if remote is not None:
             procs.extend(remote)
@@ -374,6 +374,8 @@ def bad_message(key: str, msg: dict) -> str:
             return f"its {name} are not [count, late, worst, signed]"
     if not isinstance(msg.get("degraded", ""), str):
         return "its degraded is not text"
+    if msg.get("cpu_class", "nice") not in ("realtime", "nice"):
+        return "its cpu_class is not realtime or nice"
     loss = msg.get("loss")
     if loss is not None and (not isinstance(loss, num) or isinstance(loss, bool)):
         return "its loss is not a number"
@@ -674,6 +676,7 @@ def iterate(plan: Plan, emu: Emulation, cfgs: dict, ctl: Controller, procs: list
         if it >= steady:
             for key, d in done.items():
                 meter.add_waits(host_of[key], d.get("waits"), d.get("wakes"))
+                meter.add_cpu_class(f"worker {key[0]}.{key[1]}", d.get("cpu_class"))
         it_losses = [d["loss"] for d in done.values() if d.get("loss") is not None]
         if it_losses:
             out.losses.append(sum(it_losses) / len(it_losses))

@@ -520,12 +520,12 @@ def bring_up(exp: Experiment, dp: int, scale: float, capture: bool, cluster=None
     em = exp.emulation
     if cluster is None:
         return up(exp.topology, backend=em.backend, prefix=em.prefix, scale=scale, delay=em.delay,
-                  lan_gpus_per_host=exp.workload.tp, **exp.network.host_tcp), down
+                  lan_gpus_per_host=exp.workload.tp, realtime=em.realtime, **exp.network.host_tcp), down
     from testbed.cluster import driver
 
     check_cluster_point(exp, dp, capture)
     emu = driver.up(exp.topology, cluster, em.prefix, scale, em.delay, lan_gpus_per_host=exp.workload.tp,
-                    **exp.network.host_tcp)
+                    realtime=em.realtime, **exp.network.host_tcp)
     try:
         driver.check_clocks(emu.backend.agents)
     except BaseException:

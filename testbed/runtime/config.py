@@ -46,6 +46,7 @@ class WorkerConfig:
     bubbletea: str | None = None  # the BubbleTea service's socket
     prefill: PrefillConfig | None = None  # with `bubbletea`: what its jobs run
     user_timeout_s: float = 30.0  # TCP_USER_TIMEOUT of its connections: data unacknowledged this long ends the run
+    realtime: str = "off"  # the CPU class of its timed threads: auto | on | off (runtime/cpuclass.py)
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -65,6 +66,8 @@ class WorkerConfig:
             cfg = cls(program=program, peers=peers, prefill=prefill, **d)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ProgramError(f"malformed worker config: {e}") from None
-        if cfg.compute not in ("modeled", "torch") or cfg.scale <= 0 or cfg.dp < 1:
-            raise ProgramError(f"malformed worker config: compute {cfg.compute!r}, scale {cfg.scale}, dp {cfg.dp}")
+        if cfg.compute not in ("modeled", "torch") or cfg.scale <= 0 or cfg.dp < 1 \
+                or cfg.realtime not in ("auto", "on", "off"):
+            raise ProgramError(f"malformed worker config: compute {cfg.compute!r}, scale {cfg.scale}, dp {cfg.dp}, "
+                               f"realtime {cfg.realtime!r}")
         return cfg

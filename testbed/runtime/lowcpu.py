@@ -14,12 +14,16 @@ import contextlib
 import os
 import threading
 
+from testbed.runtime import cpuclass
+
 KV_NICE = 19
 
 
 def lowest_cpu_priority(whole_process: bool = False) -> None:
     """Nice 19 for the calling thread (Linux schedules threads apart: setpriority on its thread id), or for the
-    whole process; nothing where the system does not allow it."""
+    whole process; nothing where the system does not allow it. Never in the real-time class: KV shipping moves
+    bulk data (testbed/runtime/cpuclass.py)."""
+    cpuclass.leave()
     with contextlib.suppress(OSError, AttributeError):
         who = os.getpid() if whole_process else threading.get_native_id()
         os.setpriority(os.PRIO_PROCESS, who, KV_NICE)

@@ -60,10 +60,8 @@ Usage: python -m testbed.runtime.sidecar CONFIG.json
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import json
-import os
 import socket
 import sys
 import threading
@@ -71,9 +69,12 @@ import time
 from collections import defaultdict
 
 from testbed.net.turns import TURN_KEYS
+from testbed.runtime import cpuclass
 from testbed.runtime.ctlserver import serve_frames
 from testbed.runtime.htb import IDLE_PRIO, MIN_RATE_BPS, ClassChanger, trickle_bps
 from testbed.runtime.wire import ProtocolError, send_ctrl
+
+SIDECAR_NICE = -10  # without the real-time class: still ahead of the workload
 
 
 def priorities(transfers) -> dict[int, int]:
@@ -140,6 +141,8 @@ class Sidecar:
         return False
 
     def _run_deferred(self) -> None:
+        # the real-time class as the main thread has it (without it, this thread inherits the main thread's nice)
+        cpuclass.enter(self.cfg.get("realtime", "off"), cpuclass.LINK_PRIORITY, None, "sidecar timer")
         while True:
             with self.wake:
                 while not self.deferred or self.deferred[0][0] > time.monotonic():
@@ -253,8 +256,11 @@ def main() -> None:
 
     with open(sys.argv[1]) as f:
         cfg = json.load(f)
-    with contextlib.suppress(OSError):  # part of the emulated network: ahead of the workload on a busy machine
-        os.nice(-10)
+    # part of the emulated network: ahead of the workload on a busy machine (runtime/cpuclass.py)
+    try:
+        cls = cpuclass.enter(cfg.get("realtime", "off"), cpuclass.LINK_PRIORITY, SIDECAR_NICE, "sidecar")
+    except (cpuclass.RealtimeError, ValueError) as e:
+        raise SystemExit(f"sidecar: {e}") from None
     ipr = IPRoute()  # this process runs inside the WAN namespace
     try:
         side = Sidecar(cfg, ipr)
@@ -264,7 +270,8 @@ def main() -> None:
             ("reaction (notice sent to class changed)", side.reaction_s), ("notice delivery", side.delivery_s),
             ("one netlink change", side.netlink_s)) if xs)
         fwd = f", {side.forwarded} end notices forwarded" if cfg.get("forward") else ""
-        print(f"sidecar: {side.changes} class changes, {rejected} rejected messages{fwd}{stats}", file=sys.stderr)
+        print(f"sidecar ({cls} CPU class): {side.changes} class changes, {rejected} rejected messages{fwd}{stats}",
+              file=sys.stderr)
     finally:
         ipr.close()
 

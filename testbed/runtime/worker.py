@@ -47,6 +47,7 @@ from testbed.program import (
     program_from_dict,
     ring_collectives,
 )
+from testbed.runtime import cpuclass
 from testbed.runtime.config import WorkerConfig
 from testbed.runtime.htb import ALLREDUCE_TOS
 from testbed.runtime.wire import DATA, chunk_offset, chunk_sizes, recv_ctrl, send_ctrl
@@ -57,6 +58,20 @@ WAIT_TIMEOUT = 120.0
 RCVBUF_MARGIN = 64 * 1024
 SLICE_BYTES = 16 * 1024  # what one connection gets written per turn of a striped send
 MAX_LATE_S = 5e-3  # the most a modeled compute step is shortened to make up for late wake-ups
+TIMED = {"mode": "off"}  # emulation.realtime for this worker's timed threads, set by main before any starts
+
+
+def timed_thread() -> str:
+    """Called first by each thread that waits on the modeled clock or for a message (the program's, senders,
+    readers, sidecar notices, collectives): the run's CPU class for it (runtime/cpuclass.py). Threads the worker
+    starts otherwise (KV shipping, the acceptor) begin in the normal class (SCHED_RESET_ON_FORK)."""
+    return cpuclass.enter(TIMED["mode"], cpuclass.WORKER_PRIORITY, None, "worker")
+
+
+def timed_mode(cfg: WorkerConfig) -> str:
+    """The worker's real-time mode: the config's for modeled compute; off for torch, whose compute spins on the
+    CPU (a real-time thread that computes would hold the CPU from everything normal)."""
+    return cfg.realtime if cfg.compute == "modeled" else "off"
 
 
 class Inbox:
@@ -159,6 +174,7 @@ def reader(socks: list[socket.socket], inbox: Inbox, window: int = 0, route: str
     socket threads serve several sockets each, and because 70 threads, one per connection, each woken for its
     5 KB of a message, cost milliseconds per message on a busy machine (docs/fidelity.md). Reads never block
     (MSG_DONTWAIT), so the sockets stay blocking for the sender's writes."""
+    timed_thread()
     buf = memoryview(bytearray(4 * 2**20))
     sel = selectors.DefaultSelector()
     for s in socks:
@@ -241,6 +257,7 @@ class Striped:
         threading.Thread(target=self._sender, daemon=True).start()
 
     def _sender(self) -> None:
+        timed_thread()
         sel = selectors.DefaultSelector()
         free_since = 0.0
         try:
@@ -394,6 +411,7 @@ class SidecarClient:
             self.q.put({**msg, "dev": self.dev} if msg["op"] == "start" else msg)
 
     def _run(self, path: str) -> None:
+        timed_thread()
         try:
             s = socket.socket(socket.AF_UNIX)
             s.settimeout(1.0)
@@ -600,6 +618,7 @@ class Buckets:
         self.q.put((st, time.monotonic() + (st.after_s if isinstance(st, ReduceScatter) else 0.0), it))
 
     def _run(self) -> None:
+        timed_thread()
         while True:
             st, at, it = self.q.get()
             time.sleep(max(0.0, at - time.monotonic()))  # issued into the compute that follows it
@@ -651,6 +670,7 @@ class OuterSyncThread:
         self.thread.start()
 
     def _run(self, comp: Modeled, steps, peers, inbox, it: int, st: OuterSync, rec) -> None:
+        timed_thread()
         t0 = time.monotonic()
         try:
             comp.allreduce(steps, peers, inbox, it, b"o", st.fragment << 12)
@@ -838,6 +858,7 @@ class Worker:
 
     def __init__(self, cfg: WorkerConfig, ctl: socket.socket) -> None:
         self.cfg, self.ctl = cfg, ctl
+        self.cpu_class = cpuclass.current()  # the program thread's: real-time or nice (runtime/cpuclass.py)
         prog = self.prog = cfg.program
         self.torch_mode = cfg.compute == "torch"
         self.inbox = Inbox(keep=self.torch_mode)
@@ -964,6 +985,7 @@ class Worker:
         with self.log_lock:
             send_ctrl(self.ctl, {"done": it, "log": self.log, "degraded": degraded[0] if degraded else "",
                                  "waits": comp.waits.as_list(), "wakes": self.wakes.as_list(),
+                                 "cpu_class": self.cpu_class,
                                  "loss": sum(comp.losses) / len(comp.losses) if comp.losses else None})
 
 
@@ -971,6 +993,11 @@ def main(cfg_path: str, ctl_path: str) -> None:
     with open(cfg_path) as f:
         cfg = WorkerConfig.from_json(f.read())
     s, r = cfg.program.stage, cfg.program.replica
+    TIMED["mode"] = timed_mode(cfg)
+    try:
+        timed_thread()  # the program's thread, before it starts any other
+    except cpuclass.RealtimeError as e:
+        raise SystemExit(f"worker {s}.{r}: {e}") from None
     ctl = socket.socket(socket.AF_UNIX)
     ctl.connect(ctl_path)
     send_ctrl(ctl, {"hello": [s, r]})

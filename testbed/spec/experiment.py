@@ -164,6 +164,16 @@ class EmulationOptions(Strict):
     prefix: str | None = None  # None: the first free gdtb<N> (testbed/emu/owner.py)
     compute: Literal["modeled", "torch"] = "modeled"  # torch: a real GPT stage per worker (CPU here)
     lr: LR = 3e-3  # torch compute's AdamW learning rate
+    # the CPU class of delay lines, Atlas sidecars and the workers' timed threads: real-time round robin where the
+    # system allows it (auto), required (on), or nice values only (off): testbed/runtime/cpuclass.py,
+    # docs/reliability.md "Real-time class"
+    realtime: Literal["auto", "on", "off"] = "auto"
+
+    @field_validator("realtime", mode="before")
+    @classmethod
+    def _realtime(cls, v: object) -> object:
+        """YAML reads a bare on/off as a boolean: take it as the mode it spells."""
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
 
     @field_validator("prefix")
     @classmethod
