@@ -108,7 +108,7 @@ def test_a_killed_bubbletea_service_leaves_a_degraded_row_naming_it(tmp_path):
 
 
 def test_a_killed_orchestrator_leaves_nothing_after_clean(tmp_path):
-    with _running(tmp_path, "gdtbco", "emu-3dc.yaml", "schedulers=[atlas]", "iterations=40") as p:
+    with _running(tmp_path, "gdtbco", "emu-3dc.yaml", "schedulers=[atlas+temporal]", "iterations=40") as p:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not list((state.STATE_DIR / "gdtbco").glob("worker-*.json")):
             time.sleep(0.05)

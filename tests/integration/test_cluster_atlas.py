@@ -40,12 +40,12 @@ def test_atlas_across_two_machines_hands_turns_over_on_both_halves_of_each_tunne
     lc, out = machines
     p = subprocess.run(["docker", "exec", "-w", str(ROOT), lc.name(0), TESTBED, "experiment", "run",
                         str(ROOT / "experiments" / "emu-3dc.yaml"), "--cluster", str(out / "cluster.yaml"),
-                        "--prefix", PREFIX, "--set", "schedulers=[atlas]", "--set", "iterations=2", "--no-probe",
+                        "--prefix", PREFIX, "--set", "schedulers=[atlas+temporal]", "--set", "iterations=2", "--no-probe",
                         "--out", str(out / "train")], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     with open(out / "train" / "summary.csv") as f:
         emu = [r for r in csv.DictReader(f) if r["source"] == "emu"]
-    assert len(emu) == 1 and emu[0]["scheduler"] == "atlas" and float(emu[0]["iteration_s"]) > 0
+    assert len(emu) == 1 and emu[0]["scheduler"] == "atlas+temporal" and float(emu[0]["iteration_s"]) > 0
     assert "sidecar" not in emu[0].get("degraded", ""), emu[0]["degraded"]  # no worker lost its sidecar
     halves = {(m[1], m[2]): (int(m[3]), int(m[4] or 0)) for m in HALF.finditer(p.stderr)}
     for link in ("useast-uscentral", "uscentral-uswest"):  # split: a sidecar on each machine

@@ -79,7 +79,16 @@ def test_a_killed_worker_ends_the_run_with_an_error_and_leaves_nothing(tmp_path)
 def _sidecar_pids(prefix: str) -> list[int]:
     out = subprocess.run(["ip", "netns", "pids", f"{prefix}-wan-useast-uscentral"], capture_output=True,
                          text=True).stdout
-    return [int(p) for p in out.split() if "testbed.runtime.sidecar" in open(f"/proc/{p}/cmdline").read()]
+    return [int(p) for p in out.split() if "testbed.runtime.sidecar" in _cmdline(p)]
+
+
+def _cmdline(pid: str) -> str:
+    """A process's command line, or '' once it has exited (the namespace's short-lived ones come and go)."""
+    try:
+        with open(f"/proc/{pid}/cmdline") as f:
+            return f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
 
 
 def test_atlas_sidecar_enforces_turns_and_survives_bad_messages(tmp_path):
@@ -89,7 +98,7 @@ def test_atlas_sidecar_enforces_turns_and_survives_bad_messages(tmp_path):
     from testbed.runtime.wire import send_ctrl
 
     p = subprocess.Popen([sys.executable, "-m", "testbed", "experiment", "run", EXP, "--out", str(tmp_path),
-                          "--set", "schedulers=[atlas]", "--set", "iterations=4", "--set", "emulation.prefix=gdtbs"],
+                          "--set", "schedulers=[atlas+temporal]", "--set", "iterations=4", "--set", "emulation.prefix=gdtbs"],
                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     sock = state.STATE_DIR / "gdtbs" / "sidecar-gdtbs-wan-useast-uscentral.sock"
     deadline = time.monotonic() + 60
@@ -117,7 +126,7 @@ def test_atlas_sidecar_enforces_turns_and_survives_bad_messages(tmp_path):
 def test_a_killed_sidecar_degrades_to_fair_sharing_without_hanging(tmp_path):
     before = snapshot()
     p = subprocess.Popen([sys.executable, "-m", "testbed", "experiment", "run", EXP, "--out", str(tmp_path),
-                          "--set", "schedulers=[atlas]", "--set", "iterations=6", "--set", "emulation.prefix=gdtbk2"],
+                          "--set", "schedulers=[atlas+temporal]", "--set", "iterations=6", "--set", "emulation.prefix=gdtbk2"],
                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     pids: list[int] = []
