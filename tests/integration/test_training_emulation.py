@@ -98,7 +98,8 @@ def test_atlas_sidecar_enforces_turns_and_survives_bad_messages(tmp_path):
     from testbed.runtime.wire import send_ctrl
 
     p = subprocess.Popen([sys.executable, "-m", "testbed", "experiment", "run", EXP, "--out", str(tmp_path),
-                          "--set", "schedulers=[atlas+temporal]", "--set", "iterations=4", "--set", "emulation.prefix=gdtbs"],
+                          "--set", "schedulers=[atlas+temporal]", "--set", "iterations=4",
+                          "--set", "emulation.prefix=gdtbs"],
                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     sock = state.STATE_DIR / "gdtbs" / "sidecar-gdtbs-wan-useast-uscentral.sock"
     deadline = time.monotonic() + 60
@@ -126,7 +127,8 @@ def test_atlas_sidecar_enforces_turns_and_survives_bad_messages(tmp_path):
 def test_a_killed_sidecar_degrades_to_fair_sharing_without_hanging(tmp_path):
     before = snapshot()
     p = subprocess.Popen([sys.executable, "-m", "testbed", "experiment", "run", EXP, "--out", str(tmp_path),
-                          "--set", "schedulers=[atlas+temporal]", "--set", "iterations=6", "--set", "emulation.prefix=gdtbk2"],
+                          "--set", "schedulers=[atlas+temporal]", "--set", "iterations=6",
+                          "--set", "emulation.prefix=gdtbk2"],
                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     pids: list[int] = []
