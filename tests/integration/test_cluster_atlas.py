@@ -21,7 +21,7 @@ WHY = unavailable()
 pytestmark = pytest.mark.skipif(bool(WHY), reason=f"local cluster: {WHY}")
 PREFIX = "gdtbca"
 TESTBED = str(Path(sys.executable).with_name("testbed"))
-HALF = re.compile(r"Atlas sidecar (\S+) on (m\d): sidecar: (\d+) class changes, \d+ rejected messages"
+HALF = re.compile(r"Atlas sidecar (\S+) on (m\d): sidecar(?: \([^)]*\))?: (\d+) class changes, \d+ rejected messages"
                   r"(?:, (\d+) end notices forwarded)?")
 
 
