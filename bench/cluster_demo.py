@@ -70,7 +70,8 @@ def testbed_argv() -> list[str]:
     return [str(Path(sys.executable).with_name("testbed"))]
 
 
-SCHEDULERS = "schedulers=[pp-wan, pp-wan+mtcp, atlas]"  # fair sharing, and Atlas' turns (a sidecar per tunnel half)
+# fair sharing, and Atlas with its turns pinned (a sidecar on each tunnel half; its plan may leave turns out)
+SCHEDULERS = "schedulers=[pp-wan, pp-wan+mtcp, atlas+temporal]"
 ITERATIONS = "iterations=6"  # five steady iterations a run: the comparison is of their mean
 # both runs in the same CPU class: the demo's containers cannot take the real-time one (docs/cluster.md), so the
 # machine alone must not either, or the comparison would measure the class, not the cluster
