@@ -1,6 +1,7 @@
 """emulation.realtime on a real emulation (testbed/runtime/cpuclass.py): a delay line asked for the real-time
 class runs in SCHED_RR and still delays as configured; without it, it keeps nice -10; a training run with Atlas's
-sidecar reports the class its workers and delay lines ran in."""
+sidecar (turns pinned: emu-3dc's emulated plan may leave them out) reports the class its workers and delay lines
+ran in."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def test_a_delay_line_asked_for_realtime_runs_round_robin_and_keeps_its_delay(tm
 
 def test_an_atlas_run_reports_the_class_its_processes_ran_in(tmp_path):
     r = cli("experiment", "run", str(ROOT / "experiments" / "emu-3dc.yaml"), "--out", str(tmp_path), "--set",
-            "schedulers=[atlas]", "--set", "iterations=2", "--set", "emulation.delay=nfqueue", "--set",
+            "schedulers=[atlas+temporal]", "--set", "iterations=2", "--set", "emulation.delay=nfqueue", "--set",
             "emulation.realtime=on", "--prefix", PREFIX)
     assert r.returncode == 0, r.stderr
     rows = [x for x in csv.DictReader((tmp_path / "summary.csv").read_text().splitlines()) if x["source"] == "emu"]
