@@ -10,7 +10,10 @@ A card (experiments/claims/*.yaml) names an experiment, a search space over any 
   tokens for the same loss (DiLoCo, Streaming DiLoCo: the summary's token_efficiency < 1) counts its
   iteration time over its token efficiency;
 - `value`: one summary column of the scheduler;
-- `gain`: the scheduler's column over the baseline's, minus one.
+- `gain`: the scheduler's column over the baseline's, minus one;
+- `efficiency`: the scheduler's iteration time with the same GPUs in one DC over its time across the DCs (a
+  cross-DC scaling efficiency, or a compute utilisation where the only loss is waiting on the WAN): each point
+  is simulated twice, the second time on `one_site` of its topology.
 
 Points may be filtered (`where: ["train_slowdown < 0.02"]`). An "up to" claim (`aggregate: max`) is
 met by the best point; `first` takes the first point. The verdict is `reproduced` when ours falls in
@@ -32,7 +35,7 @@ from pydantic import Field, model_validator
 from testbed.errors import SpecError
 from testbed.spec.load import _read_yaml, experiment_data, set_dotted, validate
 from testbed.spec.mechanisms import is_baseline
-from testbed.spec.topology import Strict
+from testbed.spec.topology import Strict, Topology
 
 CLAIMS_HEADER = ("claim", "source", "published", "ours", "unit", "accept", "verdict", "where", "baseline",
                  "baseline_family", "points", "settings", "assumptions")
@@ -40,11 +43,12 @@ POINTS_HEADER = ("claim", "point", "value", "scheduler_s", "baseline", "baseline
 # the family of each scheduler base (docs/families.md): a claim names its baseline's
 FAMILIES = {"pp-wan": "pipeline across DCs", "pp-1tcp": "pipeline across DCs", "atlas": "pipeline across DCs (Atlas)",
             "dp-wan": "DP across DCs", "diloco": "DiLoCo", "streaming-diloco": "Streaming DiLoCo"}
+ONE_SITE = " in one DC"  # the efficiency metric's reference: the scheduler on one_site's topology
 OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq}
 
 
 class Metric(Strict):
-    kind: Literal["speedup", "value", "gain"]
+    kind: Literal["speedup", "value", "gain", "efficiency"]
     scheduler: str
     baseline: str = "best"  # a scheduler of the experiment, or `best`
     column: str = "iteration_s"
@@ -140,8 +144,48 @@ def card_points(card: ClaimCard, path: Path, extra: list[str] | None = None,
     return out
 
 
+MERGED_FIELDS = ("gpu", "gpus_per_node", "intra_gbps", "intra_latency_us")  # what DCs must share to become one
+
+
+def one_site(topology: Topology) -> Topology:
+    """The topology's GPUs in one DC (named as its first): the efficiency metric's reference, so that the WAN is
+    the only difference from the run across DCs. DCs whose GPUs or fabric differ are refused, since merging them
+    would change the compute as well."""
+    first = topology.dcs[0]
+    for i, dc in enumerate(topology.dcs[1:], start=1):
+        unlike = [f"{f} {getattr(dc, f)} vs {getattr(first, f)}" for f in MERGED_FIELDS
+                  if getattr(dc, f) != getattr(first, f)]
+        if unlike:
+            raise SpecError(f"topology.dcs[{i}]", f"{dc.name} differs from {first.name} ({', '.join(unlike)}), so "
+                            "one DC cannot stand for both", "give every DC the same GPUs and fabric for an efficiency "
+                            "card, or use a speedup metric")
+    merged = first.model_copy(update={"gpus": sum(d.gpus for d in topology.dcs),
+                                      "hosts": min(16, sum(d.hosts for d in topology.dcs))})
+    return Topology(name=topology.name, tcp_window_mb=topology.tcp_window_mb, dcs=[merged], links=[])
+
+
+def one_site_experiment(exp, scheduler: str):
+    """`exp` with only `scheduler`, on one_site of its topology; workload pins to DCs are summed onto that DC."""
+    from testbed.spec.experiment import Experiment
+
+    data = exp.model_dump(mode="json")
+    data["topology"] = one_site(exp.topology).model_dump(mode="json")
+    data["schedulers"] = [scheduler]
+    w, name = data["workload"], exp.topology.dcs[0].name
+    if w.get("groups"):
+        raise SpecError("workload.groups", "a hybrid's groups name the DCs that one site merges",
+                        "leave groups out of an efficiency card")
+    for key in ("replicas_per_dc", "stages_per_dc"):
+        if w.get(key):
+            w[key] = {name: sum(w[key].values())}
+    return validate(Experiment, data, "one site")
+
+
 def family(scheduler: str) -> str:
-    """The family of a scheduler (its base: `pp-wan+mtcp` is a pipeline across DCs)."""
+    """The family of a scheduler (its base: `pp-wan+mtcp` is a pipeline across DCs); an efficiency card's
+    reference is the same scheduler on one DC."""
+    if scheduler.endswith(ONE_SITE):
+        return "one DC"
     return next(f for base, f in sorted(FAMILIES.items(), key=lambda kv: -len(kv[0])) if scheduler.startswith(base))
 
 
@@ -153,8 +197,10 @@ def per_token(row: dict, column: str) -> float:
     return v / float(eff) if column == "iteration_s" and eff not in ("", None) and float(eff) > 0 else v
 
 
-def point_value(card: ClaimCard, rows: list[dict]) -> tuple[float | None, dict | None, dict | None, bool]:
-    """The metric at one point: (value, scheduler row, baseline row, kept by `where`)."""
+def point_value(card: ClaimCard, rows: list[dict], one_site_rows: list[dict] | None = None
+                ) -> tuple[float | None, dict | None, dict | None, bool]:
+    """The metric at one point: (value, scheduler row, baseline row, kept by `where`). `efficiency` needs
+    `one_site_rows`, the same point run on one DC; its baseline row is the scheduler's there."""
     by = {r["scheduler"]: r for r in rows if r.get("iteration_s") not in ("", None)}
     m = card.metric
     if m.scheduler not in by:
@@ -162,7 +208,14 @@ def point_value(card: ClaimCard, rows: list[dict]) -> tuple[float | None, dict |
                         "add it to the experiment's schedulers or fix the name")
     row = by[m.scheduler]
     base = None
-    if m.kind != "value":
+    if m.kind == "efficiency":
+        one = next((r for r in one_site_rows or [] if r["scheduler"] == m.scheduler
+                    and r.get("iteration_s") not in ("", None)), None)
+        if one is None:
+            raise SpecError(f"{card.name}.metric", f"no one-DC run of {m.scheduler!r} to compare with",
+                            "run the card with testbed claims (it simulates each point on one DC too)")
+        base = {**one, "scheduler": m.scheduler + ONE_SITE}
+    elif m.kind != "value":
         if m.baseline == "best":
             cands = [r for s, r in by.items() if is_baseline(s)]
             if not cands:
@@ -174,7 +227,7 @@ def point_value(card: ClaimCard, rows: list[dict]) -> tuple[float | None, dict |
         else:
             raise SpecError(f"{card.name}.metric.baseline", f"{m.baseline!r} is not among the experiment's schedulers",
                             "use one of them, or best")
-    if m.kind == "speedup":
+    if m.kind in ("speedup", "efficiency"):
         value = per_token(base, m.column) / per_token(row, m.column)
     elif m.kind == "gain":
         value = per_token(row, m.column) / per_token(base, m.column) - 1
@@ -224,16 +277,20 @@ def run_card(path: Path, jobs: int | None = None, extra: list[str] | None = None
         from testbed.spec.experiment import Experiment
 
         todo = [c for c in dict.fromkeys(combos) if c not in seen]
-        points = []
+        points, ones = [], []
+        efficiency = card.metric.kind == "efficiency"
         for c, (d, point) in zip(todo, card_points(card, path, extra, todo), strict=True):
             d["timeline"] = "none"
             exp = validate(Experiment, d, card.name)
-            if feasible(exp, card_schedulers(card)):
+            one = one_site_experiment(exp, card.metric.scheduler) if efficiency else None
+            if feasible(exp, card_schedulers(card)) and (one is None or feasible(one)):
                 points.append((c, exp, point))
+                ones += [(one, point)] if one is not None else []
             else:
                 seen[c] = None
-        for (c, _, _), summaries in zip(points, _run_points([(e, p) for _, e, p in points], jobs), strict=True):
-            value, row, base, kept = point_value(card, summaries)
+        runs = _run_points([(e, p) for _, e, p in points] + ones, jobs)
+        for i, ((c, _, _), summaries) in enumerate(zip(points, runs, strict=False)):
+            value, row, base, kept = point_value(card, summaries, runs[len(points) + i] if efficiency else None)
             seen[c] = (value, kept, row, base)
 
     def best_of(combos) -> tuple | None:
