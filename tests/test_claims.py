@@ -6,8 +6,19 @@ import csv
 
 import pytest
 
-from testbed.claims import ClaimCard, card_points, family, load_card, point_value, run_claims, verdict
+from testbed.claims import (
+    ClaimCard,
+    card_points,
+    family,
+    load_card,
+    one_site,
+    one_site_experiment,
+    point_value,
+    run_claims,
+    verdict,
+)
 from testbed.errors import SpecError
+from testbed.spec.load import load_experiment
 from tests.conftest import ROOT
 
 CARD = {"name": "c", "claim": "x", "source": "s", "published": 2.0, "unit": "x", "accept": [1.5, 3.0],
@@ -104,3 +115,52 @@ metric: {{kind: speedup, scheduler: atlas, baseline: best}}
     points = list(csv.DictReader(paths[1].read_text().splitlines()))
     assert len(points) == 2 and {p["baseline"] for p in points} <= {"pp-wan", "pp-wan+mtcp"}
     assert paths[2].stat().st_size > 0
+
+
+def test_efficiency_is_the_schedulers_time_on_one_dc_over_its_time_across_dcs():
+    c = card(metric={"kind": "efficiency", "scheduler": "atlas"})
+    one = [{"scheduler": "atlas", "iteration_s": 1.2}, {"scheduler": "pp-wan", "iteration_s": 0.1}]
+    value, row, base, _ = point_value(c, ROWS, one)
+    assert value == pytest.approx(1.2 / 1.5) and row["scheduler"] == "atlas"
+    assert base["scheduler"] == "atlas in one DC" and family(base["scheduler"]) == "one DC"
+    with pytest.raises(SpecError, match="one-DC run"):
+        point_value(c, ROWS)
+
+
+def test_one_site_holds_the_same_gpus_in_one_dc_and_refuses_unlike_dcs():
+    exp = load_experiment(ROOT / "experiments" / "tiny-3dc.yaml")[0][0]
+    topo = exp.topology
+    one = one_site(topo)
+    assert len(one.dcs) == 1 and not one.links and one.dcs[0].name == topo.dcs[0].name
+    assert one.dcs[0].gpus == sum(d.gpus for d in topo.dcs) and one.dcs[0].gpu == topo.dcs[0].gpu
+    pinned = exp.model_copy(update={"workload": exp.workload.model_copy(update={"replicas_per_dc": {
+        topo.dcs[0].name: 1, topo.dcs[1].name: 1}})})
+    moved = one_site_experiment(pinned, "dp-wan")
+    assert moved.schedulers == ["dp-wan"] and moved.workload.replicas_per_dc == {topo.dcs[0].name: 2}
+    unlike = topo.model_copy(update={"dcs": [topo.dcs[0], topo.dcs[1].model_copy(update={"gpu": "A100"})]})
+    with pytest.raises(SpecError, match=r"topology\.dcs\[1\].*gpu A100 vs H100"):
+        one_site(unlike)
+
+
+def test_an_efficiency_card_simulates_each_point_on_one_dc_too(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(f"""
+name: tiny-eff
+claim: tiny claim
+source: nobody
+published: 0.9
+unit: fraction
+accept: [0.5, 1.0]
+assumptions: [tiny]
+experiment: {ROOT / "experiments" / "tiny-3dc.yaml"}
+set: ["schedulers=[dp-wan]", "workload.replicas_per_dc={{useast: 1, uswest: 1}}"]
+space: {{topology.links.*.latency_ms: [5, 80]}}
+metric: {{kind: efficiency, scheduler: dp-wan}}
+""")
+    paths = run_claims([path], tmp_path / "out", jobs=1)
+    points = list(csv.DictReader(paths[1].read_text().splitlines()))
+    assert [p["baseline"] for p in points] == ["dp-wan in one DC"] * 2
+    assert points[0]["baseline_s"] == points[1]["baseline_s"]  # the one-DC run has no WAN to change
+    for p in points:
+        assert float(p["value"]) == pytest.approx(float(p["baseline_s"]) / float(p["scheduler_s"]), rel=1e-5)
+    assert float(points[1]["scheduler_s"]) > float(points[0]["scheduler_s"])  # more latency, a longer iteration
