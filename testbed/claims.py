@@ -348,9 +348,11 @@ def feasible(exp, needed: tuple[str, ...] = ()) -> bool:
 
 
 def card_schedulers(card: ClaimCard) -> tuple[str, ...]:
-    """The schedulers a card's metric needs at every point: its scheduler and a named baseline."""
+    """The schedulers a card's metric needs at every point: its scheduler and a named baseline (an efficiency
+    card's baseline is its scheduler on one DC)."""
     m = card.metric
-    return (m.scheduler,) if m.kind == "value" or m.baseline == "best" else (m.scheduler, m.baseline)
+    alone = m.kind in ("value", "efficiency") or m.baseline == "best"
+    return (m.scheduler,) if alone else (m.scheduler, m.baseline)
 
 
 def _better(aggregate: str, a: float, b: float) -> bool:
