@@ -204,6 +204,10 @@ def point_value(card: ClaimCard, rows: list[dict], one_site_rows: list[dict] | N
     by = {r["scheduler"]: r for r in rows if r.get("iteration_s") not in ("", None)}
     m = card.metric
     if m.scheduler not in by:
+        failed = next((r for r in rows if r.get("scheduler") == m.scheduler and r.get("status")), None)
+        if failed is not None:  # it is among them but could not run here: say why, not that it is missing
+            raise SpecError(f"{card.name}.metric.scheduler", f"{m.scheduler!r} could not run: {failed['status']}",
+                            "fix what that message names (a missing trace: --set bubbletea.trace=synthetic)")
         raise SpecError(f"{card.name}.metric.scheduler", f"{m.scheduler!r} is not among the experiment's schedulers",
                         "add it to the experiment's schedulers or fix the name")
     row = by[m.scheduler]

@@ -78,6 +78,11 @@ def test_bad_cards_name_the_field():
         card(where=["gpu_util ~ 3"])
     with pytest.raises(SpecError, match="metric.scheduler"):
         point_value(card(metric={"kind": "speedup", "scheduler": "nope"}), ROWS)
+    # a scheduler the experiment has that could not run at this point: its row's status is the error, not "missing"
+    failed = [r for r in ROWS if r["scheduler"] != "atlas"] + [
+        {"scheduler": "atlas", "iteration_s": "", "status": "infeasible: bubbletea.trace: x.csv not found"}]
+    with pytest.raises(SpecError, match="could not run: infeasible: bubbletea.trace"):
+        point_value(card(), failed)
 
 
 def test_space_sampling_is_seeded_and_span_dcs_sizes_the_dcs(tmp_path):
