@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from testbed.cluster import clock
-from testbed.cluster.clock import ClockOffset, estimate, in_our_clock, to_machine
+from testbed.cluster.clock import ClockOffset, estimate
 from testbed.emu.sh import EmuError
+from testbed.emu.train import in_our_clock, to_machine
 
 
 def test_the_offset_comes_from_the_sample_with_the_shortest_round_trip():

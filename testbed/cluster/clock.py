@@ -4,7 +4,9 @@ translated between machines (containers on one host share one clock). An offset 
 agent calls that return the agent's monotonic time, the one with the shortest round trip kept (the least queueing:
 its midpoint is nearest the instant the agent read its clock), its uncertainty half that round trip. Offsets are
 applied, never corrected for drift: a run is minutes long and monotonic clocks drift by microseconds a second, so
-`down` measures again and only warns past MAX_DRIFT_S. Pure but for `measure` (one Ray call per sample)."""
+`down` measures again and only warns past MAX_DRIFT_S. Pure but for `measure` (one Ray call per sample); the
+translations themselves are the emulation's (testbed/emu/train.py `to_machine`, `in_our_clock`; the workers'
+Striped and Inbox; the sidecar's `forward_clock_s`; testbed/emu/check.py `bulk`)."""
 
 from __future__ import annotations
 
@@ -82,19 +84,6 @@ def drift(before: dict[str, ClockOffset], after: dict[str, ClockOffset], limit_s
                        f"(more than {limit_s * 1e3:g} ms): its times were translated with the offset measured at the "
                        f"start, so the run's timeline may be off by that much")
     return out
-
-
-def to_machine(t_s: float, offset_s: float) -> float:
-    """A driver time on a machine's clock (a go time sent to a worker there)."""
-    return t_s + offset_s
-
-
-def in_our_clock(log: list[list], offset_s: float) -> list[list]:
-    """A worker's [kind, microbatch, t0, t1, bytes] rows, measured on a machine `offset_s` ahead, on the driver's
-    clock (the same list when the clock is shared)."""
-    if offset_s == 0.0:
-        return log
-    return [[k, mb, t0 - offset_s, t1 - offset_s, b] for k, mb, t0, t1, b in log]
 
 
 def describe(offsets: dict[str, ClockOffset]) -> str:

@@ -18,7 +18,6 @@ import time
 from dataclasses import dataclass, field
 
 from testbed.bubbletea.worker_side import KV_DRAIN_S
-from testbed.cluster.clock import in_our_clock, to_machine
 from testbed.emu import state
 from testbed.emu.build import Emulation
 from testbed.emu.flowwatch import FlowSampler
@@ -643,6 +642,19 @@ class Iterations:
     losses: list[float] = field(default_factory=list)
     starts: list[float] = field(default_factory=list)  # each iteration's monotonic start
     degraded: str = ""
+
+
+def to_machine(t_s: float, offset_s: float) -> float:
+    """A time of this process's clock on the clock of a machine `offset_s` ahead (a go sent to a worker there)."""
+    return t_s + offset_s
+
+
+def in_our_clock(log: list[list], offset_s: float) -> list[list]:
+    """A worker's [kind, microbatch, t0, t1, bytes] rows, measured on a machine `offset_s` ahead, on this process's
+    clock (the same list when the clock is shared: testbed/cluster/clock.py)."""
+    if offset_s == 0.0:
+        return log
+    return [[k, mb, t0 - offset_s, t1 - offset_s, b] for k, mb, t0, t1, b in log]
 
 
 def go(ctl: Controller, procs: list[subprocess.Popen], it: int, t_start: float, replan, clock_s: float,
