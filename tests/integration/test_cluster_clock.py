@@ -47,6 +47,7 @@ def test_a_training_run_across_machines_with_their_own_clocks_reads_on_one_clock
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     m = MEASURED.search(p.stderr)
     assert m, p.stderr[-2000:]
+    print(m[0])
     for (off, unc), want in zip(((m[1], m[2]), (m[3], m[4])), CLOCKS, strict=True):
         # what each namespace was given, within the measurement's error (and the 1 ms `describe` rounds to)
         assert abs(float(off) - want) <= float(unc) / 1e3 + 0.002
