@@ -11,6 +11,10 @@ machine's, its RTT within 5 %); `topology up --cluster` held and one machine kil
 the others must be clean; `testbed clean --cluster`; every machine checked for leftovers; the containers and their
 network removed.
 
+`--clocks 0,-500,1000` starts each machine on a clock of its own (its Ray in a time namespace whose CLOCK_MONOTONIC is
+that many seconds off this host's), as separate servers are: the driver measures each offset and translates every
+time that crosses machines (testbed/cluster/clock.py).
+
 Writes OUT/cluster/ and OUT/single/ (each run's CSVs) and OUT/cluster-demo.csv. Exit 0: passed or skipped (no
 root, no Docker engine, no role image, no Ray: the reason is printed); exit 1: a check failed (named).
 `--timing-report` (CI) prints the timing comparisons without failing on them.
@@ -84,10 +88,16 @@ def experiment_argv(exp: Path, prefix: str, out: Path) -> list[str]:
 
 
 def cluster_run(lc: LocalCluster, exp: Path, out: Path) -> Path:
-    """The experiment with its links measured (--check), from machine 0 over the cluster; its output folder."""
+    """The experiment with its links measured (--check), from machine 0 (on its clock) over the cluster; its output
+    folder. The driver's lines on the machines' clocks and the sidecars' halves are printed."""
     (out / "cluster.yaml").write_text("ray_address: auto\n")
-    subprocess.run(["docker", "exec", "-w", str(ROOT), lc.name(0), *experiment_argv(exp, lc.prefix, out / "cluster"),
-                    "--cluster", str(out / "cluster.yaml")], check=True, stdout=subprocess.DEVNULL, timeout=900)
+    p = subprocess.run(["docker", "exec", "-w", str(ROOT), lc.name(0),
+                        *lc.on_clock(0, [*experiment_argv(exp, lc.prefix, out / "cluster"), "--cluster",
+                                         str(out / "cluster.yaml")])],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=900)
+    print("\n".join(ln for ln in p.stderr.splitlines() if "clock" in ln or ln.startswith(("Atlas sidecar", "warn"))))
+    if p.returncode != 0:
+        raise SystemExit(f"the cluster run failed (exit {p.returncode}): {p.stderr.strip()[-1500:]}")
     return out / "cluster"
 
 
@@ -114,7 +124,7 @@ def kill_one(lc: LocalCluster, topo: Path, scale: float, out: Path) -> str:
     victim = lc.name(lc.count - 1)
     cmd = (f"cd {ROOT} && exec {testbed_argv()[0]} topology up {topo} --scale {scale:g} --prefix {lc.prefix} "
            f"--cluster {out / 'cluster.yaml'}")
-    with subprocess.Popen(["docker", "exec", lc.name(0), "sh", "-c", cmd], stdout=subprocess.PIPE,
+    with subprocess.Popen(["docker", "exec", lc.name(0), *lc.on_clock(0, ["sh", "-c", cmd])], stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True) as p:
         for line in p.stdout:  # type: ignore[union-attr]
             if "is up" in line:
@@ -136,6 +146,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "cluster-demo")
     ap.add_argument("--prefix", default="gdtbdm", help="names the containers, their network and the emulation")
     ap.add_argument("--no-kill", action="store_true", help="skip the machine killed mid-run")
+    ap.add_argument("--clocks", default="", help="each machine's CLOCK_MONOTONIC against this host's, in seconds, "
+                    "comma-separated (e.g. 0,-500,1000: separate servers' clocks); default: the host's")
     ap.add_argument("--timing-report", action="store_true",
                     help="print the timing comparisons without failing on them (CI: a timed assertion on a shared "
                          "runner is noise; the machine kill, the clean-up and leftovers still fail)")
@@ -147,7 +159,13 @@ def main() -> int:
     exp, _ = load_experiment(args.experiment)[0]
     topo_path = (args.experiment.parent / load_topology_name(args.experiment)).resolve()
     scale = exp.emulation.scale or 50
-    lc = LocalCluster(args.prefix, len(exp.topology.dcs))
+    try:
+        clocks = tuple(float(x) for x in args.clocks.split(",")) if args.clocks else ()
+    except ValueError:
+        raise SystemExit(f"--clocks {args.clocks}: seconds, comma-separated (e.g. 0,-500,1000)") from None
+    if clocks and len(clocks) != len(exp.topology.dcs):
+        raise SystemExit(f"--clocks: {len(clocks)} given for {len(exp.topology.dcs)} machines (one per DC)")
+    lc = LocalCluster(args.prefix, len(exp.topology.dcs), clocks=clocks)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     for r in stop(lc):
@@ -182,8 +200,9 @@ def main() -> int:
             else:
                 print(f"a machine killed mid-run: the run ended naming m{lc.count - 1}")
             alive = range(lc.count - 1)
-        clean = subprocess.run(["docker", "exec", "-w", str(ROOT), lc.name(0), *testbed_argv(), "clean", "--cluster",
-                                str(out / "cluster.yaml"), "--prefix", args.prefix], capture_output=True, text=True)
+        clean = subprocess.run(["docker", "exec", "-w", str(ROOT), lc.name(0), *lc.on_clock(0, [
+            *testbed_argv(), "clean", "--cluster", str(out / "cluster.yaml"), "--prefix", args.prefix])],
+            capture_output=True, text=True)
         if clean.returncode != 0:  # every alive node (cluster.yaml lists none): the killed one only warns
             failures.append(f"testbed clean --cluster failed: {(clean.stdout + clean.stderr).strip()[-300:]}")
         failures += [f"left over: {x}" for x in lc.leftovers(alive, state=True)]

@@ -10,9 +10,10 @@ import itertools
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from testbed.cluster import clock
 from testbed.cluster.machine import MachineAgent, code_fingerprint
 from testbed.cluster.placement import ClusterPlan, plan_cluster
 from testbed.emu.backends.base import Backend, Node
@@ -72,6 +73,16 @@ class Agents:
     machines: dict[str, Machine]
     handles: dict[str, object]
     driver_address: str = ""  # this driver's Ray node address (its workers reach the control socket directly)
+    clocks: dict[str, clock.ClockOffset] = field(default_factory=dict)  # each machine's clock against the driver's
+
+    def measure_clocks(self) -> dict[str, clock.ClockOffset]:
+        """Each machine's CLOCK_MONOTONIC against the driver's (testbed/cluster/clock.py)."""
+        return clock.measure(list(self.handles), lambda name: self.call(name, "clock", timeout=30))
+
+    def offset_s(self, name: str) -> float:
+        """Machine `name`'s clock minus the driver's (0 where it shares it, or was not measured)."""
+        c = self.clocks.get(name)
+        return c.offset_s if c is not None else 0.0
 
     def call(self, name: str, method: str, *args, timeout: float = CALL_TIMEOUT_S):
         return self.gather({name: (method, args)}, timeout)[name]
@@ -215,6 +226,10 @@ class ClusterBackend(Backend):
         raise EmuError(f"{node.name} is split between two machines and {' '.join((argv or ['a process'])[:3])} names "
                        f"no device of it: not yet supported")
 
+    def clock_offset_s(self, node: Node) -> float:
+        """The clock of the machine holding `node` (a host or gateway) minus the driver's."""
+        return self.agents.offset_s(self.machine(node))
+
     def run(self, node: Node, argv: list[str], **kw) -> str:
         return self.agents.call(self.machine(node, argv), "run", node.ns, argv, kw.get("check", True),
                                 kw.get("timeout"))
@@ -251,6 +266,9 @@ class ClusterBackend(Backend):
             split = len(cfg["devs"]) == 2
             halves = {node.extra["by_dev"][dev]: {**cfg, "devs": {dev: classes}, **({"forward": fwd} if split else {})}
                       for dev, classes in cfg["devs"].items()}
+            if split:  # a forwarded end's times move onto the other half's clock (testbed/runtime/sidecar.py)
+                for here, there in itertools.permutations(halves):
+                    halves[here]["forward_clock_s"] = self.agents.offset_s(there) - self.agents.offset_s(here)
         procs = []
         for machine, half in halves.items():
             pid = self.agents.call(machine, "spawn_sidecar", node.ns, half, str(rdir / f"sidecar-{node.ns}.json"),
@@ -312,30 +330,16 @@ class ClusterRelay:
             self.agents.gather({n: ("close_relay", ()) for n in self.machines}, timeout=30)
 
 
-CLOCK_TOLERANCE_S = 0.001  # how far a machine's CLOCK_MONOTONIC may be from the driver's
-
-
-def check_clocks(agents: Agents) -> None:
-    """The workers' logs and the iterations' start times are CLOCK_MONOTONIC values: every machine must share
-    the driver's clock (containers on one host do; separate servers do not, and offsets are not yet applied)."""
-    import time
-
-    for name in agents.handles:
-        t0 = time.monotonic()
-        there = agents.call(name, "clock")
-        t1 = time.monotonic()
-        off = there - (t0 + t1) / 2
-        if abs(off) > (t1 - t0) / 2 + CLOCK_TOLERANCE_S:
-            raise NotYetError(f"machine {name}'s monotonic clock is {off:+.3f} s from the driver's: a training run "
-                              f"across machines with their own clocks is not yet supported (docs/cluster.md)")
-
-
 def up(topo: Topology, cluster: Cluster, prefix: str, scale: float, delay: str = "auto", **kw) -> Emulation:
     """Every machine's part built at once; any failure tears every machine's part down and names the machine.
     `kw`: testbed/emu/build.py up's host settings (lan_gpus_per_host, congestion control, ...)."""
     machines = connect(cluster)
     plan = plan_cluster(topo, cluster, machines)
     agents = start_agents([m for m in machines if m.name in plan.parts])
+    agents.clocks = agents.measure_clocks()  # before anything is built: a clock known too roughly is refused
+    clock.check(agents.clocks)
+    if not all(c.shared for c in agents.clocks.values()):
+        print(clock.describe(agents.clocks), file=sys.stderr)
     calls = {n: ("up", (topo.model_dump(mode="json"), part, prefix, scale, delay, cluster.vxlan_port, kw))
              for n, part in plan.parts.items()}
     try:
@@ -366,7 +370,13 @@ def down_all(agents: Agents) -> list[str]:
 
 
 def down(emu: Emulation) -> list[str]:
-    return down_all(emu.backend.agents)  # type: ignore[attr-defined]
+    """Tear every machine's part down, first warning of a clock that drifted from the driver's during the run."""
+    agents: Agents = emu.backend.agents  # type: ignore[attr-defined]
+    if agents.clocks:
+        with contextlib.suppress(EmuError):  # a machine that died is named by the tear-down
+            for line in clock.drift(agents.clocks, agents.measure_clocks()):
+                print(f"warning: {line}", file=sys.stderr)
+    return down_all(agents)
 
 
 def dead_nodes() -> list[str]:

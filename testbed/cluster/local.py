@@ -3,6 +3,10 @@ inside, joined by a Docker bridge with jumbo frames (the cluster network). For `
 integration test: the project, its venv and the venv's Python are bind-mounted read-only at the same paths, so
 the containers run this checkout's code (the image gives iproute2, tc and iptables: the atlas role image).
 
+Containers on one host share its CLOCK_MONOTONIC; real servers do not. With `clocks`, machine i's Ray (and so its
+agent and everything the agent starts) runs in a time namespace of its own whose monotonic clock is `clocks[i]`
+seconds ahead of the host's (`unshare --time --monotonic S`, Linux 5.6 and later), as separate servers would.
+
 The containers get every capability but CAP_SYS_RESOURCE, unconfined seccomp and /proc/sys writable, the
 capabilities --privileged would give, spelled out for sandboxes that refuse --privileged (docs/containers.md).
 """
@@ -30,6 +34,7 @@ CAPS = ["--cap-add", "ALL", "--cap-drop", "SYS_RESOURCE", "--security-opt", "sec
 # iperf3's library and its one dependency the role image lacks (testbed topology check runs iperf3 in the hosts)
 HOST_LIBS = ("/usr/lib/x86_64-linux-gnu/libiperf.so.0", "/usr/lib/x86_64-linux-gnu/libsctp.so.1")
 RAY_START_S = 180.0
+CLOCK_MARGIN_S = 60.0  # a clock set back must still read at least this much (the kernel refuses a negative one)
 
 
 def docker(*args: str, check: bool = True, timeout: float = 120) -> str:
@@ -65,6 +70,7 @@ class LocalCluster:
     count: int
     subnet: str = SUBNET
     mtu: int = UNDERLAY_MTU
+    clocks: tuple[float, ...] = ()  # machine i's CLOCK_MONOTONIC minus the host's (s); none: the host's
 
     @property
     def network(self) -> str:
@@ -78,6 +84,14 @@ class LocalCluster:
 
     def names(self) -> list[str]:
         return [self.name(i) for i in range(self.count)]
+
+    def clock_s(self, i: int) -> float:
+        return self.clocks[i] if i < len(self.clocks) else 0.0
+
+    def on_clock(self, i: int, argv: list[str]) -> list[str]:
+        """`argv` run on machine i's own clock (a time namespace of its own; the host's clock when it has none)."""
+        off = self.clock_s(i)
+        return argv if off == 0 else ["unshare", "--time", "--monotonic", f"{off:g}", "--fork", *argv]
 
     def exec(self, i: int, argv: list[str], timeout: float = 600, check: bool = True) -> str:
         return docker("exec", self.name(i), *argv, timeout=timeout, check=check)
@@ -105,9 +119,25 @@ def mounts(project: Path, out: Path) -> list[str]:
     return args
 
 
+def check_clocks(lc: LocalCluster) -> None:
+    """Machines on clocks of their own need time namespaces, and a clock set back must not go below 0."""
+    if not any(lc.clock_s(i) for i in range(lc.count)):
+        return
+    if not Path("/proc/self/ns/time").exists():
+        raise EmuError("machines with their own clocks need time namespaces (Linux 5.6+, CONFIG_TIME_NS): drop "
+                       "--clocks")
+    now = time.monotonic()
+    for i in range(lc.count):
+        if now + lc.clock_s(i) < CLOCK_MARGIN_S:
+            raise EmuError(f"clocks: machine {i} at {lc.clock_s(i):g} s would read {now + lc.clock_s(i):.0f} s, "
+                           f"under {CLOCK_MARGIN_S:g} s (this host has been up {now:.0f} s): pick an offset above "
+                           f"{CLOCK_MARGIN_S - now:.0f}")
+
+
 def start(lc: LocalCluster, project: Path, out: Path) -> None:
-    """The network, the containers, and Ray: the head on machine 0, the others joining it. On failure the
-    caller stops what exists (stop() is idempotent)."""
+    """The network, the containers, and Ray: the head on machine 0, the others joining it, each on its own clock
+    (`lc.clocks`). On failure the caller stops what exists (stop() is idempotent)."""
+    check_clocks(lc)
     docker("network", "create", "--driver", "bridge", "--subnet", lc.subnet, "--opt",
            f"com.docker.network.driver.mtu={lc.mtu}", lc.network)
     for i in range(lc.count):
@@ -116,11 +146,11 @@ def start(lc: LocalCluster, project: Path, out: Path) -> None:
                *mounts(project, out), IMAGE, "sleep", "infinity")
     ray = str(Path(sys.executable).parent / "ray")
     common = ["--num-cpus", "1", "--object-store-memory", str(80 * 2**20), "--disable-usage-stats"]
-    lc.exec(0, [ray, "start", "--head", "--port", str(RAY_PORT), "--node-ip-address", lc.address(0),
-                "--include-dashboard", "false", *common], timeout=RAY_START_S)
+    lc.exec(0, lc.on_clock(0, [ray, "start", "--head", "--port", str(RAY_PORT), "--node-ip-address", lc.address(0),
+                               "--include-dashboard", "false", *common]), timeout=RAY_START_S)
     for i in range(1, lc.count):
-        lc.exec(i, [ray, "start", "--address", f"{lc.address(0)}:{RAY_PORT}", "--node-ip-address",
-                    lc.address(i), *common], timeout=RAY_START_S)
+        lc.exec(i, lc.on_clock(i, [ray, "start", "--address", f"{lc.address(0)}:{RAY_PORT}", "--node-ip-address",
+                                   lc.address(i), *common]), timeout=RAY_START_S)
     wait_nodes(lc, ray)
 
 

@@ -50,13 +50,16 @@ def bulk(emu: Emulation, src: str, dst: str, port: int, seconds: float, connecti
          warmup_s: float) -> dict:
     """Goodput of `connections` set up as the training workers' WAN connections (window clamped to `window`
     bytes) from host `src` to `dst`, over `seconds` after a `warmup_s` that is left out
-    (`python -m testbed.emu.measure bulk-server|bulk-client`)."""
+    (`python -m testbed.emu.measure bulk-server|bulk-client`). Each end is told its machine's clock against ours (a
+    cluster's servers have their own): the server measures from the client's send times."""
     be, ip = emu.backend, emu.addr.host(dst).ip
     args = [str(port), str(connections), str(window), f"{warmup_s:g}", f"{seconds:g}"]
-    server = be.popen(emu.host_node(dst), [sys.executable, "-m", "testbed.emu.measure", "bulk-server", ip, *args],
-                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    clock = {h: [repr(be.clock_offset_s(emu.host_node(h)))] for h in (src, dst)}
+    server = be.popen(emu.host_node(dst), [sys.executable, "-m", "testbed.emu.measure", "bulk-server", ip, *args,
+                                           *clock[dst]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        sent = be.run(emu.host_node(src), [sys.executable, "-m", "testbed.emu.measure", "bulk-client", ip, *args],
+        sent = be.run(emu.host_node(src), [sys.executable, "-m", "testbed.emu.measure", "bulk-client", ip, *args,
+                                           *clock[src]],
                       timeout=warmup_s + seconds + 30)
         out, err = server.communicate(timeout=30)
     finally:

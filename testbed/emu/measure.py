@@ -3,9 +3,10 @@ the training workers' own connections.
 
 `python -m testbed.emu.measure server PORT` serves one iperf3 test and prints its JSON;
 `python -m testbed.emu.measure client HOST PORT SECONDS STREAMS` runs one and prints JSON.
-`python -m testbed.emu.measure bulk-server IP PORT CONNECTIONS WINDOW WARMUP_S SECONDS` receives one bulk run and
-prints its goodput; `bulk-client HOST PORT CONNECTIONS WINDOW WARMUP_S SECONDS` sends it. Both ends set their
-connections up with the workers' own functions (runtime/worker.py `connect`, `listen`, `accept`, `reader`,
+`python -m testbed.emu.measure bulk-server IP PORT CONNECTIONS WINDOW WARMUP_S SECONDS [CLOCK_S]` receives one bulk
+run and prints its goodput; `bulk-client HOST PORT CONNECTIONS WINDOW WARMUP_S SECONDS [CLOCK_S]` sends it (CLOCK_S:
+the machine's clock minus the orchestrator's, where the two ends run on servers with their own clocks). Both ends
+set their connections up with the workers' own functions (runtime/worker.py `connect`, `listen`, `accept`, `reader`,
 `Striped`): a fixed receive buffer for the window WINDOW (bytes) and the window clamped to it, re-applied after
 each message; iperf3 cannot clamp a window, so its connections get the kernel's autotuned one.
 """
@@ -81,7 +82,8 @@ def tcp_rtt_s(sock) -> float:
     return TCPI_RTT.unpack_from(info, TCPI_RTT_OFFSET)[0] / 1e6
 
 
-def bulk_server(ip: str, port: int, connections: int, window: int, warmup_s: float, seconds: float) -> dict:
+def bulk_server(ip: str, port: int, connections: int, window: int, warmup_s: float, seconds: float,
+                clock_s: float = 0.0) -> dict:
     """Accept `connections` from a bulk client and read them with the workers' reader until the client closes;
     the goodput of the `seconds` after `warmup_s` from the client's first send."""
     from testbed.runtime.worker import Inbox, accept, listen, reader
@@ -90,7 +92,7 @@ def bulk_server(ip: str, port: int, connections: int, window: int, warmup_s: flo
     accepted = [accept(lst) for _ in range(connections)]
     lst.close()
     message = int(accepted[0][1]["message_bytes"])
-    inbox = Inbox()
+    inbox = Inbox(clock_s=clock_s)  # the client's send times on this machine's clock
     starts: list[float] = []
     arrivals: list[float] = []
 
@@ -109,7 +111,7 @@ def bulk_server(ip: str, port: int, connections: int, window: int, warmup_s: flo
 
 
 def bulk_client(host: str, port: int, connections: int, window: int, warmup_s: float, seconds: float,
-                retry_s: float = 10.0) -> dict:
+                clock_s: float = 0.0, retry_s: float = 10.0) -> dict:
     """Open `connections` to a bulk server as a worker opens its pipe's, and stripe messages over them (the
     workers' sender) for the warm-up, the measured seconds and a tail; then close."""
     import threading
@@ -122,7 +124,7 @@ def bulk_client(host: str, port: int, connections: int, window: int, warmup_s: f
              for _ in range(connections)]
     # as on a worker, a reader serves the connections it opened (nothing comes back here)
     threading.Thread(target=reader, args=(socks, Inbox(), window), daemon=True).start()
-    pipe = Striped(socks)
+    pipe = Striped(socks, clock_s=clock_s)
     room = threading.Semaphore(BULK_DEPTH)
     t0 = time.monotonic()
     stop = t0 + warmup_s + seconds + BULK_TAIL_S
@@ -166,11 +168,12 @@ def main() -> None:
         out = iperf_client(args[0], int(args[1]), float(args[2]), int(args[3]))
     elif cmd in ("bulk-server", "bulk-client"):
         run = bulk_server if cmd == "bulk-server" else bulk_client
-        out = run(args[0], int(args[1]), int(args[2]), int(args[3]), float(args[4]), float(args[5]))
+        out = run(args[0], int(args[1]), int(args[2]), int(args[3]), float(args[4]), float(args[5]),
+                  clock_s=float(args[6]) if len(args) > 6 else 0.0)
     else:
         raise SystemExit("usage: measure server PORT | client HOST PORT SECONDS STREAMS | "
-                         "bulk-server IP PORT CONNECTIONS WINDOW WARMUP_S SECONDS | "
-                         "bulk-client HOST PORT CONNECTIONS WINDOW WARMUP_S SECONDS")
+                         "bulk-server IP PORT CONNECTIONS WINDOW WARMUP_S SECONDS [CLOCK_S] | "
+                         "bulk-client HOST PORT CONNECTIONS WINDOW WARMUP_S SECONDS [CLOCK_S]")
     print(json.dumps(out), flush=True)
 
 

@@ -67,7 +67,8 @@ def worker_configs(plan: Plan, emu: Emulation, compute: str = "modeled", torch_c
             program=p, ip=host[g].ip, peers={x: where[x] for x in sorted(peers)}, scale=emu.scale, compute=compute,
             dp=plan.dp, host_index=host[g].index, sidecars=sidecars, torch=(torch_cfg or {}).get(p.stage),
             optimizer_s=plan.optimizer_s[p.replica][p.stage] if plan.optimizer_s else 0.0,
-            user_timeout_s=emu.user_timeout_s, realtime=emu.realtime)
+            user_timeout_s=emu.user_timeout_s, realtime=emu.realtime,
+            clock_offset_s=emu.backend.clock_offset_s(emu.node(host[g].ns)))  # a cluster's own clocks
     return cfgs
 
 
@@ -643,15 +644,30 @@ class Iterations:
     degraded: str = ""
 
 
-def go(ctl: Controller, procs: list[subprocess.Popen], it: int, t_start: float, replan, clock_s: float) -> None:
-    """Start iteration `it` at `t_start`; with `replan`, each worker gets the iteration's program with its go."""
-    if replan is None:
-        ctl.broadcast({"go": it, "t": t_start}, procs)
-        return
-    programs = lower(replan(clock_s))
+def to_machine(t_s: float, offset_s: float) -> float:
+    """A time of this process's clock on the clock of a machine `offset_s` ahead (a go sent to a worker there)."""
+    return t_s + offset_s
+
+
+def in_our_clock(log: list[list], offset_s: float) -> list[list]:
+    """A worker's [kind, microbatch, t0, t1, bytes] rows, measured on a machine `offset_s` ahead, on this process's
+    clock (the same list when the clock is shared: testbed/cluster/clock.py)."""
+    if offset_s == 0.0:
+        return log
+    return [[k, mb, t0 - offset_s, t1 - offset_s, b] for k, mb, t0, t1, b in log]
+
+
+def go(ctl: Controller, procs: list[subprocess.Popen], it: int, t_start: float, replan, clock_s: float,
+       offsets: dict[tuple[int, int], float] | None = None) -> None:
+    """Start iteration `it` at `t_start` (each worker's on its machine's clock: `offsets`, a cluster's own clocks);
+    with `replan`, each worker gets the iteration's program with its go."""
+    offsets = offsets or {}
+    programs = lower(replan(clock_s)) if replan is not None else None
     for (s, r), c in ctl.conns.items():
-        ctl.send((s, r), c, {"go": it, "t": t_start, "program": json.loads(programs[group_name(s, r)].to_json())},
-                 procs)
+        msg = {"go": it, "t": to_machine(t_start, offsets.get((s, r), 0.0))}
+        if programs is not None:
+            msg["program"] = json.loads(programs[group_name(s, r)].to_json())
+        ctl.send((s, r), c, msg, procs)
 
 
 def iterate(plan: Plan, emu: Emulation, cfgs: dict, ctl: Controller, procs: list[subprocess.Popen], iterations: int,
@@ -660,15 +676,18 @@ def iterate(plan: Plan, emu: Emulation, cfgs: dict, ctl: Controller, procs: list
     on the run's clock (barrier gaps removed), their waits for the timing health."""
     out = Iterations()
     host_of = {key: worker_ns(emu, c) for key, c in cfgs.items()}
+    offsets = {key: c.clock_offset_s for key, c in cfgs.items()}  # a cluster's own clocks (testbed/cluster/clock.py)
     steady = min(1, iterations - 1)  # the first steady iteration, as the summary's
     for it in range(iterations):
         t_start = time.monotonic() + 0.05
         out.starts.append(t_start)
         if live is not None:
             live.begin(it, t_start, sum(out.durations))
-        go(ctl, procs, it, t_start, replan, sum(out.durations))
+        go(ctl, procs, it, t_start, replan, sum(out.durations), offsets)
         with sampler if it == steady else contextlib.nullcontext():
             done = ctl.expect("done", procs, ITERATION_TIMEOUT)
+        for key, d in done.items():  # every time below on this process's clock
+            d["log"] = in_our_clock(d["log"], offsets.get(key, 0.0))
         if live is not None:
             live.end()
         end = max((iv[3] for d in done.values() for iv in d["log"]), default=t_start)  # prefill included

@@ -5,6 +5,7 @@ starts; a malformed file stops the worker with one line. Standard library only (
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -47,6 +48,9 @@ class WorkerConfig:
     prefill: PrefillConfig | None = None  # with `bubbletea`: what its jobs run
     user_timeout_s: float = 30.0  # TCP_USER_TIMEOUT of its connections: data unacknowledged this long ends the run
     realtime: str = "off"  # the CPU class of its timed threads: auto | on | off (runtime/cpuclass.py)
+    # its machine's CLOCK_MONOTONIC minus the orchestrator's (a cluster's own clocks, testbed/cluster/clock.py): data
+    # chunks carry their send time on the orchestrator's clock, so a receiver on another machine reads it on its own
+    clock_offset_s: float = 0.0
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -67,7 +71,8 @@ class WorkerConfig:
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ProgramError(f"malformed worker config: {e}") from None
         if cfg.compute not in ("modeled", "torch") or cfg.scale <= 0 or cfg.dp < 1 \
-                or cfg.realtime not in ("auto", "on", "off"):
+                or cfg.realtime not in ("auto", "on", "off") or not isinstance(cfg.clock_offset_s, (int, float)) \
+                or not math.isfinite(cfg.clock_offset_s):
             raise ProgramError(f"malformed worker config: compute {cfg.compute!r}, scale {cfg.scale}, dp {cfg.dp}, "
-                               f"realtime {cfg.realtime!r}")
+                               f"realtime {cfg.realtime!r}, clock_offset_s {cfg.clock_offset_s!r}")
         return cfg

@@ -49,9 +49,10 @@ On a cluster (testbed/cluster/driver.py) a WAN link split between two machines h
 one device that half sends into: the sender's start notice reaches its own machine's half, but the receiver's end
 is heard on the other machine. With `forward` (a Unix socket the machine's agent carries to the other half's
 sidecar, testbed/cluster/relay.py) every end a worker sends here goes there, marked `"fwd": true` with the time it
-reached this half (`"fwd_t"`, CLOCK_MONOTONIC: a training run's machines share the driver's clock,
-testbed/cluster/driver.py `check_clocks`); an end so marked is applied here, its drain and notice delay counted from
-that time, not from its arrival, so the hop between the halves (two relays and the cluster network: about 1 ms,
+reached this half (`"fwd_t"`, CLOCK_MONOTONIC, moved with the worker's send time `"t"` onto the other half's
+clock by `forward_clock_s`, that machine's clock minus this one's: servers have their own clocks,
+testbed/cluster/clock.py); an end so marked is applied here, its drain and notice delay counted from that time, not
+from its arrival, so the hop between the halves (two relays and the cluster network: about 1 ms,
 a few ms at p90) does not hand each turn over that much later than one sidecar on one machine would.
 A malformed message closes that client's connection; the sidecar keeps serving the others.
 
@@ -203,7 +204,9 @@ class Sidecar:
             if self.fwd is None:
                 self.fwd = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 self.fwd.connect(self.cfg["forward"])
-            send_ctrl(self.fwd, {**msg, "fwd": True, "fwd_t": time.monotonic()})
+            ahead = float(self.cfg.get("forward_clock_s", 0.0))  # the other half's clock minus this one's
+            sent = {"t": msg["t"] + ahead} if isinstance(msg.get("t"), float) else {}
+            send_ctrl(self.fwd, {**msg, **sent, "fwd": True, "fwd_t": time.monotonic() + ahead})
             self.forwarded += 1
         except OSError as e:
             self.fwd = None

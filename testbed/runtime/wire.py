@@ -3,9 +3,11 @@
 Data header (network order): kind (1 byte: b'a' activation, b'g' gradient, b'r' ring all-reduce),
 iteration (u32), microbatch (u32; with virtual stages the receiver's model chunk above bit 20,
 runtime/worker.py wire_mb), chunk (u16), chunks (u16), payload bytes (u64), the whole
-message's bytes (u64), sender's monotonic send time (f64). Chunk i of a message of T bytes striped
-over n connections starts at offset i*(T//n) + min(i, T%n). Every host shares CLOCK_MONOTONIC
-(one kernel), so times compare directly.
+message's bytes (u64), sender's monotonic send time (f64), on the orchestrator's clock. Chunk i of a
+message of T bytes striped over n connections starts at offset i*(T//n) + min(i, T%n). Every host of one
+machine shares CLOCK_MONOTONIC (one kernel); on a cluster of servers with their own clocks the sender subtracts
+its machine's offset and the receiver adds its own (runtime/worker.py Striped, Inbox; testbed/cluster/clock.py),
+so times compare directly.
 
 Control: u32 length, then a UTF-8 JSON object of at most 16 MiB. A malformed frame raises
 ProtocolError; a reader never trusts a length it has not bounded.

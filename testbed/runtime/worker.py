@@ -78,9 +78,10 @@ class Inbox:
     """Chunks arriving from every connection; a key is complete when all its chunks are in.
     With `keep` the payload is assembled (torch compute); modeled compute discards it."""
 
-    def __init__(self, keep: bool = False) -> None:
+    def __init__(self, keep: bool = False, clock_s: float = 0.0) -> None:
         self.cond = threading.Condition()
         self.keep = keep
+        self.clock_s = clock_s  # this machine's clock minus the orchestrator's, on which senders stamp (wire.py)
         self.parts: dict[tuple, int] = {}
         self.data: dict[tuple, bytearray] = {}
         self.done: dict[tuple, tuple[float, float]] = {}  # key -> (sender's start, last chunk in)
@@ -100,7 +101,7 @@ class Inbox:
             if n < chunks:
                 return
             del self.parts[key]
-            self.done[key] = (t_send, time.monotonic())
+            self.done[key] = (t_send + self.clock_s, time.monotonic())  # both on this machine's clock
             self.cond.notify_all()
         if self.on_complete is not None:
             self.on_complete(key)
@@ -249,8 +250,10 @@ class Striped:
     less than a thread per connection and a header segment each, which cost milliseconds per message on
     70 connections (docs/fidelity.md)."""
 
-    def __init__(self, socks: list[socket.socket], wakes: WaitStats | None = None, route: str = "") -> None:
+    def __init__(self, socks: list[socket.socket], wakes: WaitStats | None = None, route: str = "",
+                 clock_s: float = 0.0) -> None:
         self.socks = socks
+        self.clock_s = clock_s  # this machine's clock minus the orchestrator's: chunks are stamped on the latter's
         self.queue: queue.Queue = queue.Queue()
         self.wakes = wakes  # how late the sender thread starts a message it was idle for (timing health)
         self.route = route  # how an error names these connections (their peer and WAN link)
@@ -295,7 +298,7 @@ class Striped:
         for i, (sock, size) in enumerate(zip(self.socks[:n], sizes, strict=True)):
             off = chunk_offset(nbytes, n, i)
             body = [payload[off:off + size]] if payload is not None else _zeros(size)
-            parts.append((sock, [memoryview(DATA.pack(kind, it, wmb, i, n, size, nbytes, t0)), *body]))
+            parts.append((sock, [memoryview(DATA.pack(kind, it, wmb, i, n, size, nbytes, t0 - self.clock_s)), *body]))
         self.queue.put((parts, lambda: on_done(t0, time.monotonic()), time.monotonic()))
 
 
@@ -406,7 +409,8 @@ class SidecarClient:
         threading.Thread(target=self._run, args=(path,), daemon=True).start()
 
     def notice(self, msg: dict) -> None:
-        if self.degraded is None:  # "t": when it was sent (CLOCK_MONOTONIC, one kernel): the sidecar's reaction
+        if self.degraded is None:  # "t": when it was sent (CLOCK_MONOTONIC; the sidecar it reaches is on this
+            # machine, and one that forwards it to another machine's half moves it to that clock): its reaction
             msg = {**msg, "t": time.monotonic()}
             self.q.put({**msg, "dev": self.dev} if msg["op"] == "start" else msg)
 
@@ -828,7 +832,7 @@ def open_connections(cfg: WorkerConfig, wakes: WaitStats, inbox: Inbox) -> dict[
         window = window_of(cfg, peer, purpose)
         socks = [connect(ep.ip, ep.port, {"group": prog.group, "purpose": purpose}, deadline, window,
                          PURPOSE_TOS.get(purpose, 0), cfg.user_timeout_s) for _ in range(n)]
-        out[(peer, purpose)] = Striped(socks, wakes, route_of(prog, peer))
+        out[(peer, purpose)] = Striped(socks, wakes, route_of(prog, peer), cfg.clock_offset_s)
     acc.join(CONNECT_TIMEOUT)
     if acc.is_alive():
         raise TimeoutError("peers did not connect in time")
@@ -861,7 +865,7 @@ class Worker:
         self.cpu_class = cpuclass.current()  # the program thread's: real-time or nice (runtime/cpuclass.py)
         prog = self.prog = cfg.program
         self.torch_mode = cfg.compute == "torch"
-        self.inbox = Inbox(keep=self.torch_mode)
+        self.inbox = Inbox(keep=self.torch_mode, clock_s=cfg.clock_offset_s)
         self.wakes = WaitStats()  # how late threads resume for a message: sent (sender idle) or in (receiver waiting)
         out = open_connections(cfg, self.wakes, self.inbox)
         self.pipes = {p.peer: out[(p.peer, "pipe")] for p in prog.pipes}

@@ -68,6 +68,11 @@ class Backend(ABC):
         caller starts it here (testbed/emu/train.py)."""
         return None
 
+    def clock_offset_s(self, node: Node) -> float:
+        """How far the CLOCK_MONOTONIC of the machine holding `node` is ahead of this process's (a cluster's
+        separate servers: testbed/cluster/clock.py); 0 here: one kernel, one clock."""
+        return 0.0
+
     def delay_stats(self) -> dict[str, dict] | None:
         """The delay lines' stats where they run elsewhere (a cluster's machines); None: here, read them."""
         return None
