@@ -109,13 +109,14 @@ def changed_iterations(wan: WanSchedule, runs: list[list[float]]) -> tuple[int, 
 
 
 def emulated_experiment(exp: Experiment) -> Experiment:
-    """The experiment as the emulator runs it: the Atlas sidecar reactive (the emulated sidecar hears the workers'
-    notices; `network.sidecar: predictive` is not yet emulated), so the simulator's prediction of an emulated run
-    hands turns over as the emulated run does. Its windows and turns come from the network built
+    """The experiment as the emulator runs it: the Atlas sidecar reactive unless the spec names `predictive` (its
+    workers then announce each WAN send as the compute producing it starts, testbed/runtime/announce.py), so the
+    simulator's prediction of an emulated run hands turns over as the emulated run does. `auto` stays reactive on
+    the emulated WAN: predictive emulated runs read slower than their prediction more often than reactive ones
+    (docs/training.md, "Predictive vs reactive"). Its windows and turns come from the network built
     (`build_plan(..., built=emu.net)`)."""
     if exp.network.sidecar == "predictive":
-        raise NotYetError("network.sidecar: predictive on the emulated WAN (its sidecar reacts to the workers' "
-                          "notices): use auto or reactive")
+        return exp
     return exp.model_copy(update={"network": exp.network.model_copy(update={"sidecar": "reactive"})})
 
 

@@ -47,6 +47,7 @@ class WorkerConfig:
     prefill: PrefillConfig | None = None  # with `bubbletea`: what its jobs run
     user_timeout_s: float = 30.0  # TCP_USER_TIMEOUT of its connections: data unacknowledged this long ends the run
     realtime: str = "off"  # the CPU class of its timed threads: auto | on | off (runtime/cpuclass.py)
+    predictive: bool = False  # announce WAN sends to the sidecars as their compute starts (runtime/announce.py)
 
     def to_json(self) -> str:
         d = asdict(self)
