@@ -134,6 +134,7 @@ class Sidecar:
         self.ended: set[str] = set()  # ids whose end came (an issue that arrives after it ranks nothing)
         self.counts = {"announced": 0, "late": 0, "repeated": 0, "unannounced": 0}
         self.issued_first: set[str] = set()  # ids an issue ranked before any announcement came
+        self.ahead_s: list[float] = []  # per announcement: how long before its `at` it came (< 0: late)
         threading.Thread(target=self._run_deferred, daemon=True).start()
 
     def defer(self, delay_s: float, fn, *args, since: float | None = None) -> None:
@@ -240,7 +241,8 @@ class Sidecar:
                     late = tid in self.issued_first or tid not in self.announced
                     self.counts["late" if late else "repeated"] += 1
                     return
-                if at < time.monotonic():
+                self.ahead_s.append(at - time.monotonic())
+                if self.ahead_s[-1] < 0:
                     self.counts["late"] += 1
             elif tid in self.announced or tid in self.ended:
                 return  # ranked at its announcement (or over already)
@@ -261,8 +263,9 @@ class Sidecar:
         if not self.predictive:
             return ""
         c = self.counts
+        ahead = f"; announced ahead of the issue: {quantiles(self.ahead_s)}" if self.ahead_s else ""
         return (f"; predictive: {c['announced']} announced, {c['late']} late, {c['repeated']} repeated, "
-                f"{c['unannounced']} issued unannounced, {self.left_ranked()} left ranked")
+                f"{c['unannounced']} issued unannounced, {self.left_ranked()} left ranked{ahead}")
 
     def forward(self, msg: dict) -> None:
         """Send a worker's end to the other half's sidecar; one that cannot be sent is counted and dropped (the
