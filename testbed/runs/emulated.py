@@ -112,9 +112,9 @@ def emulated_experiment(exp: Experiment) -> Experiment:
     """The experiment as the emulator runs it: the Atlas sidecar reactive unless the spec names `predictive` (its
     workers then announce each WAN send as the compute producing it starts, testbed/runtime/announce.py), so the
     simulator's prediction of an emulated run hands turns over as the emulated run does. `auto` stays reactive on
-    the emulated WAN: predictive emulated runs read slower than their prediction more often than reactive ones
-    (docs/training.md, "Predictive vs reactive"). Its windows and turns come from the network built
-    (`build_plan(..., built=emu.net)`)."""
+    the emulated WAN: predictive emulated runs agreed less well with their prediction than reactive ones where the
+    predicted gain was largest (docs/training.md, "Predictive vs reactive"). Its windows and turns come from the
+    network built (`build_plan(..., built=emu.net)`)."""
     if exp.network.sidecar == "predictive":
         return exp
     return exp.model_copy(update={"network": exp.network.model_copy(update={"sidecar": "reactive"})})
