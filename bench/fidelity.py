@@ -28,7 +28,7 @@ emulated run's timing-health columns (as in summary.csv) beside its error.
 
 `--sidecar predictive` runs Atlas's turns with the predictive sidecar in both engines (workers announce each WAN
 send as its compute starts, testbed/runtime/announce.py); `reactive` (the default) is what `network.sidecar: auto`
-runs on the emulated WAN (docs/training.md, "Predictive vs reactive").
+runs on the emulated WAN (docs/training.md, "Predictive vs reactive"); `--turn-order` pins the order turns go in.
 
 Run: sudo .venv/bin/python bench/fidelity.py --seed 1 --topologies 10 [--draw wide|narrow] [--schedulers families]
      [--load 0,1,2] [--sidecar reactive|predictive] [--prefix gdtbN] [--out DIR]
@@ -332,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
                                                 "turn, every case at each)")
     ap.add_argument("--sidecar", choices=("reactive", "predictive"), default="reactive",
                     help="network.sidecar of every case: how Atlas's turns hand over, in both engines")
+    ap.add_argument("--turn-order", choices=("auto", "replica", "fcfs", "microbatch"), default="auto",
+                    help="network.turn_order of every case (auto: the plan's choice)")
     ap.add_argument("--timing-budget", type=float, default=DEFAULT_BUDGET,
                     help="a run whose timing can cause more iteration-time error than this is flagged")
     args = ap.parse_args(argv)
@@ -360,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                                       "realtime": args.realtime}),
                                        "network": exp.network.model_copy(
                                            update={"tcp_initial_window": args.tcp_initial_window,
-                                                   "sidecar": args.sidecar})})
+                                                   "sidecar": args.sidecar, "turn_order": args.turn_order})})
             case = Case(case.index, case.params, c)
             p = case.params
             loadavg = os.getloadavg()[0]
