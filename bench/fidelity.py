@@ -26,8 +26,12 @@ error its timing can cause exceeds `--timing-budget`; per load the bench prints 
 runs flagged, and the unflagged runs whose error exceeds 8 % (docs/reliability.md); `health.csv` holds each
 emulated run's timing-health columns (as in summary.csv) beside its error.
 
+`--sidecar predictive` runs Atlas's turns with the predictive sidecar in both engines (workers announce each WAN
+send as its compute starts, testbed/runtime/announce.py); `reactive` (the default) is what `network.sidecar: auto`
+runs on the emulated WAN (docs/training.md, "Predictive vs reactive"); `--turn-order` pins the order turns go in.
+
 Run: sudo .venv/bin/python bench/fidelity.py --seed 1 --topologies 10 [--draw wide|narrow] [--schedulers families]
-     [--load 0,1,2] [--prefix gdtbN] [--out DIR]
+     [--load 0,1,2] [--sidecar reactive|predictive] [--prefix gdtbN] [--out DIR]
 """
 
 from __future__ import annotations
@@ -326,6 +330,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="network.tcp_initial_window of every case (kernel: Linux's 10 segments, docs/fidelity.md)")
     ap.add_argument("--load", default="0", help="CPU-bound processes beside the runs: N, or a comma list (each in "
                                                 "turn, every case at each)")
+    ap.add_argument("--sidecar", choices=("reactive", "predictive"), default="reactive",
+                    help="network.sidecar of every case: how Atlas's turns hand over, in both engines")
+    ap.add_argument("--turn-order", choices=("auto", "replica", "fcfs", "microbatch"), default="auto",
+                    help="network.turn_order of every case (auto: the plan's choice)")
     ap.add_argument("--timing-budget", type=float, default=DEFAULT_BUDGET,
                     help="a run whose timing can cause more iteration-time error than this is flagged")
     args = ap.parse_args(argv)
@@ -353,11 +361,13 @@ def main(argv: list[str] | None = None) -> int:
             c = exp.model_copy(update={"emulation": exp.emulation.model_copy(update={"prefix": held,
                                                                                       "realtime": args.realtime}),
                                        "network": exp.network.model_copy(
-                                           update={"tcp_initial_window": args.tcp_initial_window})})
+                                           update={"tcp_initial_window": args.tcp_initial_window,
+                                                   "sidecar": args.sidecar, "turn_order": args.turn_order})})
             case = Case(case.index, case.params, c)
             p = case.params
             loadavg = os.getloadavg()[0]
-            print(f"load {load} (load average {loadavg:.2f}), topology {case.index}: {p['dcs']} DCs, tp {p['tp']}, "
+            print(f"load {load} (load average {loadavg:.2f}), {args.sidecar} sidecar, topology {case.index}: "
+                  f"{p['dcs']} DCs, tp {p['tp']}, "
                   f"pp {p['pp']}, dp {p['dp']}, hosts {p['hosts']}, {p['schedule']}, "
                   f"m {p['microbatches']}, window {p['tcp_window_mb']} MiB, k {p['scale']}, "
                   f"links {p['wan_gbps']} Gbit/s, {p['latency_ms']} ms", flush=True)

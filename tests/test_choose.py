@@ -7,7 +7,7 @@ import pytest
 
 import testbed.sim.choose as chooser
 import testbed.sim.executor as executor
-from testbed.errors import NotYetError, SpecError
+from testbed.errors import SpecError
 from testbed.plan import choose
 from testbed.plan.choose import Pick, candidates, label, resolved
 from testbed.plan.network import boundary_connections
@@ -181,22 +181,25 @@ def _sends(sidecar: str) -> list[tuple]:
     return sorted((iv.replica, iv.microbatch, iv.end_s) for iv in tl.intervals if iv.kind == "send")
 
 
-def test_the_predictive_sidecar_hands_over_without_waiting_for_a_notice(monkeypatch):
+def test_the_predictive_sidecar_ranks_a_start_without_a_notice_and_observes_an_end(monkeypatch):
     before = {s: _sends(s) for s in ("predictive", "reactive")}
     monkeypatch.setattr(executor, "SIDECAR_REACTION_S", 0.2)  # a slow sidecar
     after = {s: _sends(s) for s in ("predictive", "reactive")}
-    assert after["predictive"] == before["predictive"]  # it never waits for a notice
-    assert after["reactive"] != before["reactive"]  # the handover waits for the sender's notice
+    taker = [x for x in before["predictive"] if x[:2] == (1, 0)][0]  # replica 1's microbatch 0 takes the link
+    assert taker in after["predictive"]  # ranked from the plan as it is issued: no notice to wait for
+    assert taker not in after["reactive"]  # the handover waits for the sender's notice
+    # an end is observed, not predicted: the handovers at ends wait for the sidecar in both
+    assert after["predictive"] != before["predictive"] and after["reactive"] != before["reactive"]
 
 
-def test_the_emulated_wan_runs_the_reactive_sidecar_and_its_prediction_too():
+def test_the_emulated_wan_runs_the_reactive_sidecar_unless_the_spec_names_predictive():
     exp = _exp()
     assert emulated_experiment(exp).network.sidecar == "reactive"
     assert build_plan(emulated_experiment(exp), "atlas").sidecar == "reactive"
     assert build_plan(_exp("network.sidecar=predictive"), "atlas").sidecar == "predictive"
     assert build_plan(exp, "atlas+bubbletea").sidecar == "reactive"  # BubbleTea's realised run: not yet
-    with pytest.raises(NotYetError, match="network.sidecar"):
-        emulated_experiment(_exp("network.sidecar=predictive"))
+    pinned = emulated_experiment(_exp("network.sidecar=predictive"))  # honoured: its workers announce
+    assert build_plan(pinned, "atlas").sidecar == "predictive"
 
 
 def test_plannable_builds_without_simulating_and_names_what_does_not_fit(monkeypatch):

@@ -148,3 +148,14 @@ def test_bubbleteas_processes_on_a_cluster_are_refused_as_not_yet() -> None:
     for node, module in ((None, "testbed.bubbletea.service"), (host, "testbed.bubbletea.decode")):
         with pytest.raises(NotYetError, match=f"{module} on a cluster: not yet"):
             be.spawn(node, module, [])
+
+
+def test_a_predictive_sidecar_on_a_cluster_is_refused_before_anything_is_built() -> None:
+    from testbed.errors import NotYetError
+    from testbed.runs.emulated import check_cluster_point
+    from testbed.spec.load import load_experiment
+    from tests.conftest import ROOT
+
+    ((exp, _),) = load_experiment(ROOT / "experiments" / "emu-3dc.yaml", ["network.sidecar=predictive"])
+    with pytest.raises(NotYetError, match="network.sidecar: predictive on a cluster"):
+        check_cluster_point(exp, 1, capture=False)

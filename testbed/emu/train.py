@@ -68,7 +68,8 @@ def worker_configs(plan: Plan, emu: Emulation, compute: str = "modeled", torch_c
             dp=plan.dp, host_index=host[g].index, sidecars=sidecars, torch=(torch_cfg or {}).get(p.stage),
             optimizer_s=plan.optimizer_s[p.replica][p.stage] if plan.optimizer_s else 0.0,
             user_timeout_s=emu.user_timeout_s, realtime=emu.realtime,
-            clock_offset_s=emu.backend.clock_offset_s(emu.node(host[g].ns)))  # a cluster's own clocks
+            clock_offset_s=emu.backend.clock_offset_s(emu.node(host[g].ns)),  # a cluster's own clocks
+            predictive=bool(sidecars) and plan.sidecar == "predictive")
     return cfgs
 
 
@@ -185,6 +186,8 @@ def start_sidecars(plan: Plan, emu: Emulation, hops: dict, procs: list[subproces
         w = emu.addr.wan(a, b)
         cfg = {"devs": devs, "turn_order": plan.turn_order, "turn_policy": plan.turn_policy,
                "socket": sidecar_socket(emu, a, b),
+               # ranks each transfer as its worker announces it, from the plan's schedule (runtime/announce.py)
+               "predictive": plan.sidecar == "predictive",
                "drain_s": 0.0,  # the receiver sends the end, once the tail has crossed (sidecar.py)
                # the delay line delays a link's packets before its HTB shapes them: notices wait one latency, as
                # the data does before it reaches the shaper (runtime/sidecar.py); netem delays inside the class

@@ -51,6 +51,7 @@ class WorkerConfig:
     # its machine's CLOCK_MONOTONIC minus the orchestrator's (a cluster's own clocks, testbed/cluster/clock.py): data
     # chunks carry their send time on the orchestrator's clock, so a receiver on another machine reads it on its own
     clock_offset_s: float = 0.0
+    predictive: bool = False  # announce WAN sends to the sidecars as their compute starts (runtime/announce.py)
 
     def to_json(self) -> str:
         d = asdict(self)

@@ -45,6 +45,18 @@ Control protocol (a Unix socket, length-prefixed JSON, see wire.py), fire-and-fo
   {"op": "link", "link_bps": BITS_PER_S[, "notice_delay_s": S]}
 A transfer's issue time is the order its start notice arrived in.
 
+Predictive (`"predictive": true`, `network.sidecar: predictive`): the ranking comes from the plan's schedule, not
+from notices of what already happened. A worker announces each WAN send as the compute that produces it starts
+(testbed/runtime/announce.py), `{"op": "announce", ..., "id": ID, "at": T}` with T (CLOCK_MONOTONIC) when it will
+be issued, and the sidecar ranks it at once, first come first served by `at` under the `fcfs` policy: the class
+change is made before the first byte reaches the shaper, as the simulator's predictive sidecar ranks a transfer
+the instant it is issued. `{"op": "issue", ...}` (the start notice's fields) says it was issued: a transfer not
+announced before is ranked then. The end is still observed: the receiver's end, which comes as the last byte
+leaves the shaper where the delay comes before it, is applied without `notice_delay_s` (the sidecar sits at the
+shaper and stands for one that sees its queue drain), one reaction after the last byte, as the simulator has it.
+The summary counts announcements that came late (after their `at`, or after their transfer's issue), repeated
+ones (an id announced twice: ignored) and those left ranked when the sidecar stopped (no end came).
+
 On a cluster (testbed/cluster/driver.py) a WAN link split between two machines has a sidecar on each, shaping the
 one device that half sends into: the sender's start notice reaches its own machine's half, but the receiver's end
 is heard on the other machine. With `forward` (a Unix socket the machine's agent carries to the other half's
@@ -118,6 +130,12 @@ class Sidecar:
         self.fwd: socket.socket | None = None  # to the other half's sidecar (cfg "forward": a split link)
         self.forwarded = 0  # end notices sent there
         self.wake = threading.Condition()
+        self.predictive = bool(cfg.get("predictive", False))
+        self.announced: set[str] = set()  # ids ranked by an announcement or an issue (predictive)
+        self.ended: set[str] = set()  # ids whose end came (an issue that arrives after it ranks nothing)
+        self.counts = {"announced": 0, "late": 0, "repeated": 0, "unannounced": 0}
+        self.issued_first: set[str] = set()  # ids an issue ranked before any announcement came
+        self.ahead_s: list[float] = []  # per announcement: how long before its `at` it came (< 0: late)
         threading.Thread(target=self._run_deferred, daemon=True).start()
 
     def defer(self, delay_s: float, fn, *args, since: float | None = None) -> None:
@@ -164,10 +182,13 @@ class Sidecar:
         op = msg.get("op")
         if isinstance(msg.get("t"), float):
             self.delivery_s.append(time.monotonic() - msg["t"])
-        if op == "start":
+        if op in ("announce", "issue"):
+            if not self.predictive:
+                raise ProtocolError(f"{op!r} to a reactive sidecar (its config has no \"predictive\": true)")
+            self.predict(op, msg)
+        elif op == "start":
             dev, r, mb, tid = msg["dev"], int(msg["replica"]), int(msg["mb"]), str(msg["id"])
-            if dev not in self.cfg["devs"] or str(r) not in self.cfg["devs"][dev]:
-                raise ProtocolError(f"unknown device or replica: {dev} {r}")
+            self.check(dev, r)
             kind = str(msg.get("kind", "a"))
             with self.lock:
                 self.issued += 1
@@ -191,11 +212,61 @@ class Sidecar:
             if self.cfg.get("forward") and not msg.get("fwd"):
                 self.forward(msg)  # the transfer's device is the other half's: its sidecar applies the end
                 return
-            sent = self._later(msg.get("t")) if self.drain_s == 0 else None
+            hold = 0.0 if self.predictive else self.notice_delay_s  # predictive: observed at the shaper
+            sent = (msg.get("t") if self.predictive else self._later(msg.get("t"))) if self.drain_s == 0 else None
             came = msg.get("fwd_t") if msg.get("fwd") and isinstance(msg.get("fwd_t"), float) else None
-            self.defer(self.drain_s + self.notice_delay_s, self.end, tid, sent, since=came)
+            if self.predictive:
+                with self.lock:
+                    self.ended.add(tid)
+            self.defer(self.drain_s + hold, self.end, tid, sent, since=came)
         else:
             raise ProtocolError(f"unknown op {op!r}")
+
+    def check(self, dev: str, r: int) -> None:
+        if dev not in self.cfg["devs"] or str(r) not in self.cfg["devs"][dev]:
+            raise ProtocolError(f"unknown device or replica: {dev} {r}")
+
+    def predict(self, op: str, msg: dict) -> None:
+        """An announcement ranks its transfer now, by its `at` (first come, first served); an issue ranks only a
+        transfer nobody announced (and counts that announcement as late if it comes after)."""
+        dev, r, mb, tid = msg["dev"], int(msg["replica"]), int(msg["mb"]), str(msg["id"])
+        self.check(dev, r)
+        kind = str(msg.get("kind", "a"))
+        at = float(msg["at"]) if op == "announce" else time.monotonic()
+        if at != at:  # NaN ranks nowhere
+            raise ProtocolError(f"bad announcement time {msg['at']!r}")
+        with self.lock:
+            if op == "announce":
+                self.counts["announced"] += 1
+                if tid in self.announced or tid in self.ended:  # after its issue or end (late), or a second time
+                    late = tid in self.issued_first or tid not in self.announced
+                    self.counts["late" if late else "repeated"] += 1
+                    return
+                self.ahead_s.append(at - time.monotonic())
+                if self.ahead_s[-1] < 0:
+                    self.counts["late"] += 1
+            elif tid in self.announced or tid in self.ended:
+                return  # ranked at its announcement (or over already)
+            else:
+                self.counts["unannounced"] += 1
+                self.issued_first.add(tid)
+            self.announced.add(tid)
+            key = (self.key(mb, self.turn.get(r, r), kind, at), r)
+        self.defer(0.0, self.start, dev, tid, key, msg.get("t"))
+
+    def left_ranked(self) -> int:
+        """Transfers still ranked (announced or issued, no end came): what the summary reports as left ranked."""
+        with self.lock:
+            return sum(len(act) for act in self.active.values())
+
+    def summary(self) -> str:
+        """The predictive counts for the sidecar's last line ("" for a reactive sidecar)."""
+        if not self.predictive:
+            return ""
+        c = self.counts
+        ahead = f"; announced ahead of the issue: {quantiles(self.ahead_s)}" if self.ahead_s else ""
+        return (f"; predictive: {c['announced']} announced, {c['late']} late, {c['repeated']} repeated, "
+                f"{c['unannounced']} issued unannounced, {self.left_ranked()} left ranked{ahead}")
 
     def forward(self, msg: dict) -> None:
         """Send a worker's end to the other half's sidecar; one that cannot be sent is counted and dropped (the
@@ -273,8 +344,8 @@ def main() -> None:
             ("reaction (notice sent to class changed)", side.reaction_s), ("notice delivery", side.delivery_s),
             ("one netlink change", side.netlink_s)) if xs)
         fwd = f", {side.forwarded} end notices forwarded" if cfg.get("forward") else ""
-        print(f"sidecar ({cls} CPU class): {side.changes} class changes, {rejected} rejected messages{fwd}{stats}",
-              file=sys.stderr)
+        print(f"sidecar ({cls} CPU class): {side.changes} class changes, {rejected} rejected messages{fwd}{stats}"
+              f"{side.summary()}", file=sys.stderr)
     finally:
         ipr.close()
 

@@ -48,6 +48,7 @@ from testbed.program import (
     ring_collectives,
 )
 from testbed.runtime import cpuclass
+from testbed.runtime.announce import announcement, producers, transfer_id
 from testbed.runtime.config import WorkerConfig
 from testbed.runtime.htb import ALLREDUCE_TOS
 from testbed.runtime.wire import DATA, chunk_offset, chunk_sizes, recv_ctrl, send_ctrl
@@ -238,11 +239,6 @@ def wire_mb(microbatch: int, chunk: int) -> int:
     return chunk << CHUNK_SHIFT | microbatch
 
 
-def transfer_id(replica: int, kind: bytes, it: int, mb: int) -> str:
-    """How the sender's start notice and the receiver's end notice name one transfer to the sidecar."""
-    return f"{replica}{kind.decode()}{it}.{mb}"
-
-
 class Striped:
     """n connections to one peer; a message is split into n chunks sent in parallel by one thread, which
     writes to whichever connection has room (as NCCL's socket threads serve several sockets each). Each
@@ -282,9 +278,11 @@ class Striped:
             sel.close()
 
     def send(self, kind: bytes, it: int, mb: int, nbytes: int, on_done, sidecar: SidecarClient | None = None,
-             replica: int = 0, payload: memoryview | None = None, stripes: int | None = None, chunk: int = 0) -> None:
+             replica: int = 0, payload: memoryview | None = None, stripes: int | None = None, chunk: int = 0,
+             op: str = "start") -> None:
         """Stripe one message over the first `stripes` connections (all by default); `payload` (real bytes) or
-        `nbytes` of zeros (modeled compute). `chunk`: the receiver's model chunk (virtual stages)."""
+        `nbytes` of zeros (modeled compute). `chunk`: the receiver's model chunk (virtual stages). `op`: the
+        sidecar's notice as it is issued (`start`; `issue` to a predictive sidecar, which ranked it when announced)."""
         wmb = wire_mb(mb, chunk)
         n = min(stripes or len(self.socks), len(self.socks))
         if payload is not None:
@@ -292,7 +290,7 @@ class Striped:
         sizes = chunk_sizes(nbytes, n)
         t0 = time.monotonic()
         if sidecar:  # the receiver ends it (transfer_id): bytes in our socket buffer have not left yet
-            sidecar.notice({"op": "start", "replica": replica, "mb": mb, "kind": kind.decode(),
+            sidecar.notice({"op": op, "replica": replica, "mb": mb, "kind": kind.decode(),
                             "id": transfer_id(replica, kind, it, wmb)})
         parts = []
         for i, (sock, size) in enumerate(zip(self.socks[:n], sizes, strict=True)):
@@ -397,6 +395,9 @@ def _advance(bufs: list[memoryview], k: int) -> None:
             k = 0
 
 
+RANKING_OPS = ("start", "announce", "issue")  # notices that name the link's device (an end names its transfer only)
+
+
 class SidecarClient:
     """Fire-and-forget notices to a WAN link's Atlas sidecar, from a thread of their own so the send
     path never waits. If the sidecar is unreachable or dies, training carries on with the link's
@@ -412,7 +413,7 @@ class SidecarClient:
         if self.degraded is None:  # "t": when it was sent (CLOCK_MONOTONIC; the sidecar it reaches is on this
             # machine, and one that forwards it to another machine's half moves it to that clock): its reaction
             msg = {**msg, "t": time.monotonic()}
-            self.q.put({**msg, "dev": self.dev} if msg["op"] == "start" else msg)
+            self.q.put({**msg, "dev": self.dev} if msg["op"] in RANKING_OPS else msg)
 
     def _run(self, path: str) -> None:
         timed_thread()
@@ -855,6 +856,7 @@ class Step:
     n_ar: int = 0  # all-reduces so far (their messages' keys)
     syncs: dict[int, OuterSyncThread] = field(default_factory=dict)  # fragment -> its OuterSync in flight
     woke: float = 0.0  # how late this thread resumed for the last message, not yet taken back by a compute
+    made: dict[int, tuple[int, ...]] = field(default_factory=dict)  # predictive: compute step -> the sends it makes
 
 
 class Worker:
@@ -912,8 +914,16 @@ class Worker:
         self.rec("recv", st.microbatch, t_send, t_in, st.bytes)
         return (self.inbox.payload(key) if self.torch_mode else None), late
 
-    def step(self, st, x: Step, p_it) -> None:
-        """Run one step of the iteration's program `p_it`."""
+    def announce(self, x: Step, p_it, i: int, at: float) -> None:
+        """Predictive sidecar: announce the WAN sends compute step `i` makes, issued at `at` (runtime/announce.py)."""
+        for j in x.made.get(i, ()):
+            send = p_it.steps[j]
+            side = self.sidecars.get(send.peer)
+            if side:
+                side.notice(announcement(send, self.prog.replica, x.it, wire_mb(send.microbatch, send.chunk), at))
+
+    def step(self, st, x: Step, p_it, i: int = -1) -> None:
+        """Run step `i` (`st`) of the iteration's program `p_it`."""
         t, it, comp, prog = type(st), x.it, self.comp, self.prog
         compute = t is Forward or t is Backward or t is BackwardWeight
         if x.woke and not compute:
@@ -930,6 +940,8 @@ class Worker:
                 x.woke = 0.0
             now = time.monotonic()
             run = dataclasses.replace(st, seconds=max(0.0, st.seconds - x.ahead)) if x.ahead else st
+            if x.made:
+                self.announce(x, p_it, i, now + run.seconds)
             x.out_data = (comp.forward if t is Forward else comp.backward)(it, run, x.data)
             self.rec("fwd" if t is Forward else "bwd", st.microbatch, now - x.ahead, time.monotonic())
             x.data, x.ahead = None, 0.0
@@ -941,7 +953,8 @@ class Worker:
             nbytes = max(1, round(st.bytes / self.cfg.scale))
             self.pipes[st.peer].send(st.kind.encode(), it, st.microbatch, nbytes,
                                      self.sent(st.bytes, st.microbatch, x.pending), self.sidecars.get(st.peer),
-                                     prog.replica, x.out_data, p_it.pipe(st.peer).connections, st.chunk)
+                                     prog.replica, x.out_data, p_it.pipe(st.peer).connections, st.chunk,
+                                     "issue" if self.cfg.predictive else "start")
             x.sends += 1
         elif t is AllReduce:
             t0 = time.monotonic()
@@ -972,11 +985,12 @@ class Worker:
         comp.losses.clear()
         comp.waits.reset()
         self.wakes.reset()
-        x = Step(it, threading.Semaphore(0))
+        made = producers(p_it.steps) if self.cfg.predictive and self.sidecars else {}
+        x = Step(it, threading.Semaphore(0), made=made)
         bt.begin(it, t_start)
         bt.wait_until(t_start + p_it.offset_s, self.rec)  # the replica's stagger, serving prefill meanwhile
-        for st in p_it.steps:
-            self.step(st, x, p_it)
+        for i, st in enumerate(p_it.steps):
+            self.step(st, x, p_it, i)
         if not any(type(st) is Optimizer for st in p_it.steps):
             t0 = time.monotonic()
             comp.step()

@@ -485,11 +485,16 @@ class Simulation(SyncCollectives):
         return (min(keys), r) if keys else (IDLE_RANK, r)
 
     def _notice(self, link: tuple[str, str], r: int, key: tuple, start: bool, heard: float) -> None:
-        """A transfer on a link that takes turns starts (`start`) or ends. The predictive sidecar knows it from the
-        plan's schedule and hands the link over now; the reactive one hears the worker's notice at `heard` (the
-        sender's as it issues, the receiver's once the last byte arrived) and acts SIDECAR_REACTION_S later."""
+        """A transfer on a link that takes turns starts (`start`) or ends. The predictive sidecar knows a start from
+        the plan's schedule (its worker announced it as the compute producing it began) and ranks it now; an end it
+        observes, as the last byte leaves the shaper, and acts SIDECAR_REACTION_S later. The reactive one hears the
+        worker's notice at `heard` (the sender's as it issues, the receiver's once the last byte arrived) and acts
+        SIDECAR_REACTION_S later."""
         if self.p.sidecar == "predictive":
-            self._sidecar(link, r, key, start)
+            if start:
+                self._sidecar(link, r, key, start)
+            else:
+                self.push(self.now + SIDECAR_REACTION_S, self._sidecar, link, r, key, start)
         else:
             self.push(heard + SIDECAR_REACTION_S, self._sidecar, link, r, key, start)
 
@@ -552,7 +557,7 @@ class Simulation(SyncCollectives):
         self.out.append((src, "send", i, t_issue, now, head[2]))
         self.out.append((dst, "recv", i, t_issue, arrive, head[2]))
         self._deliver(dst, head[6], arrive)
-        if link.temporal:  # the receiver's end notice (predicted: as the last byte leaves)
+        if link.temporal:  # the receiver's end notice (predictive: observed as the last byte leaves)
             self._notice(key, self.replica(src), head[5], False, arrive)
         pipe.popleft()
         if pipe:

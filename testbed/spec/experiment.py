@@ -41,10 +41,13 @@ class NetworkOptions(Strict):
     nccl_channels_per_peer: Annotated[int, Field(gt=0, le=32)] = 2  # NCCL_NCHANNELS_PER_NET_PEER
     # the order in which transfers take turns on a WAN link under temporal sharing (README: turn orders)
     turn_order: Literal["auto", "replica", "fcfs", "microbatch"] = "auto"
-    # how the Atlas sidecar learns who holds a link next: `predictive` from the plan's schedule (each handover as
-    # the transfer is issued and as its last byte leaves), `reactive` from the workers' notices (the sender's as
-    # it issues, the receiver's once the last byte arrived, each SIDECAR_REACTION_S before it takes effect);
-    # `auto`: predictive in the simulator, reactive on the emulated WAN, whose sidecar is reactive
+    # how the Atlas sidecar learns who holds a link next: `predictive` from the plan's schedule (a transfer ranked
+    # as the compute producing it starts, so a start costs no notice; an end observed as its last byte leaves, one
+    # SIDECAR_REACTION_S later), `reactive` from the workers' notices (the sender's as it issues, the receiver's
+    # once the last byte arrived, each SIDECAR_REACTION_S before it takes effect); `auto`: predictive in the
+    # simulator, reactive on the emulated WAN (where predictive runs agreed less well with their prediction: -3.6 %
+    # against -2.6 % on emu-3dc, worst -5.3 % against -3.9 % on ten random topologies, docs/training.md "Predictive
+    # vs reactive"); an explicit `predictive` runs there too (testbed/runtime/announce.py)
     sidecar: Literal["auto", "predictive", "reactive"] = "auto"
     # net.ipv4.tcp_slow_start_after_idle: Linux restarts a connection idle for an RTO from its initial window.
     # Off by default, as deployments that move data across long round trips set it; the simulator does not
