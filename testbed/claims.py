@@ -118,7 +118,7 @@ def neighbours(card: ClaimCard, combo: tuple) -> list[tuple]:
 def card_points(card: ClaimCard, path: Path, extra: list[str] | None = None,
                 combos: list[tuple] | None = None) -> list[tuple[dict, dict]]:
     """(experiment data, point) for each of `combos` (default: space_combos), in order."""
-    from testbed.spec.load import parse_value, split_assignment
+    from testbed.spec.load import apply_set
 
     base = experiment_data((path.parent / card.experiment).resolve())
     base.pop("sweep", None)
@@ -133,8 +133,7 @@ def card_points(card: ClaimCard, path: Path, extra: list[str] | None = None,
             else:
                 set_dotted(d, k, v)
         for s in [*card.set, *(extra or [])]:  # after the space: a card's settings hold at every point
-            k, v = split_assignment(s)
-            set_dotted(d, k, parse_value(v))
+            apply_set(d, s)
         if card.span_dcs:
             w, dcs = d["workload"], d["topology"]["dcs"]
             share = -(-int(w["pp"]) // len(dcs))  # stages per DC, rounded up

@@ -231,23 +231,14 @@ def plan(
     from testbed.runs.plan_sweep import search_points
     from testbed.runs.select import PLAN_HEADER, plan_rows
     from testbed.spec.experiment import Experiment
-    from testbed.spec.load import (
-        _read_yaml,
-        expand_sweep,
-        parse_value,
-        resolve_traces,
-        set_dotted,
-        split_assignment,
-        validate,
-    )
+    from testbed.spec.load import _read_yaml, apply_set, expand_sweep, resolve_traces, validate
 
     topo_data = _read_yaml(topology)
     resolve_traces(topo_data, topology.parent)
     data = {"topology": topo_data, "schedulers": [scheduler],
             "workload": {"model": model, "global_batch": global_batch, "sequence_parallel": sequence_parallel}}
     for s in set_ or []:
-        k, v = split_assignment(s)
-        set_dotted(data, k, parse_value(v, k))
+        apply_set(data, s)
     fams = parse_families(families)
     points = []
     for d, point in expand_sweep(data, sweep):

@@ -8,6 +8,7 @@ from testbed.errors import SpecError
 from testbed.sim.choose import build_plan
 from testbed.spec.load import load_experiment, set_dotted, validate
 from testbed.spec.topology import Topology
+from tests.conftest import ROOT
 
 GOOD_TOPO = {
     "dcs": [{"name": "a", "gpus": 64}, {"name": "b", "gpus": 64}],
@@ -138,3 +139,12 @@ def test_initial_window_follows_slow_start_after_idle_unless_set():
     assert not NetworkOptions(tcp_initial_window="kernel").host_tcp["warm_windows"]
     with pytest.raises(ValueError, match="tcp_initial_window: 'window' restarts"):
         NetworkOptions(tcp_slow_start_after_idle=True, tcp_initial_window="window")
+
+
+def test_set_topology_file_loads_it_and_a_missing_one_names_the_field(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    ((exp, _),) = load_experiment(ROOT / "experiments" / "tiny-3dc.yaml", ["topology=topologies/3dc.yaml"])
+    assert exp.topology.name == "3dc"
+    monkeypatch.chdir(tmp_path)  # relative to where the command runs
+    with pytest.raises(SpecError, match="topology.*not found"):
+        load_experiment(ROOT / "experiments" / "tiny-3dc.yaml", ["topology=topologies/3dc.yaml"])

@@ -197,15 +197,7 @@ def experiment_data(path: str | Path) -> dict[str, Any]:
     data = _read_yaml(path)
     topo = data.get("topology")
     if isinstance(topo, str):
-        try:
-            tpath = (path.parent / topo).resolve()
-            found = tpath.is_file()
-        except (OSError, ValueError):  # e.g. a NUL byte in the name
-            found = False
-        if not found:
-            raise SpecError("topology", f"file {topo!r} not found next to {path}", "fix the relative path")
-        data["topology"] = _read_yaml(tpath)
-        resolve_traces(data["topology"], tpath.parent)
+        data["topology"] = topology_file(topo, path.parent, f"next to {path}")
     else:
         resolve_traces(topo, path.parent)
     bt = data.get("bubbletea")
@@ -221,6 +213,30 @@ def experiment_data(path: str | Path) -> dict[str, Any]:
             and not Path(fill["trace"]).is_absolute()):
         fill["trace"] = str((path.parent / fill["trace"]).resolve())
     return data
+
+
+def topology_file(name: str, base: Path, where: str) -> dict[str, Any]:
+    """A topology YAML named by an experiment (relative to it) or by `--set topology=FILE` (relative to where the
+    command runs), read with its trace paths made absolute."""
+    try:
+        tpath = (base / name).resolve()
+        found = tpath.is_file()
+    except (OSError, ValueError):  # e.g. a NUL byte in the name
+        found = False
+    if not found:
+        raise SpecError("topology", f"file {name!r} not found {where}", "fix the path to the topology YAML")
+    data = _read_yaml(tpath)
+    resolve_traces(data, tpath.parent)
+    return data
+
+
+def apply_set(data: dict[str, Any], text: str) -> None:
+    """One `--set key=value`; `topology=FILE` loads that topology file in place of the experiment's."""
+    k, v = split_assignment(text)
+    value = parse_value(v, k)
+    if k == "topology" and isinstance(value, str):
+        value = topology_file(value, Path.cwd(), "(a path relative to where you run the command)")
+    set_dotted(data, k, value)
 
 
 def expand_sweep(data: dict[str, Any], sweeps: list[str] | None = None) -> list[tuple[dict[str, Any], dict]]:
@@ -258,8 +274,7 @@ def resolved_spec(path: str | Path, sets: list[str] | None = None, sweeps: list[
     """The experiment as run, defaults filled in and the sweep included (what results/<x>/spec.yaml records)."""
     data = experiment_data(path)
     for s in sets or []:
-        k, v = split_assignment(s)
-        set_dotted(data, k, parse_value(v))
+        apply_set(data, s)
     sweep = dict(data.get("sweep") or {})
     for s in sweeps or []:
         k, v = split_assignment(s)
@@ -277,8 +292,7 @@ def load_experiment(
     """Load an experiment, apply --set, expand --sweep; every point is validated before anything runs."""
     data = experiment_data(path)
     for s in sets or []:
-        k, v = split_assignment(s)
-        set_dotted(data, k, parse_value(v, k))
+        apply_set(data, s)
     out = []
     for d, point in expand_sweep(data, sweeps):
         out.append((validate(Experiment, d), point))
