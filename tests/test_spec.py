@@ -148,3 +148,20 @@ def test_set_topology_file_loads_it_and_a_missing_one_names_the_field(tmp_path, 
     monkeypatch.chdir(tmp_path)  # relative to where the command runs
     with pytest.raises(SpecError, match="topology.*not found"):
         load_experiment(ROOT / "experiments" / "tiny-3dc.yaml", ["topology=topologies/3dc.yaml"])
+
+
+def test_dp_auto_never_drops_the_wan_from_dp_wan():
+    # tiny-3dc's batch fits every replica in one DC: dp-wan there would be no DP across DCs
+    with pytest.raises(SpecError, match="workload.dp.*every dp-wan replica in"):
+        ((exp, _),) = load_experiment(ROOT / "experiments" / "tiny-3dc.yaml",
+                                      ["schedulers=[dp-wan]", "workload.dp=auto"])
+        build_plan(exp, "dp-wan")
+    # pinned across two DCs, auto takes the pins' total and the plan crosses the WAN
+    ((exp, _),) = load_experiment(ROOT / "experiments" / "tiny-3dc.yaml",
+                                  ["schedulers=[dp-wan]", "workload.dp=auto",
+                                   "workload.replicas_per_dc={useast: 1, uswest: 1}"])
+    plan = build_plan(exp, "dp-wan")
+    assert plan.dp == 2 and len({row[0] for row in plan.stage_dc}) == 2
+    # a pipeline scheduler is untouched: auto may keep it in one DC
+    ((exp, _),) = load_experiment(ROOT / "experiments" / "tiny-3dc.yaml", ["schedulers=[pp-wan]", "workload.dp=auto"])
+    assert build_plan(exp, "pp-wan").dp > 0

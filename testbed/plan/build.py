@@ -91,13 +91,26 @@ def resolve_dp(exp: Experiment) -> int:
                             "pick a dp dividing global_batch/microbatch, or dp: auto")
         return int(w.dp)
     pins = [(m, pinned_chain(exp, m)) for m in (parse_scheduler(s) for s in exp.schedulers)]
+    # a scheduler whose family is DP across DCs must not lose its WAN to `auto`: a degree that keeps every dp-wan
+    # replica in one DC is skipped, and if no degree spreads them the run is refused with the fix
+    across = len(exp.topology.dcs) > 1 and not w.groups
+    one_dc: tuple[int, str] | None = None
     for dp in _dp_candidates(exp):
         try:
-            for m, (order, counts) in pins:
-                place(m.placement, exp.topology, w.pp, w.tp, dp, order, counts, w.groups)
-            return dp
+            placed = [(m, counts, place(m.placement, exp.topology, w.pp, w.tp, dp, order, counts, w.groups))
+                      for m, (order, counts) in pins]
         except SpecError:
             continue
+        lone = [rows[0][0] for m, counts, rows in placed
+                if across and m.placement == "dp-wan" and counts is None and len({r[0] for r in rows}) == 1]
+        if not lone:
+            return dp
+        one_dc = one_dc or (dp, lone[0])
+    if one_dc is not None:
+        dp, dc = one_dc
+        raise SpecError("workload.dp", f"dp: auto fits every dp-wan replica in {dc} (dp {dp}: no WAN, not DP across "
+                        "DCs) and no degree dividing the batch spreads them",
+                        "pin them with workload.replicas_per_dc (replicas per DC, e.g. half in each of two DCs)")
     gpus = sum(d.gpus for d in exp.topology.dcs)
     if gpus < w.tp * w.pp:
         raise SpecError("workload", f"one replica needs tp*pp = {w.tp * w.pp:,} GPUs; the topology has {gpus:,}",
