@@ -165,3 +165,40 @@ def test_dp_auto_never_drops_the_wan_from_dp_wan():
     # a pipeline scheduler is untouched: auto may keep it in one DC
     ((exp, _),) = load_experiment(ROOT / "experiments" / "tiny-3dc.yaml", ["schedulers=[pp-wan]", "workload.dp=auto"])
     assert build_plan(exp, "pp-wan").dp > 0
+
+
+def _two_dcs(link: dict) -> dict:
+    return {"dcs": [{"name": "a", "gpu": "H100", "gpus": 8}, {"name": "b", "gpu": "H100", "gpus": 8}],
+            "links": [{"between": ["a", "b"], **link}]}
+
+
+def test_a_pairs_circuits_bundle_into_one_link_and_an_outage_takes_one_down():
+    from testbed.plan.network import lower_network
+
+    spec = _two_dcs({"circuits": [{"gbps": 400, "latency_ms": 31},
+                                  {"gbps": 100, "latency_ms": 33, "events": [{"at_s": 10, "down_for_s": 5}]}]})
+    topo = validate(Topology, spec, "topology")
+    link = topo.links[0]
+    assert (link.gbps, link.latency_ms) == (500, 33)  # summed rate; a striped transfer waits for the farthest
+    assert [(p.t_s, p.gbps, p.latency_ms) for p in link.trace] == [(10, 400, 31), (15, 500, 33)]
+    assert link.events == []
+    steps = lower_network(topo).links[0].changes
+    assert [(t, st.gbps) for t, st in steps] == [(0.0, 500), (10.0, 400), (15.0, 500)]  # WanState keeps Gbit/s
+    # both down at once: an outage of the link for as long as neither is up
+    spec["links"][0]["circuits"][0]["events"] = [{"at_s": 12, "down_for_s": 6}]
+    link = validate(Topology, spec, "topology").links[0]
+    assert [(e.at_s, e.down_for_s) for e in link.events] == [(12, 3)]
+    # a run's spec.yaml (derived fields written out) reads back as the same topology
+    assert validate(Topology, topo.model_dump(mode="json"), "topology") == topo
+
+
+def test_circuits_refuse_what_they_derive_and_a_second_link_points_to_them():
+    with pytest.raises(SpecError, match="gbps: set by the link's circuits"):
+        validate(Topology, _two_dcs({"gbps": 100, "circuits": [{"gbps": 400, "latency_ms": 31},
+                                                               {"gbps": 400, "latency_ms": 31}]}), "topology")
+    with pytest.raises(SpecError, match="circuits"):
+        validate(Topology, _two_dcs({"circuits": [{"gbps": 400, "latency_ms": 31}]}), "topology")  # one circuit
+    spec = _two_dcs({"gbps": 400, "latency_ms": 31})
+    spec["links"].append({"between": ["b", "a"], "gbps": 400, "latency_ms": 31})
+    with pytest.raises(SpecError, match="circuits:"):
+        validate(Topology, spec, "topology")

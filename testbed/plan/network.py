@@ -69,7 +69,7 @@ def topology_at(topo: Topology, states: Mapping[Pair, WanState]) -> Topology:
         st = states.get(tuple(link.between))  # type: ignore[call-overload]
         if st is not None:
             link = link.model_copy(update={"gbps": st.gbps, "latency_ms": s_to_ms(st.latency_s), "trace": None,
-                                           "events": []})
+                                           "events": [], "circuits": None})
         links.append(link)
     return topo.model_copy(update={"links": links})
 

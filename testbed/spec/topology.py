@@ -84,6 +84,42 @@ class LinkOutage(Strict):
     down_for_s: OUTAGE_S
 
 
+class Circuit(Strict):
+    """One of a DC pair's circuits (say one of two 400 Gbit/s waves): its own capacity and one-way latency, and
+    outages that take only it down."""
+
+    gbps: WAN_GBPS
+    latency_ms: LATENCY_MS
+    events: Annotated[list[LinkOutage], Field(max_length=MAX_TRACE_POINTS)] = []
+
+
+def bundle(circuits: list[Circuit]) -> dict[str, Any]:
+    """A pair's circuits as one link: a transfer is striped over the circuits that are up in proportion to their
+    capacity, so the pair carries their summed rate and a transfer is complete when the farthest circuit's share
+    arrives (their largest latency). An outage of one circuit is a step of the link's trace; of all of them at once,
+    an outage of the link. Returns the link's gbps, latency_ms, trace (None: never changes) and events."""
+    def state(t: float) -> tuple[float, float] | None:
+        up = [c for c in circuits if not any(e.at_s <= t < e.at_s + e.down_for_s for e in c.events)]
+        return (sum(c.gbps for c in up), max(c.latency_ms for c in up)) if up else None
+
+    nominal = (sum(c.gbps for c in circuits), max(c.latency_ms for c in circuits))
+    times = sorted({0.0, *(t for c in circuits for e in c.events for t in (e.at_s, e.at_s + e.down_for_s))})
+    trace: list[dict[str, float]] = []
+    events: list[dict[str, float]] = []
+    last, down_until = nominal, -1.0
+    for i, t in enumerate(times):
+        st = state(t)
+        if st is None:  # every circuit down: an outage of the link until the first comes back
+            if t >= down_until:
+                down_until = next(u for u in times[i + 1:] if state(u) is not None)  # the last time: all up
+                events.append({"at_s": t, "down_for_s": down_until - t})
+            continue
+        if st != last:
+            trace.append({"t_s": t, "gbps": st[0], "latency_ms": st[1]})
+            last = st
+    return {"gbps": nominal[0], "latency_ms": nominal[1], "trace": trace or None, "events": events}
+
+
 def read_trace(path: str) -> list[dict[str, Any]]:
     """A link trace CSV (header `t_s,gbps,latency_ms`) as rows; a bad file is one ValueError naming the line."""
     try:
@@ -127,6 +163,27 @@ class WanLink(Strict):
     round_robin_bytes: TURN_BYTES | None = None
     trace: Annotated[list[TracePoint], Field(min_length=1, max_length=MAX_TRACE_POINTS)] | None = None
     events: Annotated[list[LinkOutage], Field(max_length=MAX_TRACE_POINTS)] = []
+    # several circuits between the pair, each with its own capacity, latency and outages: the link's gbps,
+    # latency_ms, trace and events are derived from them (`bundle`)
+    circuits: Annotated[list[Circuit], Field(min_length=2, max_length=64)] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bundle(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not data.get("circuits"):
+            return data
+        if not isinstance(data["circuits"], list):
+            return data  # the field's own validation names it
+        circuits = [c if isinstance(c, Circuit) else Circuit.model_validate(c) for c in data["circuits"]]
+        derived = bundle(circuits)
+        for key, want in derived.items():
+            have = data.get(key)
+            if have in (None, []) or _plain(have) == _plain(want):
+                continue  # absent, or what the circuits give (a run's spec.yaml read back)
+            raise ValueError(f"{key}: set by the link's circuits (gbps their sum, latency_ms their largest, trace "
+                             "and events their outages); drop it, or change the circuits "
+                             "(e.g. topology.links.0.circuits.*.gbps)")
+        return {**data, **derived, "circuits": circuits}
 
     @field_validator("trace", mode="before")
     @classmethod
@@ -152,6 +209,17 @@ class WanLink(Strict):
         return bool(self.trace or self.events)
 
 
+def _plain(v: Any) -> Any:
+    """A spec value as plain data (models dumped, numbers as floats) so derived and given values compare."""
+    if isinstance(v, BaseModel):
+        return _plain(v.model_dump())
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+
+
 class Topology(Strict):
     name: LABEL = "topology"
     tcp_window_mb: WINDOW_MB = DEFAULT_WINDOW_MB
@@ -175,7 +243,8 @@ class Topology(Strict):
                     )
             key = frozenset(link.between)
             if key in pairs:
-                raise ValueError(f"links[{i}].between: a second link between {sorted(key)}; keep one per pair")
+                raise ValueError(f"links[{i}].between: a second link between {sorted(key)}; list a pair's "
+                                 "circuits under one link's `circuits:` (each with its gbps, latency_ms and events)")
             pairs.add(key)
         return self
 
