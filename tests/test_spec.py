@@ -198,6 +198,10 @@ def test_circuits_refuse_what_they_derive_and_a_second_link_points_to_them():
                                                                {"gbps": 400, "latency_ms": 31}]}), "topology")
     with pytest.raises(SpecError, match="circuits"):
         validate(Topology, _two_dcs({"circuits": [{"gbps": 400, "latency_ms": 31}]}), "topology")  # one circuit
+    many = [{"at_s": 2.0 * i, "down_for_s": 1.0} for i in range(50_001)]  # bounded: one pass, never a hang
+    with pytest.raises(SpecError, match="outages in all"):
+        validate(Topology, _two_dcs({"circuits": [{"gbps": 400, "latency_ms": 31, "events": many},
+                                                  {"gbps": 400, "latency_ms": 31}]}), "topology")
     spec = _two_dcs({"gbps": 400, "latency_ms": 31})
     spec["links"].append({"between": ["b", "a"], "gbps": 400, "latency_ms": 31})
     with pytest.raises(SpecError, match="circuits:"):

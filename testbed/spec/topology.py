@@ -98,22 +98,30 @@ def bundle(circuits: list[Circuit]) -> dict[str, Any]:
     capacity, so the pair carries their summed rate and a transfer is complete when the farthest circuit's share
     arrives (their largest latency). An outage of one circuit is a step of the link's trace; of all of them at once,
     an outage of the link. Returns the link's gbps, latency_ms, trace (None: never changes) and events."""
-    def state(t: float) -> tuple[float, float] | None:
-        up = [c for c in circuits if not any(e.at_s <= t < e.at_s + e.down_for_s for e in c.events)]
-        return (sum(c.gbps for c in up), max(c.latency_ms for c in up)) if up else None
-
-    nominal = (sum(c.gbps for c in circuits), max(c.latency_ms for c in circuits))
-    times = sorted({0.0, *(t for c in circuits for e in c.events for t in (e.at_s, e.at_s + e.down_for_s))})
+    if sum(len(c.events) for c in circuits) > MAX_TRACE_POINTS // 2:
+        raise ValueError(f"circuits: more than {MAX_TRACE_POINTS // 2:,} outages in all; keep them to that")
+    flips: dict[float, list[tuple[int, int]]] = {}  # time -> (circuit, +1 an outage begins / -1 one ends)
+    for i, c in enumerate(circuits):
+        for e in c.events:
+            flips.setdefault(e.at_s, []).append((i, 1))
+            flips.setdefault(e.at_s + e.down_for_s, []).append((i, -1))
+    by_latency = sorted(range(len(circuits)), key=lambda i: -circuits[i].latency_ms)
+    down = [0] * len(circuits)  # outages in force per circuit (its own may overlap)
+    nominal = (sum(c.gbps for c in circuits), circuits[by_latency[0]].latency_ms)
     trace: list[dict[str, float]] = []
     events: list[dict[str, float]] = []
-    last, down_until = nominal, -1.0
-    for i, t in enumerate(times):
-        st = state(t)
-        if st is None:  # every circuit down: an outage of the link until the first comes back
-            if t >= down_until:
-                down_until = next(u for u in times[i + 1:] if state(u) is not None)  # the last time: all up
-                events.append({"at_s": t, "down_for_s": down_until - t})
+    last, all_down_at = nominal, None
+    for t in sorted(flips):  # one pass over the times anything changes
+        for i, d in flips[t]:
+            down[i] += d
+        up_gbps = sum(c.gbps for c, n in zip(circuits, down, strict=True) if n == 0)
+        if up_gbps == 0:  # every circuit down: an outage of the link until the first comes back
+            all_down_at = t if all_down_at is None else all_down_at
             continue
+        if all_down_at is not None:
+            events.append({"at_s": all_down_at, "down_for_s": t - all_down_at})
+            all_down_at = None
+        st = (up_gbps, next(circuits[i].latency_ms for i in by_latency if down[i] == 0))
         if st != last:
             trace.append({"t_s": t, "gbps": st[0], "latency_ms": st[1]})
             last = st
