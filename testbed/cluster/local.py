@@ -96,6 +96,12 @@ class LocalCluster:
     def exec(self, i: int, argv: list[str], timeout: float = 600, check: bool = True) -> str:
         return docker("exec", self.name(i), *argv, timeout=timeout, check=check)
 
+    def driver(self, project: Path, argv: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
+        """`argv` run as the cluster's driver: on machine 0, in the project's checkout (mounted at the same path),
+        on the host's clock; its exit status and output as they came (a test reads both)."""
+        return subprocess.run(["docker", "exec", "-w", str(project), self.name(0), *argv], capture_output=True,
+                              text=True, timeout=timeout)
+
     def leftovers(self, machines: Iterable[int] | None = None, state: bool = False) -> list[str]:
         """What an emulation of this prefix left on the machines (all by default): namespaces and links, and with
         `state` its state file, each line naming its machine."""

@@ -35,8 +35,7 @@ def machines(tmp_path_factory):
 
 
 def run_testbed(lc: LocalCluster, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(["docker", "exec", "-w", str(ROOT), lc.name(0), TESTBED, *args], capture_output=True,
-                          text=True, timeout=timeout)
+    return lc.driver(ROOT, [TESTBED, *args], timeout)
 
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -38,11 +37,9 @@ def machines(tmp_path_factory):
 
 def test_atlas_across_two_machines_hands_turns_over_on_both_halves_of_each_tunnel(machines) -> None:
     lc, out = machines
-    p = subprocess.run(["docker", "exec", "-w", str(ROOT), lc.name(0), TESTBED, "experiment", "run",
-                        str(ROOT / "experiments" / "emu-3dc.yaml"), "--cluster", str(out / "cluster.yaml"),
-                        "--prefix", PREFIX, "--set", "schedulers=[atlas+temporal]", "--set", "iterations=2",
-                        "--no-probe",
-                        "--out", str(out / "train")], capture_output=True, text=True, timeout=600)
+    p = lc.driver(ROOT, [TESTBED, "experiment", "run", str(ROOT / "experiments" / "emu-3dc.yaml"), "--cluster",
+                         str(out / "cluster.yaml"), "--prefix", PREFIX, "--set", "schedulers=[atlas+temporal]",
+                         "--set", "iterations=2", "--no-probe", "--out", str(out / "train")])
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     with open(out / "train" / "summary.csv") as f:
         emu = [r for r in csv.DictReader(f) if r["source"] == "emu"]

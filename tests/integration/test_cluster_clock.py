@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import re
-import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -39,11 +38,10 @@ def machines(tmp_path_factory):
 
 def test_a_training_run_across_machines_with_their_own_clocks_reads_on_one_clock(machines) -> None:
     lc, out = machines
-    p = subprocess.run(["docker", "exec", "-w", str(ROOT), lc.name(0), TESTBED, "experiment", "run",
-                        str(ROOT / "experiments" / "emu-3dc.yaml"), "--cluster", str(out / "cluster.yaml"),
-                        "--prefix", PREFIX, "--set", "schedulers=[atlas+temporal]", "--set", "iterations=2",
-                        "--set", "emulation.realtime=off", "--no-probe", "--out", str(out / "train")],
-                       capture_output=True, text=True, timeout=600)
+    p = lc.driver(ROOT, [TESTBED, "experiment", "run", str(ROOT / "experiments" / "emu-3dc.yaml"), "--cluster",
+                         str(out / "cluster.yaml"), "--prefix", PREFIX, "--set", "schedulers=[atlas+temporal]",
+                         "--set", "iterations=2", "--set", "emulation.realtime=off", "--no-probe",
+                         "--out", str(out / "train")])
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     m = MEASURED.search(p.stderr)
     assert m, p.stderr[-2000:]
