@@ -2,12 +2,13 @@
 iteration time per scheduler (median, p90 and worst |error|), `fidelity.csv` (one row per run) and
 `fidelity.png` (simulated vs emulated, one point per run, with the y = x line).
 
-Each topology (`--draw wide`, the default: what users run): 3-5 DCs, every pair linked (1-20 Gbit/s, log-uniform,
-2-60 ms one way), one TCP window for the whole topology (1-16 MiB, a host's receive buffer is per host), tp 1-2,
-pp 2-6, dp 1-4 (pp x dp at most 16 GPU groups), 1F1B or GPipe, and in half the topologies the spec's default two
-emulated hosts per DC, in the other half one per group (an emulated training run gives each group a host of its own
-either way: runs/emulated.py host_per_group). `--draw narrow` is the earlier rounds' draw (links 1-10 Gbit/s, tp 1,
-dp 1-3, one host per group), the same cases per seed as then. The model (hidden 1024, 4096 tokens, 4 layers per
+Each topology (`--draw users`, the default: what users run): 3-5 DCs, every pair linked (1-20 Gbit/s, log-uniform,
+2-60 ms one way), one TCP window for the whole topology (1-16 MiB, a host's receive buffer is per host), tp 1, 2 or 4,
+pp 2-6, dp 1-8 (pp x dp at most 16 GPU groups: dp 8 only at pp 2), 1F1B or GPipe, and in half the topologies the
+spec's default two emulated hosts per DC, in the other half one per group (an emulated training run gives each group a
+host of its own either way: runs/emulated.py host_per_group). `--draw wide` is the same with tp 1-2 and dp 1-4 (the
+seeds of the rounds that first widened the draw); `--draw narrow` is the earlier rounds' draw (links 1-10 Gbit/s, tp
+1, dp 1-3, one host per group), the same cases per seed as then. The model (hidden 1024, 4096 tokens, 4 layers per
 stage) runs at an MFU chosen so that one microbatch's forward and backward on a stage take between half and twice the
 geometric mean of pp-wan's and multi-TCP's activation transfer time on the median link: neither compute nor the WAN
 dominates. `--schedulers families` runs dp-wan, dp-wan-overlap, diloco and streaming-diloco at dp 2-4 (H = 4 inner
@@ -30,7 +31,7 @@ emulated run's timing-health columns (as in summary.csv) beside its error.
 send as its compute starts, testbed/runtime/announce.py); `reactive` (the default) is what `network.sidecar: auto`
 runs on the emulated WAN (docs/training.md, "Predictive vs reactive"); `--turn-order` pins the order turns go in.
 
-Run: sudo .venv/bin/python bench/fidelity.py --seed 1 --topologies 10 [--draw wide|narrow] [--schedulers families]
+Run: sudo .venv/bin/python bench/fidelity.py --seed 1 --topologies 10 [--draw users|wide|narrow] [--schedulers families]
      [--load 0,1,2] [--sidecar reactive|predictive] [--prefix gdtbN] [--out DIR]
 """
 
@@ -89,7 +90,8 @@ def choose_scale(fastest_gbps: float) -> float:
     return float(f"{max(1.0, fastest_gbps * 1e3 / TARGET_MBPS):.3g}")
 
 
-DRAWS = ("wide", "narrow")  # wide: what users run (issue 27); narrow: the draw of the rounds before it
+DRAWS = ("users", "wide", "narrow")  # users: what users run (issue 27's tp 1-4, dp 1-8); wide: its first widening
+# (tp 1-2, dp 1-4, the seeds 20261206-20261277 of the README); narrow: the draw of the rounds before it
 
 
 @dataclass(frozen=True)
@@ -103,18 +105,20 @@ class Draw:
     max_groups: int  # pp x dp at most (GPU groups, one worker process each): what two vCPUs keep in time
 
 
-DRAW = {"wide": Draw(20.0, (1, 2), 4, True, 16), "narrow": Draw(10.0, (1,), 3, False, 18)}
+DRAW = {"users": Draw(20.0, (1, 2, 4), 8, True, 16), "wide": Draw(20.0, (1, 2), 4, True, 16),
+        "narrow": Draw(10.0, (1,), 3, False, 18)}
 
 
 def random_case(rng: random.Random, index: int, seed: int, prefix: str | None, iterations: int,
-                schedulers: tuple[str, ...] = SCHEDULERS, draw: str = "wide") -> Case:
+                schedulers: tuple[str, ...] = SCHEDULERS, draw: str = "users") -> Case:
     """One topology and job from the draw's ranges: 3-5 DCs, every pair linked, pp 2-6, 1F1B or GPipe, one TCP
-    window of 1-16 MiB; wide: links 1-20 Gbit/s, tp 1-2, dp 1-4, the spec's default hosts or one per group."""
+    window of 1-16 MiB; users: links 1-20 Gbit/s, tp 1-4, dp 1-8 (pp x dp at most 16 groups), the spec's default
+    hosts or one per group; wide: the same with tp 1-2, dp 1-4."""
     d = DRAW[draw]
     n_dcs = rng.randint(3, 5)
     low_dp = 2 if all(x in FAMILIES for x in schedulers) else 1  # a data-parallel family at dp 1 is one pipeline
     pp, dp = rng.randint(2, 6), rng.randint(low_dp, d.max_dp)
-    if draw == "wide":
+    if draw != "narrow":
         while pp * dp > d.max_groups:
             pp, dp = rng.randint(2, 6), rng.randint(low_dp, d.max_dp)
     tp = rng.choice(d.tps) if len(d.tps) > 1 else d.tps[0]
@@ -183,7 +187,7 @@ def model_spec(d: dict):
 
 
 def cases(seed: int, n: int, prefix: str | None, iterations: int, schedulers: tuple[str, ...],
-          draw: str = "wide") -> list[Case]:
+          draw: str = "users") -> list[Case]:
     """n random cases that every scheduler can place (a draw that cannot be planned is drawn again)."""
     from testbed.errors import NotYetError, SpecError
     from testbed.runs.emulated import preflight
@@ -320,8 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--schedulers", default=",".join(SCHEDULERS),
                     help=f"comma list; `families` stands for {','.join(FAMILIES)} (DiLoCo with H = "
                          f"{DILOCO_INNER_STEPS}: an iteration is one sync period)")
-    ap.add_argument("--draw", choices=DRAWS, default="wide",
-                    help="wide: tp 1-2, dp 1-4, links 1-20 Gbit/s, default hosts or one per group; narrow: the earlier "
+    ap.add_argument("--draw", choices=DRAWS, default="users",
+                    help="users: tp 1-4, dp 1-8, links 1-20 Gbit/s, default hosts or one per group; wide: the same at "
+                         "tp 1-2, dp 1-4 (earlier seeds); narrow: the earlier "
                          "rounds' tp 1, dp 1-3, 1-10 Gbit/s, one host per group (their seeds draw the same cases)")
     ap.add_argument("--only", type=int, nargs="*", help="run only these topology indices (of the seed's draw)")
     ap.add_argument("--out", type=Path, default=Path("results/fidelity"))

@@ -1,11 +1,14 @@
-"""bench/fidelity.py's draws: the wide one covers what users run (tp 1-2, dp 1-4, links up to 20 Gbit/s, the spec's
-default hosts as well as one per group) and keeps every host's NIC at the bench's LAN rate whatever tp; the narrow
-one still draws the earlier rounds' cases."""
+"""bench/fidelity.py's draws: the users one (the default) covers what users run (tp 1-4, dp 1-8, links up to
+20 Gbit/s, the spec's default hosts as well as one per group), the wide one its first widening (tp 1-2, dp 1-4);
+both keep every host's NIC at the bench's LAN rate whatever tp; the narrow one still draws the earlier rounds'
+cases."""
 
 import importlib.util
 import random
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,17 +21,18 @@ def bench():
     return mod
 
 
-def test_the_wide_draw_covers_what_users_run_and_holds_the_hosts_nic_rate():
+@pytest.mark.parametrize(("draw", "tps", "max_dp"), [("users", (1, 2, 4), 8), ("wide", (1, 2), 4)])
+def test_the_draw_covers_what_users_run_and_holds_the_hosts_nic_rate(draw, tps, max_dp):
     f = bench()
     rng = random.Random(5)
-    cases = [f.random_case(rng, i, 5, None, 3) for i in range(60)]
+    cases = [f.random_case(rng, i, 5, None, 3, f.SCHEDULERS, draw) for i in range(200)]
     seen = {(c.params["tp"], c.params["hosts"]) for c in cases}
-    assert seen == {(1, "default"), (1, "per-group"), (2, "default"), (2, "per-group")}
-    assert max(c.params["dp"] for c in cases) == 4
+    assert seen == {(tp, hosts) for tp in tps for hosts in ("default", "per-group")}
+    assert {c.params["dp"] for c in cases} == set(range(1, max_dp + 1))
     assert max(max(float(g) for g in str(c.params["wan_gbps"]).split("|")) for c in cases) > 10
     for c in cases:
         w, topo = c.experiment.workload, c.experiment.topology
-        assert w.pp * w.dp <= f.DRAW["wide"].max_groups
+        assert w.pp * w.dp <= f.DRAW[draw].max_groups
         fastest = max(lk.gbps for lk in topo.links)
         for d in topo.dcs:  # a host's NIC (tp GPUs) at max(LAN_MBPS, twice the fastest emulated link)
             host_mbps = d.intra_gbps * w.tp * 1e3 / c.params["scale"]
