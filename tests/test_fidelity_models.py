@@ -318,3 +318,33 @@ def test_a_modeled_compute_takes_back_its_threads_late_wake_up_and_a_real_one_ca
     assert unabsorbed_s(0.4e-3, 3e-3, modeled=True) == 0.0  # started back at the input's arrival
     assert unabsorbed_s(5e-3, 3e-3, modeled=True) == pytest.approx(2e-3)  # more than the compute takes
     assert unabsorbed_s(0.4e-3, 3e-3, modeled=False) == 0.4e-3  # torch starts when the thread does
+
+
+def test_the_reader_holds_the_window_clamp_inside_a_message(monkeypatch):
+    """The kernel may reset a connection's window clamp whenever it re-measures its segments (kernel 6.6+); a clamp
+    applied only after each message let the rest of that message, and the next one, in at the buffer's window
+    (a window-bound pp-wan transfer took half its time in one iteration: docs/fidelity.md). The reader clamps again
+    after every partial read of a payload, as well as after each message."""
+    from testbed.runtime import worker
+    from testbed.runtime.wire import DATA
+
+    calls: list[int] = []
+    monkeypatch.setattr(worker, "clamp_window", lambda sock, window: calls.append(window))
+    srv = socket.create_server(("127.0.0.1", 0))
+    a = socket.create_connection(srv.getsockname())
+    b, _ = srv.accept()
+    inbox = worker.Inbox()
+    payload = b"x" * 5000
+    a.sendall(DATA.pack(b"a", 1, 0, 0, 1, len(payload), len(payload), 0.0) + payload[:2000])
+    st, buf = worker._Incoming(), memoryview(bytearray(1 << 16))
+    while st.left != len(payload) - 2000:
+        worker._read(b, st, inbox, buf, 65536)
+    assert calls and all(w == 65536 for w in calls)  # clamped in the middle of the message
+    n = len(calls)
+    a.sendall(payload[2000:])
+    while st.left:
+        worker._read(b, st, inbox, buf, 65536)
+    assert len(calls) > n  # and once it is whole
+    assert (b"a", 1, 0) in inbox.done
+    for s in (a, b, srv):
+        s.close()

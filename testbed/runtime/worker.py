@@ -221,6 +221,7 @@ def _read(sock: socket.socket, st: _Incoming, inbox: Inbox, buf: memoryview, win
                     raise ConnectionError("peer closed the connection")
                 st.left -= k
                 if st.left:
+                    clamp_window(sock, window)  # a reset in the middle of a message opens it no further
                     continue
             inbox.add(st.key, st.chunks, st.t_send)
             clamp_window(sock, window)
