@@ -14,7 +14,9 @@ geometric mean of pp-wan's and multi-TCP's activation transfer time on the media
 dominates. `--schedulers families` runs dp-wan, dp-wan-overlap, diloco and streaming-diloco at dp 2-4 (H = 4 inner
 steps: an iteration is one sync period).
 
-The emulation scale k brings the fastest link to 200 Mbit/s (testbed/emu/scale.py); where that takes the
+The emulation scale k brings the fastest link to 200 Mbit/s (testbed/emu/scale.py), and in the users draw up to
+twice that k where one DC can hold more than 8 GPU groups (FABRIC_MBPS: the same topology in real units, its
+emulated fabric within what two vCPUs carry in time); where that takes the
 window under the emulator's 64 KiB floor (testbed/emu/build.py: MIN_WINDOW), both engines run the floored
 window. Each (topology, scheduler) runs `--iterations` iterations (5) and the first (connection set-up) is
 left out.
@@ -103,10 +105,24 @@ class Draw:
     max_dp: int
     default_hosts: bool  # half the topologies keep the spec's default hosts per DC (several groups share one)
     max_groups: int  # pp x dp at most (GPU groups, one worker process each): what two vCPUs keep in time
+    fabric_mbps: float | None = None  # the most one emulated DC's hosts send at once (None: no bound)
 
 
-DRAW = {"users": Draw(20.0, (1, 2, 4), 8, True, 16), "wide": Draw(20.0, (1, 2), 4, True, 16),
+# What one emulated DC fabric carried in time on the 2-vCPU VM: 8 hosts at 400 Mbit/s. Seed 20261301 topology 0
+# (pp 2, dp 8, all 16 groups in one DC under Atlas) at 400 Mbit/s each: its two 8-member ring all-reduces took
+# 25 % over their shaped time, flagged (slow DC fabric), Atlas -9.9 / -7.0 %; at k twice as large (hosts at
+# 200 Mbit/s, the same topology in real units) -2.8 %, unflagged.
+FABRIC_MBPS = 8 * LAN_MBPS
+DRAW = {"users": Draw(20.0, (1, 2, 4), 8, True, 16, FABRIC_MBPS), "wide": Draw(20.0, (1, 2), 4, True, 16),
         "narrow": Draw(10.0, (1,), 3, False, 18)}
+
+
+def fabric_factor(groups_per_dc: int, fabric_mbps: float | None) -> float:
+    """How much larger k (and slower every emulated host's NIC) a draw runs so that one DC's `groups_per_dc` hosts
+    at LAN_MBPS stay within `fabric_mbps`: the topology in real units is unchanged, only its emulation slower."""
+    if fabric_mbps is None:
+        return 1.0
+    return max(1.0, groups_per_dc * LAN_MBPS / fabric_mbps)
 
 
 def random_case(rng: random.Random, index: int, seed: int, prefix: str | None, iterations: int,
@@ -132,8 +148,11 @@ def random_case(rng: random.Random, index: int, seed: int, prefix: str | None, i
     default_hosts = d.default_hosts and rng.random() < 0.5
     share = math.ceil(pp / n_dcs)  # pp-wan's stages per DC; Atlas fills the DCs with the most free GPUs first
     stages = [share + rng.randint(0, 1) for _ in names]
-    scale = choose_scale(max(lk["gbps"] for lk in links))
-    lan_mbps = max(LAN_MBPS, 2 * max(lk["gbps"] for lk in links) * 1e3 / scale)
+    base = choose_scale(max(lk["gbps"] for lk in links))
+    fabric = fabric_factor(min(max(stages), pp) * dp, d.fabric_mbps)  # the most groups one DC can hold
+    scale = float(f"{base * fabric:.3g}")
+    # the host's NIC in real units as at k = base (LAN_MBPS there), emulated at LAN_MBPS / fabric
+    lan_mbps = max(LAN_MBPS * base / scale, 2 * max(lk["gbps"] for lk in links) * 1e3 / scale)
     # a host's NIC stands for its group's tp GPUs' NICs (intra_gbps is per GPU): the host at lan_mbps whatever tp,
     # so the emulated DC fabric carries what the emulator can with tp 2 as with tp 1
     dcs = [{"name": n, "gpu": "H100", "gpus": c * dp * tp, "gpus_per_node": tp,

@@ -34,9 +34,17 @@ def test_the_draw_covers_what_users_run_and_holds_the_hosts_nic_rate(draw, tps, 
         w, topo = c.experiment.workload, c.experiment.topology
         assert w.pp * w.dp <= f.DRAW[draw].max_groups
         fastest = max(lk.gbps for lk in topo.links)
-        for d in topo.dcs:  # a host's NIC (tp GPUs) at max(LAN_MBPS, twice the fastest emulated link)
-            host_mbps = d.intra_gbps * w.tp * 1e3 / c.params["scale"]
-            assert abs(host_mbps - max(f.LAN_MBPS, 2 * fastest * 1e3 / c.params["scale"])) < 1e-3 * host_mbps
+        k, base = c.params["scale"], f.choose_scale(fastest)
+        assert base <= k <= 2.01 * base  # the fastest link emulated at 100-200 Mbit/s
+        for d in topo.dcs:  # a host's NIC (tp GPUs): in real units LAN_MBPS at k = base, or twice the fastest link
+            real_mbps = d.intra_gbps * w.tp * 1e3
+            assert abs(real_mbps - max(f.LAN_MBPS * base, 2 * fastest * 1e3)) < 1e-3 * real_mbps
+            groups = min(d.gpus // w.tp, w.pp * w.dp)  # the most groups this DC can hold
+            if f.DRAW[draw].fabric_mbps is not None and real_mbps / k > 2 * fastest * 1e3 / k * 1.001:
+                assert groups * real_mbps / k <= f.DRAW[draw].fabric_mbps * 1.01  # the emulated fabric in budget
+    if draw == "users":  # a DC of 16 groups runs at a larger k than its fastest link asks for
+        assert any(c.params["scale"] > 1.5 * f.choose_scale(max(lk.gbps for lk in c.experiment.topology.links))
+                   for c in cases)
 
 
 def test_the_families_are_drawn_across_dcs_and_the_narrow_draw_keeps_its_cases():
