@@ -11,7 +11,7 @@ seeds of the rounds that first widened the draw); `--draw narrow` is the earlier
 1, dp 1-3, one host per group), the same cases per seed as then. The model (hidden 1024, 4096 tokens, 4 layers per
 stage) runs at an MFU chosen so that one microbatch's forward and backward on a stage take between half and twice the
 geometric mean of pp-wan's and multi-TCP's activation transfer time on the median link: neither compute nor the WAN
-dominates. `--schedulers families` runs dp-wan, dp-wan-overlap, diloco and streaming-diloco at dp 2-4 (H = 4 inner
+dominates. `--schedulers families` runs dp-wan, dp-wan-overlap, diloco and streaming-diloco at dp 2 and up (H = 4 inner
 steps: an iteration is one sync period).
 
 The emulation scale k brings the fastest link to 200 Mbit/s (testbed/emu/scale.py), and in the users draw up to
