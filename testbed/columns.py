@@ -517,8 +517,8 @@ FIDELITY = CsvFile("fidelity.csv", "`bench/fidelity.py`", "one row per random to
                    "emulated (docs/fidelity.md)", _cols(
     ("topology", "", "the topology's index in the seed's draw"),
     ("seed", "", "the random seed that drew it"),
-    ("draw", "", "`wide` (tp 1-2, dp 1-4, 1-20 Gbit/s, default hosts or one per group) or `narrow` (the earlier "
-     "rounds' tp 1, dp 1-3, 1-10 Gbit/s, one host per group)"),
+    ("draw", "", "`users` (tp 1, 2 or 4, dp 1-8, 1-20 Gbit/s, default hosts or one per group), `wide` (the same at "
+     "tp 1-2, dp 1-4) or `narrow` (the earlier rounds' tp 1, dp 1-3, 1-10 Gbit/s, one host per group)"),
     ("dcs", "", "DCs in the topology (every pair linked)"),
     ("latency_ms", "ms", "one-way latency of each link, `|`-separated, in the order of the DC pairs (0-1, 0-2, ...)"),
     ("wan_gbps", "Gbit/s", "capacity of each link, in the same order"),
