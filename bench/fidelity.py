@@ -15,7 +15,7 @@ dominates. `--schedulers families` runs dp-wan, dp-wan-overlap, diloco and strea
 steps: an iteration is one sync period).
 
 The emulation scale k brings the fastest link to 200 Mbit/s (testbed/emu/scale.py), and in the users draw up to
-twice that k where one DC can hold more than 8 GPU groups (FABRIC_MBPS: the same topology in real units, its
+twice that k where one DC can hold more than 8 GPU groups (FABRIC_MBPS: the same links and fabric in real units, its
 emulated fabric within what two vCPUs carry in time); where that takes the
 window under the emulator's 64 KiB floor (testbed/emu/build.py: MIN_WINDOW), both engines run the floored
 window. Each (topology, scheduler) runs `--iterations` iterations (5) and the first (connection set-up) is
@@ -111,7 +111,7 @@ class Draw:
 # What one emulated DC fabric carried in time on the 2-vCPU VM: 8 hosts at 400 Mbit/s. Seed 20261301 topology 0
 # (pp 2, dp 8, all 16 groups in one DC under Atlas) at 400 Mbit/s each: its two 8-member ring all-reduces took
 # 25 % over their shaped time, flagged (slow DC fabric), Atlas -9.9 / -7.0 %; at k twice as large (hosts at
-# 200 Mbit/s, the same topology in real units) -2.8 %, unflagged.
+# 200 Mbit/s, the same links and fabric in real units) -2.8 %, unflagged.
 FABRIC_MBPS = 8 * LAN_MBPS
 DRAW = {"users": Draw(20.0, (1, 2, 4), 8, True, 16, FABRIC_MBPS), "wide": Draw(20.0, (1, 2), 4, True, 16),
         "narrow": Draw(10.0, (1,), 3, False, 18)}
@@ -119,7 +119,8 @@ DRAW = {"users": Draw(20.0, (1, 2, 4), 8, True, 16, FABRIC_MBPS), "wide": Draw(2
 
 def fabric_factor(groups_per_dc: int, fabric_mbps: float | None) -> float:
     """How much larger k (and slower every emulated host's NIC) a draw runs so that one DC's `groups_per_dc` hosts
-    at LAN_MBPS stay within `fabric_mbps`: the topology in real units is unchanged, only its emulation slower."""
+    at LAN_MBPS stay within `fabric_mbps`: the links and fabric in real units are unchanged (a window the 64 KiB
+    floor binds grows with k, in both engines), only the emulation slower."""
     if fabric_mbps is None:
         return 1.0
     return max(1.0, groups_per_dc * LAN_MBPS / fabric_mbps)
