@@ -130,3 +130,18 @@ def test_100mbit_link_with_delay_reaches_80_percent(tmp_path):
         assert res["received_mbps"] >= 80, res
     finally:
         down(emu)
+
+
+def test_dc_bridges_skip_netfilter(three_dc):
+    """br_netfilter (built in here, loaded by dockerd elsewhere) is on in every new namespace: each DC gateway turns
+    it off, so frames between a DC's hosts do not take an iptables pass (emu/backends/netns.py attach_lan)."""
+    from testbed.emu.backends.netns import BRIDGE_NF, BRIDGE_NF_TABLES
+
+    emu, _ = three_dc
+    if not BRIDGE_NF.exists():
+        pytest.skip("no br_netfilter on this kernel")
+    for dc in (d.name for d in emu.topo.dcs):
+        gw = emu.node(emu.addr.gateways[dc][0])
+        for t in BRIDGE_NF_TABLES:
+            out = emu.backend.run(gw, ["sysctl", "-n", f"net.bridge.bridge-nf-call-{t}"])
+            assert out.strip() == "0", (dc, t)

@@ -1,13 +1,19 @@
 """Default backend: named network namespaces and veths via iproute2. Nothing else to install.
 
 Every interface lives inside our namespaces; the root namespace is never touched, so bridges
-and iptables rules of the host (Docker's FORWARD DROP included) cannot interfere.
+and iptables rules of the host (Docker's FORWARD DROP included) cannot interfere. br_netfilter, once
+loaded (by dockerd), is on in every new namespace: the DC gateways turn it off for their bridge.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from testbed.emu.backends.base import Backend, Node
 from testbed.emu.sh import run
+
+BRIDGE_NF = Path("/proc/sys/net/bridge")  # present while br_netfilter is loaded
+BRIDGE_NF_TABLES = ("iptables", "ip6tables", "arptables")
 
 
 class NetnsBackend(Backend):
@@ -28,8 +34,14 @@ class NetnsBackend(Backend):
         run(["ip", "-n", b.ns, "link", "set", "dev", b_if, "up"])
 
     def attach_lan(self, index: int, gw: Node, hosts: list[Node], mtu: int) -> str:
-        """The DC bridge lives inside the gateway's namespace: nothing in the root namespace."""
+        """The DC bridge lives inside the gateway's namespace: nothing in the root namespace. Where br_netfilter is
+        loaded (dockerd loads it), every new namespace passes its bridged frames through iptables and conntrack
+        (`net.bridge.bridge-nf-call-*` = 1, per namespace): the DC fabric then costs a netfilter pass per frame, and
+        runs read 1-3 points slower, flagged "slow DC fabric" (docs/fidelity.md). The gateway turns it off for its
+        own bridge; the root namespace's setting (docker's) is left alone."""
         self.run(gw, ["ip", "link", "add", "name", "br0", "mtu", str(mtu), "type", "bridge"])
+        if BRIDGE_NF.exists():
+            self.run(gw, ["sysctl", "-qw", *(f"net.bridge.bridge-nf-call-{t}=0" for t in BRIDGE_NF_TABLES)])
         for j, h in enumerate(hosts):
             self.link(h, "eth0", gw, f"h{j}", mtu)
             self.run(gw, ["ip", "link", "set", "dev", f"h{j}", "master", "br0"])
