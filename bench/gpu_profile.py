@@ -37,6 +37,7 @@ from testbed.costs import gpu_specs  # noqa: E402
 from testbed.costs.gpus import GPUS  # noqa: E402
 from testbed.costs.models import MODELS, ModelConfig  # noqa: E402
 from testbed.costs.operators import COMPUTE_OVERHEAD, attention_s, gemm_s, layer_times, memory_s  # noqa: E402
+from testbed.results import atomic_open  # noqa: E402
 
 ZOO_NAMES = {"A100": "A100", "H100 PCIe": "H100-PCIE", "H100": "H100", "H200": "H200", "B200": "B200",
              "MI300X": "MI300X"}
@@ -273,17 +274,16 @@ def main(argv: list[str] | None = None) -> int:
     layers = measure_layers(torch, device, a.quick, a.budget_s * 0.4)
     numbers = device_numbers(name, rows)
     gpu_specs.register_gpu(name, numbers)
+    # held out: fit on every other shape of each operator, score the rest; then fit on all of them for the file
+    held_rows = [r for op in ("gemm", "attention", "memory") for r in [x for x in rows if x["op"] == op][1::2]]
+    fit_rows = [r for r in rows if all(r is not h for h in held_rows)]
     before, (layers_before, overhead) = error(name, rows), layer_error(name, layers)
-    mean_before = error(name, rows, fmean)
+    mean_before, held_before = error(name, rows, fmean), error(name, held_rows)
     spec = gpu_specs.compute_spec(name)
     base = {**numbers, **{k: getattr(spec, k) for k in ("gemm_eff", "k_half", "attn_fwd_eff", "attn_bwd_eff",
                                                         "attn_seq_half", "hbm_eff", "launch_s")}}
-    # held out: fit on every other shape of each operator, score the rest; then fit on all of them for the file
-    half = {id(r) for op in ("gemm", "attention", "memory") for r in [x for x in rows if x["op"] == op][1::2]}
-    fit(name, base, [r for r in rows if id(r) not in half])
-    held = error(name, [r for r in rows if id(r) in half])
-    gpu_specs.register_gpu(name, base)
-    held_before = error(name, [r for r in rows if id(r) in half])
+    fit(name, base, fit_rows)
+    held = error(name, held_rows)
     fitted = fit(name, base, rows)
     after, (layers_after, overhead_after) = error(name, rows), layer_error(name, layers)
     mean_after = error(name, rows, fmean)
@@ -310,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
                      "layers_after": round(layers_after, 4), "layer_overhead": round(overhead, 4),
                      "layer_overhead_after": round(overhead_after, 4)},
            "measured": rows, "layers": layers}
-    a.out.write_text(yaml.safe_dump(doc, sort_keys=False))
+    with atomic_open(a.out) as f:  # never a half-written calibration
+        f.write(yaml.safe_dump(doc, sort_keys=False))
     print(f"wrote {a.out}")
     return 0
 

@@ -44,15 +44,3 @@ def announcement(st: Send, replica: int, it: int, wire_mb: int, at: float) -> di
     return {"op": "announce", "replica": replica, "mb": st.microbatch, "kind": st.kind,
             "id": transfer_id(replica, st.kind.encode(), it, wire_mb), "at": at}
 
-
-def planned(steps: Sequence[object], start_s: float = 0.0) -> list[tuple[int, float, float]]:
-    """(send index, announced at, `at`) of every produced Send of a program run without waiting for any message
-    from `start_s`: its compute's start, and that compute's end, when the send is issued. What a worker sends
-    when its messages are already there (tests, docs)."""
-    make = producers(steps)
-    t, out = start_s, []
-    for i, st in enumerate(steps):
-        if isinstance(st, COMPUTE):
-            out += [(j, t, t + st.seconds) for j in make.get(i, ())]
-            t += st.seconds
-    return out
